@@ -1,0 +1,220 @@
+//! The configuration types and their defaults.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::bytes::MIB;
+
+/// gpusnap's configuration. Every table and field is optional in the file; missing ones take
+/// the defaults below.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub storage: StorageConfig,
+    pub cuda: CudaConfig,
+    pub runc: RuncConfig,
+    pub criu: CriuConfig,
+}
+
+/// How GPU memory reaches the checkpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StorageEngine {
+    /// The driver copies device memory into host memory and CRIU dumps it with the process.
+    #[default]
+    DriverManaged,
+    /// gpusnap streams device memory to files itself, through pinned transfer buffers.
+    Posix,
+}
+
+impl StorageEngine {
+    pub const NAMES: [&'static str; 2] = ["driver-managed", "posix"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageEngine::DriverManaged => "driver-managed",
+            StorageEngine::Posix => "posix",
+        }
+    }
+}
+
+impl fmt::Display for StorageEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for StorageEngine {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "driver-managed" => Ok(StorageEngine::DriverManaged),
+            "posix" => Ok(StorageEngine::Posix),
+            _ => Err(()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub engine: StorageEngine,
+    /// Pinned host buffers per GPU used by the posix engine.
+    pub transfer_buffer_count: u32,
+    /// Size of each transfer buffer; accepts `67108864` or `"64MiB"`.
+    #[serde(deserialize_with = "crate::bytes::deserialize")]
+    pub transfer_chunk_bytes: u64,
+    /// Where the posix engine writes GPU memory; default: inside the checkpoint directory
+    /// (`gpusnap/gpu/`), so it travels with the checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directory: Option<PathBuf>,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            engine: StorageEngine::DriverManaged,
+            transfer_buffer_count: 4,
+            transfer_chunk_bytes: 64 * MIB,
+            directory: None,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// Pinned host memory the posix engine allocates per GPU.
+    pub fn pinned_bytes_per_gpu(&self) -> u64 {
+        u64::from(self.transfer_buffer_count).saturating_mul(self.transfer_chunk_bytes)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CudaConfig {
+    /// Upper bound for one driver lock/checkpoint/restore call.
+    pub max_operation_seconds: u64,
+    /// How long to wait for in-flight CUDA work before locking; 0 waits forever.
+    pub lock_timeout_ms: u64,
+    /// Total time a restore (CRIU plus GPU) may take.
+    pub restore_budget_seconds: u64,
+    /// The CUDA driver library to dlopen: a bare soname or an absolute path.
+    pub library: String,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            max_operation_seconds: 3600,
+            lock_timeout_ms: 10_000,
+            restore_budget_seconds: 7200,
+            library: "libcuda.so.1".to_owned(),
+        }
+    }
+}
+
+impl CudaConfig {
+    pub fn max_operation(&self) -> Duration {
+        Duration::from_secs(self.max_operation_seconds)
+    }
+
+    /// `None` means wait forever.
+    pub fn lock_timeout(&self) -> Option<Duration> {
+        (self.lock_timeout_ms != 0).then(|| Duration::from_millis(self.lock_timeout_ms))
+    }
+
+    pub fn restore_budget(&self) -> Duration {
+        Duration::from_secs(self.restore_budget_seconds)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuncConfig {
+    /// runc (or a runc-compatible wrapper such as nvidia-container-runtime): a bare name looked
+    /// up on PATH, or an absolute path.
+    pub binary: PathBuf,
+    /// runc's `--root`; the namespace is appended by the shim, as the Go runc shim does.
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+}
+
+impl Default for RuncConfig {
+    fn default() -> Self {
+        RuncConfig {
+            binary: PathBuf::from("runc"),
+            root: PathBuf::from("/run/containerd/runc"),
+            systemd_cgroup: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriuConfig {
+    /// Directory holding `criu`; prepended to runc's PATH (runc runs `criu` from its PATH).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary_dir: Option<PathBuf>,
+    /// Raises the minimum CRIU version gpusnap accepts. Unset: 3.16 for CPU-only containers,
+    /// 4.1 for GPU containers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_version: Option<MinVersion>,
+}
+
+/// A `MAJOR.MINOR[.PATCH]` version, kept here as plain numbers so this crate does not depend on
+/// the CRIU bridge; the shim converts with `CriuVersion::new(v.major, v.minor, v.patch)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MinVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl MinVersion {
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        MinVersion {
+            major,
+            minor,
+            patch,
+        }
+    }
+}
+
+impl fmt::Display for MinVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl FromStr for MinVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let err = || format!("{s:?} is not a version (expected MAJOR.MINOR or MAJOR.MINOR.PATCH)");
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        if !(2..=3).contains(&parts.len()) {
+            return Err(err());
+        }
+        let num = |p: &str| p.parse::<u32>().map_err(|_| err());
+        Ok(MinVersion {
+            major: num(parts[0])?,
+            minor: num(parts[1])?,
+            patch: parts.get(2).map_or(Ok(0), |p| num(p))?,
+        })
+    }
+}
+
+impl Serialize for MinVersion {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MinVersion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,204 @@
+//! Cleaning a checkpoint directory after a failed checkpoint, and before a new one.
+//!
+//! # The rule
+//!
+//! The directory itself is never removed: containerd (or CRI, or the user via `--image-path`)
+//! created it and owns it. Inside it we remove, in this order:
+//!
+//! 1. `gpusnap/manifest.json` (and its temporary files), then the directory is fsynced. This is
+//!    what makes the checkpoint "not complete", so it goes first: if scrubbing is interrupted
+//!    later, nothing left behind can pass [`crate::validate_for_restore`].
+//! 2. the rest of `gpusnap/` (GPU state);
+//! 3. what CRIU and runc write: `*.img`, `descriptors.json`, `stats-dump`, `irmap-cache`
+//!    (see [`crate::layout::classify`]).
+//!
+//! We keep logs (`dump.log`, `restore.log`, `stats-restore`) because they are how the operator
+//! learns why the checkpoint failed, and everything we do not recognise, because the directory
+//! may be a user-chosen path holding their own files. Nothing kept can make the directory look
+//! complete, since completeness is defined by the manifest alone.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::layout::{classify, CheckpointLayout, EntryKind};
+
+/// What scrubbing did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Removed entries (a directory is listed once, not file by file).
+    pub removed: Vec<PathBuf>,
+    /// Entries left in place: logs and files that are not gpusnap's or CRIU's.
+    pub kept: Vec<PathBuf>,
+}
+
+/// Errors while scrubbing; the path says which entry could not be removed.
+#[derive(Debug, thiserror::Error)]
+#[error("scrubbing {}: {source}", path.display())]
+pub struct ScrubError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+fn err(path: &Path) -> impl FnOnce(io::Error) -> ScrubError {
+    let path = path.to_path_buf();
+    move |source| ScrubError { path, source }
+}
+
+/// Removes what a checkpoint wrote into `dir` (see the module docs for the rule).
+/// A missing `dir` is not an error: there is nothing to scrub.
+pub fn scrub_incomplete(dir: &Path) -> Result<ScrubReport, ScrubError> {
+    let mut report = ScrubReport::default();
+    if !dir.exists() {
+        return Ok(report);
+    }
+    let layout = CheckpointLayout::new(dir);
+    let gdir = layout.gpusnap_dir();
+
+    // 1. The completeness marker first, durably.
+    if gdir.is_dir() {
+        for entry in fs::read_dir(&gdir).map_err(err(&gdir))? {
+            let entry = entry.map_err(err(&gdir))?;
+            let rel = Path::new(crate::layout::GPUSNAP_DIR).join(entry.file_name());
+            if classify(&rel) == EntryKind::Manifest {
+                remove_path(&entry.path())?;
+                report.removed.push(entry.path());
+            }
+        }
+        fs::File::open(&gdir)
+            .and_then(|d| d.sync_all())
+            .map_err(err(&gdir))?;
+        // 2. The rest of gpusnap/.
+        remove_path(&gdir)?;
+        report.removed.push(gdir.clone());
+    } else if gdir.exists() {
+        remove_path(&gdir)?;
+        report.removed.push(gdir.clone());
+    }
+
+    // 3. CRIU's and runc's files.
+    for entry in fs::read_dir(dir).map_err(err(dir))? {
+        let entry = entry.map_err(err(dir))?;
+        let path = entry.path();
+        if path == gdir {
+            continue;
+        }
+        match classify(Path::new(&entry.file_name())) {
+            EntryKind::CriuImage | EntryKind::CriuMetadata => {
+                remove_path(&path)?;
+                report.removed.push(path);
+            }
+            _ => report.kept.push(path),
+        }
+    }
+    report.removed.sort();
+    report.kept.sort();
+    tracing::info!(
+        dir = %dir.display(),
+        removed = report.removed.len(),
+        kept = ?report.kept,
+        "scrubbed incomplete checkpoint"
+    );
+    Ok(report)
+}
+
+fn remove_path(path: &Path) -> Result<(), ScrubError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(err(path)(e)),
+    };
+    let result = if meta.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    match result {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(err(path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Prepares `dir` for a new checkpoint: creates it (mode 0700, like CRI's `ctrd-checkpoint`) if
+/// missing, and scrubs leftovers of an earlier checkpoint so a stale manifest can never seal
+/// the new images.
+pub fn begin_checkpoint(dir: &Path) -> Result<ScrubReport, ScrubError> {
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err(dir))?;
+        return Ok(ScrubReport::default());
+    }
+    scrub_incomplete(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{seal_checkpoint, Manifest};
+    use crate::options::CheckpointOptions;
+    use crate::validate::{validate_for_restore, RestoreRefusal};
+
+    #[test]
+    fn scrub_removes_ours_and_criu_keeps_logs_and_foreign() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        for f in [
+            "inventory.img",
+            "pages-1.img",
+            "descriptors.json",
+            "stats-dump",
+        ] {
+            fs::write(p.join(f), b"x").unwrap();
+        }
+        fs::write(p.join("dump.log"), b"Error (criu): boom").unwrap();
+        fs::write(p.join("user-notes.txt"), b"mine").unwrap();
+        fs::create_dir_all(p.join("gpusnap/gpu")).unwrap();
+        fs::write(p.join("gpusnap/gpu/blob"), b"x").unwrap();
+        seal_checkpoint(p, Manifest::new("c", "/b", CheckpointOptions::default())).unwrap();
+
+        let report = scrub_incomplete(p).unwrap();
+        assert!(p.exists(), "the directory itself stays");
+        let mut left: Vec<String> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["dump.log", "user-notes.txt"]);
+        assert_eq!(report.kept, [p.join("dump.log"), p.join("user-notes.txt")]);
+        assert!(report.removed.contains(&p.join("gpusnap/manifest.json")));
+        assert!(report.removed.contains(&p.join("pages-1.img")));
+        assert!(matches!(
+            validate_for_restore(p),
+            Err(RestoreRefusal::ManifestMissing { .. })
+        ));
+    }
+
+    #[test]
+    fn scrub_missing_dir_is_noop() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = scrub_incomplete(&dir.path().join("nope")).unwrap();
+        assert_eq!(report, ScrubReport::default());
+    }
+
+    #[test]
+    fn begin_creates_private_dir_or_clears_stale_manifest() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ctrd-checkpoint");
+        begin_checkpoint(&dir).unwrap();
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::write(dir.join("pages-1.img"), b"old").unwrap();
+        seal_checkpoint(&dir, Manifest::new("c", "/b", CheckpointOptions::default())).unwrap();
+        let report = begin_checkpoint(&dir).unwrap();
+        assert!(report.removed.contains(&dir.join("gpusnap/manifest.json")));
+        assert!(!dir.join("pages-1.img").exists());
+    }
+}

@@ -1,0 +1,119 @@
+//! Finding CUDA processes through the fake driver.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gpusnap_cuda::discovery::{find_cuda_processes, DiscoveryError, DiscoveryOptions, Probe};
+use gpusnap_cuda::driver::code;
+
+#[test]
+fn finds_only_the_processes_the_driver_knows() {
+    let env = env();
+    let me = std::process::id() as i32;
+    env.register(&[me, 4001], FakeState::Running);
+    env.register(&[4002], FakeState::Locked);
+
+    let found = find_cuda_processes(
+        &env.driver,
+        &[4000, me, 4001, 4002, 4003],
+        &DiscoveryOptions::default(),
+    )
+    .expect("discovery works");
+    let pids: Vec<i32> = found.iter().map(|p| p.host_pid).collect();
+    assert_eq!(pids, vec![me, 4001, 4002]);
+
+    let mine = &found[0];
+    assert_eq!(
+        mine.restore_tid,
+        Some(me),
+        "the fake's restore thread is the main thread"
+    );
+    // Read from the real /proc: this test process has an NSpid line.
+    assert!(mine.container_pid.is_some());
+    assert!(mine.gpus.is_empty(), "no /dev/nvidia* descriptors here");
+    assert_eq!(mine.device_memory_bytes, None);
+    // Fake pids have no /proc entry: no container pid, and no error either.
+    assert_eq!(found[1].container_pid, None);
+}
+
+#[test]
+fn unexpected_probe_errors_are_not_swallowed() {
+    let env = env();
+    env.register(&[4001], FakeState::Running);
+    env.inject(
+        4001,
+        FakeOp::RestoreThreadId,
+        Fault::fail(code::OPERATING_SYSTEM),
+    );
+    let err = find_cuda_processes(&env.driver, &[4001], &DiscoveryOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, DiscoveryError::Probe { pid: 4001, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("CUDA_ERROR_OPERATING_SYSTEM (304)"), "{text}");
+    assert!(text.contains("run as root"), "{text}");
+}
+
+#[test]
+fn state_probe_also_works() {
+    let env = env();
+    env.register(&[4001], FakeState::Checkpointed);
+    let options = DiscoveryOptions {
+        probe: Probe::State,
+        ..DiscoveryOptions::default()
+    };
+    let found = find_cuda_processes(&env.driver, &[4000, 4001], &options).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].host_pid, 4001);
+    assert_eq!(found[0].restore_tid, None);
+}
+
+#[test]
+fn a_hanging_probe_times_out() {
+    let env = env();
+    env.register(&[4001], FakeState::Running);
+    env.inject(
+        4001,
+        FakeOp::RestoreThreadId,
+        Fault::hang(Duration::from_millis(1000)),
+    );
+    let options = DiscoveryOptions {
+        probe_timeout: Duration::from_millis(100),
+        ..DiscoveryOptions::default()
+    };
+    let err = find_cuda_processes(&env.driver, &[4001], &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DiscoveryError::Timeout {
+                pid: 4001,
+                limit_ms: 100
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn many_pids_are_probed_in_batches() {
+    let env = env();
+    let cuda: Vec<i32> = (5000..5040).step_by(3).collect();
+    env.register(&cuda, FakeState::Running);
+    let all: Vec<i32> = (5000..5040).collect();
+    let found = find_cuda_processes(&env.driver, &all, &DiscoveryOptions::default()).unwrap();
+    assert_eq!(found.iter().map(|p| p.host_pid).collect::<Vec<_>>(), cuda);
+}
+
+#[test]
+fn without_the_checkpoint_api_discovery_says_why() {
+    let env = env_with(|f| {
+        f.hide_symbol("cuCheckpointProcessGetRestoreThreadId")
+            .unwrap()
+    });
+    let err = find_cuda_processes(&env.driver, &[1], &DiscoveryOptions::default()).unwrap_err();
+    assert!(matches!(err, DiscoveryError::Unsupported(_)), "{err:?}");
+    assert!(err.to_string().contains("r570"), "{err}");
+}

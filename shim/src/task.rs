@@ -1,0 +1,848 @@
+//! The containerd Task service over runc.
+
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
+
+use async_trait::async_trait;
+use containerd_shim::{
+    api::{
+        CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+        DeleteRequest, DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest,
+        PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+        StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse,
+        UpdateTaskRequest, WaitRequest, WaitResponse,
+    },
+    asynchronous::{io::Stdio, ExitSignal},
+    monitor::{monitor_subscribe, ExitEvent, Subject, Topic},
+    protos::{
+        api::{CheckpointTaskRequest, Empty},
+        events::task::{
+            TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+            TaskPaused, TaskResumed, TaskStart,
+        },
+        protobuf::{well_known_types::any::Any, MessageField},
+        shim::oci::ProcessDetails,
+        topics::*,
+        types::task::ProcessInfo,
+    },
+    util::convert_to_timestamp,
+    TtrpcContext,
+};
+use tokio::sync::Mutex;
+
+use crate::{
+    container::{self, Container, PendingRestore, StdioSetup},
+    errors::*,
+    events::EventSender,
+    options::RuntimeSettings,
+    process::{ExitInfo, Process, ProcessState},
+};
+
+#[derive(Default)]
+pub struct ShimState {
+    pub containers: HashMap<String, Container>,
+}
+
+#[derive(Clone)]
+pub struct TaskService {
+    pub state: Arc<Mutex<ShimState>>,
+    /// Held by every path that starts a process and by exit handling, so that an exit is
+    /// only processed once the pid it belongs to is known and its start event has been sent.
+    pub lifecycle: Arc<Mutex<()>>,
+    pub events: EventSender,
+    pub namespace: String,
+    pub exit: Arc<ExitSignal>,
+}
+
+fn stdio_of(terminal: bool, stdin: &str, stdout: &str, stderr: &str) -> Stdio {
+    Stdio::new(stdin, stdout, stderr, terminal)
+}
+
+fn exit_event(container_id: &str, p: &Process, info: ExitInfo) -> TaskExit {
+    TaskExit {
+        container_id: container_id.to_string(),
+        id: if p.exec_id.is_empty() { container_id.to_string() } else { p.exec_id.clone() },
+        pid: p.pid as u32,
+        exit_status: info.status,
+        exited_at: MessageField::some(convert_to_timestamp(Some(info.at))),
+        ..Default::default()
+    }
+}
+
+impl TaskService {
+    pub fn new(events: EventSender, namespace: String, exit: Arc<ExitSignal>) -> Self {
+        let svc = Self {
+            state: Arc::default(),
+            lifecycle: Arc::default(),
+            events,
+            namespace,
+            exit,
+        };
+        svc.spawn_exit_loop();
+        svc
+    }
+
+    fn spawn_exit_loop(&self) {
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let mut sub = match monitor_subscribe(Topic::All).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot subscribe to process exits");
+                    return;
+                }
+            };
+            while let Some(ExitEvent { subject, exit_code }) = sub.rx.recv().await {
+                if let Subject::Pid(pid) = subject {
+                    svc.handle_exit(pid, exit_code).await;
+                }
+            }
+        });
+    }
+
+    async fn handle_exit(&self, pid: i32, code: i32) {
+        let _lifecycle = self.lifecycle.lock().await;
+        let mut state = self.state.lock().await;
+        for c in state.containers.values_mut() {
+            if c.init.pid == pid && c.init.state != ProcessState::Stopped {
+                if c.running_execs() > 0 {
+                    // Execs die with the init in its pid namespace; kill them in case the
+                    // namespace is shared, and report init last.
+                    c.deferred_init_exit = Some(code);
+                    for e in c.execs.values().filter(|p| p.is_alive()) {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(e.pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    return;
+                }
+                let info = c.init.set_exited(code);
+                c.oom = None;
+                self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                return;
+            }
+            if let Some(e) = c.execs.values_mut().find(|p| p.pid == pid && p.is_alive()) {
+                let info = e.set_exited(code);
+                self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, e, info));
+                if c.running_execs() == 0 {
+                    if let Some(code) = c.deferred_init_exit.take() {
+                        let info = c.init.set_exited(code);
+                        c.oom = None;
+                        self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                    }
+                }
+                return;
+            }
+        }
+        tracing::trace!(pid, code, "exit of a process the shim does not track (runc or orphan)");
+    }
+
+    async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
+        let state = self.state.lock().await;
+        state
+            .containers
+            .get(id)
+            .map(|c| c.runc.clone())
+            .ok_or_else(|| not_found(format!("container {id} not found")))
+    }
+}
+
+
+/// The last error runc wrote to its JSON log, which says what went wrong far better than
+/// its exit status.
+fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(RuntimeSettings::runc_log(bundle)).ok()?;
+    text.lines().rev().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        (v.get("level")?.as_str()? == "error").then(|| v.get("msg")?.as_str().map(str::to_string))?
+    })
+}
+
+fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path) -> ttrpc_error::Error {
+    let detail = runc_log_error(bundle).unwrap_or_else(|| runc_error_text(err));
+    let msg = format!("{action}: {detail}");
+    if detail.contains("does not exist") || detail.contains("not found") {
+        not_found(msg)
+    } else {
+        internal(msg)
+    }
+}
+
+mod ttrpc_error {
+    pub use containerd_shim::protos::ttrpc::Error;
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(what: &str, any: &MessageField<Any>) -> TtrpcResult<T> {
+    let any = any
+        .as_ref()
+        .ok_or_else(|| invalid_argument(format!("{what} is missing")))?;
+    serde_json::from_slice(&any.value).map_err(|e| {
+        invalid_argument(format!(
+            "{what} ({}) is not valid runtime-spec JSON: {e}",
+            any.type_url
+        ))
+    })
+}
+
+impl TaskService {
+    async fn create_init(
+        &self,
+        id: &str,
+        bundle: &std::path::Path,
+        runc: &runc::Runc,
+        settings: &RuntimeSettings,
+        init: &mut Process,
+    ) -> TtrpcResult<()> {
+        let setup = StdioSetup::new(&init.stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
+        init.stdin = setup
+            .pipes
+            .start_copy(&init.stdio, &init.io)
+            .map_err(|e| internal(format!("open stdio fifos: {e}")))?;
+        let pid_file = bundle.join("init.pid");
+        let opts = runc::options::CreateOpts {
+            io: Some(setup.pipes.clone()),
+            pid_file: Some(pid_file.clone()),
+            console_socket: setup.console_path(),
+            no_pivot: settings.no_pivot_root,
+            no_new_keyring: settings.no_new_keyring,
+            ..Default::default()
+        };
+        let started = std::time::Instant::now();
+        if let Err(e) = runc.create(id, bundle, Some(&opts)).await {
+            init.shutdown_io().await;
+            return Err(runc_failure("runc create", &e, bundle));
+        }
+        init.pid = container::read_pid(&pid_file).map_err(internal)?;
+        setup.finish(init).await.map_err(internal)?;
+        tracing::info!(id, pid = init.pid, elapsed_ms = started.elapsed().as_millis() as u64, "container created");
+        Ok(())
+    }
+
+    async fn start_init(&self, id: &str) -> TtrpcResult<StartResponse> {
+        let (runc, bundle, restore) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            if c.init.state != ProcessState::Created {
+                return Err(failed_precondition(format!(
+                    "container {id} cannot be started: it is {:?}",
+                    c.init.state
+                )));
+            }
+            (c.runc.clone(), c.bundle.clone(), c.restore.clone())
+        };
+        if let Some(restore) = restore {
+            return self.start_restore(id, restore).await;
+        }
+        runc.start(id)
+            .await
+            .map_err(|e| runc_failure("runc start", &e, &bundle))?;
+        let mut state = self.state.lock().await;
+        let c = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| not_found(format!("container {id} was deleted while starting")))?;
+        if c.init.state == ProcessState::Created {
+            c.init.state = ProcessState::Running;
+        }
+        let pid = c.init.pid;
+        self.watch_oom(c);
+        self.events.send(
+            TASK_START_EVENT_TOPIC,
+            TaskStart {
+                container_id: id.to_string(),
+                pid: pid as u32,
+                ..Default::default()
+            },
+        );
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    pub fn watch_oom(&self, c: &mut Container) {
+        let events = self.events.clone();
+        let cid = c.id.clone();
+        c.oom = crate::oom::watch(c.init.pid as u32, move || {
+            events.send(
+                TASK_OOM_EVENT_TOPIC,
+                TaskOOM {
+                    container_id: cid.clone(),
+                    ..Default::default()
+                },
+            )
+        });
+    }
+
+    async fn start_exec(&self, id: &str, exec_id: &str) -> TtrpcResult<StartResponse> {
+        let (runc, bundle, spec, stdio) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            if !c.init.is_alive() {
+                return Err(failed_precondition(format!("container {id} is not running")));
+            }
+            let p = c
+                .execs
+                .get(exec_id)
+                .ok_or_else(|| not_found(format!("exec {exec_id} not found in container {id}")))?;
+            if p.state != ProcessState::Created {
+                return Err(failed_precondition(format!("exec {exec_id} was already started")));
+            }
+            let spec = p
+                .spec
+                .clone()
+                .ok_or_else(|| internal(format!("exec {exec_id} has no process spec")))?;
+            (c.runc.clone(), c.bundle.clone(), spec, p.stdio.clone())
+        };
+        let mut proc_io = Process::new(exec_id, stdio.clone());
+        let setup = StdioSetup::new(&stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
+        proc_io.stdin = setup
+            .pipes
+            .start_copy(&stdio, &proc_io.io)
+            .map_err(|e| internal(format!("open stdio fifos: {e}")))?;
+        let pid_file = bundle.join(format!("exec-{exec_id}.pid"));
+        let opts = runc::options::ExecOpts {
+            io: Some(setup.pipes.clone()),
+            pid_file: Some(pid_file.clone()),
+            console_socket: setup.console_path(),
+            detach: true,
+        };
+        if let Err(e) = runc.exec(id, &spec, Some(&opts)).await {
+            proc_io.shutdown_io().await;
+            return Err(runc_failure(&format!("runc exec {exec_id}"), &e, &bundle));
+        }
+        let pid = container::read_pid(&pid_file).map_err(internal)?;
+        let _ = std::fs::remove_file(&pid_file);
+        proc_io.pid = pid;
+        setup.finish(&mut proc_io).await.map_err(internal)?;
+        let mut state = self.state.lock().await;
+        let c = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| not_found(format!("container {id} was deleted while starting an exec")))?;
+        let p = c
+            .execs
+            .get_mut(exec_id)
+            .ok_or_else(|| not_found(format!("exec {exec_id} was deleted while starting")))?;
+        p.pid = pid;
+        p.io = proc_io.io;
+        p.pty = proc_io.pty;
+        p.stdin = proc_io.stdin;
+        p.state = ProcessState::Running;
+        self.events.send(
+            TASK_EXEC_STARTED_EVENT_TOPIC,
+            TaskExecStarted {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                pid: pid as u32,
+                ..Default::default()
+            },
+        );
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+}
+
+#[async_trait]
+impl containerd_shim::Task for TaskService {
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        let state = self.state.lock().await;
+        let c = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let p = c
+            .process(&req.exec_id)
+            .ok_or_else(|| not_found(format!("exec {} not found in container {}", req.exec_id, req.id)))?;
+        let mut resp = StateResponse {
+            id: if p.exec_id.is_empty() { c.id.clone() } else { p.exec_id.clone() },
+            bundle: c.bundle.to_string_lossy().into_owned(),
+            pid: p.pid as u32,
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: p.stdio.terminal,
+            exec_id: p.exec_id.clone(),
+            ..Default::default()
+        };
+        resp.status = p.status().into();
+        if let Some(exit) = p.exit {
+            resp.exit_status = exit.status;
+            resp.exited_at = MessageField::some(convert_to_timestamp(Some(exit.at)));
+        }
+        Ok(resp)
+    }
+
+    async fn create(&self, _ctx: &TtrpcContext, req: CreateTaskRequest) -> TtrpcResult<CreateTaskResponse> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.state.lock().await.containers.contains_key(&req.id) {
+            return Err(already_exists(format!("container {} already exists in this shim", req.id)));
+        }
+        if req.id.is_empty() || req.bundle.is_empty() {
+            return Err(invalid_argument("create needs a container id and a bundle path"));
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        let settings = RuntimeSettings::from_any(&self.namespace, req.options.as_ref()).map_err(invalid_argument)?;
+        settings
+            .save(&bundle)
+            .map_err(|e| internal(format!("write runtime settings into bundle {}: {e}", bundle.display())))?;
+        let runc = Arc::new(settings.runc(&bundle).map_err(|e| {
+            failed_precondition(format!(
+                "runc binary {:?} is not usable ({e}); install runc or set BinaryName in the runtime options",
+                settings.runc_binary
+            ))
+        })?);
+        let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
+        let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
+        let mut init = Process::new("", stdio);
+        let restore = (!req.checkpoint.is_empty()).then(|| PendingRestore {
+            image: PathBuf::from(&req.checkpoint),
+            parent: (!req.parent_checkpoint.is_empty()).then(|| PathBuf::from(&req.parent_checkpoint)),
+        });
+        if restore.is_none() {
+            if let Err(e) = self.create_init(&req.id, &bundle, &runc, &settings, &mut init).await {
+                if mounted {
+                    container::unmount_rootfs(&bundle);
+                }
+                return Err(e);
+            }
+        }
+        let pid = init.pid as u32;
+        let c = Container {
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            settings,
+            runc,
+            init,
+            execs: HashMap::new(),
+            rootfs_mounted: mounted,
+            restore,
+            deferred_init_exit: None,
+            oom: None,
+        };
+        self.state.lock().await.containers.insert(req.id.clone(), c);
+        self.events.send(
+            TASK_CREATE_EVENT_TOPIC,
+            TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                checkpoint: req.checkpoint.clone(),
+                pid,
+                ..Default::default()
+            },
+        );
+        Ok(CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if req.exec_id.is_empty() {
+            self.start_init(&req.id).await
+        } else {
+            self.start_exec(&req.id, &req.exec_id).await
+        }
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        if !req.exec_id.is_empty() {
+            let p = {
+                let mut state = self.state.lock().await;
+                let c = state
+                    .containers
+                    .get_mut(&req.id)
+                    .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+                match c.execs.get(&req.exec_id) {
+                    None => {
+                        return Err(not_found(format!(
+                            "exec {} not found in container {}",
+                            req.exec_id, req.id
+                        )))
+                    }
+                    Some(p) if p.is_alive() => {
+                        return Err(failed_precondition(format!(
+                            "exec {} is still running; kill it before deleting it",
+                            req.exec_id
+                        )))
+                    }
+                    Some(_) => c.execs.remove(&req.exec_id).expect("checked above"),
+                }
+            };
+            p.shutdown_io().await;
+            let exit = p.exit;
+            return Ok(DeleteResponse {
+                pid: p.pid as u32,
+                exit_status: exit.map(|e| e.status).unwrap_or_default(),
+                exited_at: MessageField::some(convert_to_timestamp(exit.map(|e| e.at))),
+                ..Default::default()
+            });
+        }
+
+        let c = {
+            let mut state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            if c.init.is_alive() {
+                return Err(failed_precondition(format!(
+                    "container {} is still running; kill it before deleting it",
+                    req.id
+                )));
+            }
+            state.containers.remove(&req.id).expect("checked above")
+        };
+        if c.restore.is_none() || c.init.pid != 0 {
+            let opts = runc::options::DeleteOpts { force: true };
+            if let Err(e) = c.runc.delete(&c.id, Some(&opts)).await {
+                let text = runc_log_error(&c.bundle).unwrap_or_else(|| runc_error_text(&e));
+                if !text.contains("does not exist") && !text.contains("not exist") {
+                    tracing::warn!(id = %c.id, error = %text, "runc delete failed");
+                }
+            }
+        }
+        c.init.shutdown_io().await;
+        for e in c.execs.values() {
+            e.shutdown_io().await;
+        }
+        if c.rootfs_mounted {
+            container::unmount_rootfs(&c.bundle);
+        }
+        let exit = c.init.exit;
+        let exited_at = MessageField::some(convert_to_timestamp(exit.map(|e| e.at)));
+        let exit_status = exit.map(|e| e.status).unwrap_or_default();
+        self.events.send(
+            TASK_DELETE_EVENT_TOPIC,
+            TaskDelete {
+                container_id: c.id.clone(),
+                pid: c.init.pid as u32,
+                exit_status,
+                exited_at: exited_at.clone(),
+                id: c.id.clone(),
+                ..Default::default()
+            },
+        );
+        Ok(DeleteResponse {
+            pid: c.init.pid as u32,
+            exit_status,
+            exited_at,
+            ..Default::default()
+        })
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        let (runc, bundle, execs) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let execs: HashMap<i32, String> = c.execs.values().map(|p| (p.pid, p.exec_id.clone())).collect();
+            (c.runc.clone(), c.bundle.clone(), execs)
+        };
+        let pids = runc
+            .ps(&req.id)
+            .await
+            .map_err(|e| runc_failure("runc ps", &e, &bundle))?;
+        let mut processes = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let mut info = ProcessInfo {
+                pid: pid as u32,
+                ..Default::default()
+            };
+            if let Some(exec_id) = execs.get(&(pid as i32)) {
+                let details = ProcessDetails {
+                    exec_id: exec_id.clone(),
+                    ..Default::default()
+                };
+                let any = containerd_shim::util::convert_to_any(Box::new(details))
+                    .map_err(|e| internal(format!("encode process details: {e}")))?;
+                info.info = MessageField::some(any);
+            }
+            processes.push(info);
+        }
+        Ok(PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        let runc = self.runc_of(&req.id).await?;
+        {
+            let state = self.state.lock().await;
+            let c = state.containers.get(&req.id).ok_or_else(|| not_found("container gone"))?;
+            if c.init.state != ProcessState::Running {
+                return Err(failed_precondition(format!(
+                    "container {} cannot be paused: it is {:?}",
+                    req.id, c.init.state
+                )));
+            }
+        }
+        let bundle = self.bundle_of(&req.id).await?;
+        runc.pause(&req.id)
+            .await
+            .map_err(|e| runc_failure("runc pause", &e, &bundle))?;
+        self.set_init_state(&req.id, ProcessState::Running, ProcessState::Paused).await;
+        self.events.send(
+            TASK_PAUSED_EVENT_TOPIC,
+            TaskPaused {
+                container_id: req.id.clone(),
+                ..Default::default()
+            },
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        let runc = self.runc_of(&req.id).await?;
+        let bundle = self.bundle_of(&req.id).await?;
+        runc.resume(&req.id)
+            .await
+            .map_err(|e| runc_failure("runc resume", &e, &bundle))?;
+        self.set_init_state(&req.id, ProcessState::Paused, ProcessState::Running).await;
+        self.events.send(
+            TASK_RESUMED_EVENT_TOPIC,
+            TaskResumed {
+                container_id: req.id.clone(),
+                ..Default::default()
+            },
+        );
+        Ok(Empty::new())
+    }
+
+    async fn checkpoint(&self, _ctx: &TtrpcContext, req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
+        self.checkpoint_task(req).await
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        let (runc, bundle, target) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let p = c
+                .process(&req.exec_id)
+                .ok_or_else(|| not_found(format!("exec {} not found in container {}", req.exec_id, req.id)))?;
+            if p.state == ProcessState::Stopped {
+                return Err(not_found(format!("process {} already finished", p.pid)));
+            }
+            if c.restore.is_some() && c.init.pid == 0 {
+                return Err(failed_precondition(format!(
+                    "container {} is waiting to be restored; start or delete it",
+                    req.id
+                )));
+            }
+            let target = (!req.exec_id.is_empty()).then_some(p.pid);
+            (c.runc.clone(), c.bundle.clone(), target)
+        };
+        match target {
+            Some(pid) => {
+                let sig = nix::sys::signal::Signal::try_from(req.signal as i32)
+                    .map_err(|_| invalid_argument(format!("{} is not a valid signal", req.signal)))?;
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).map_err(|e| {
+                    if e == nix::errno::Errno::ESRCH {
+                        not_found(format!("process {pid} already finished"))
+                    } else {
+                        internal(format!("signal {sig} to exec pid {pid}: {e}"))
+                    }
+                })?;
+            }
+            None => {
+                let opts = runc::options::KillOpts { all: req.all };
+                if let Err(e) = runc.kill(&req.id, req.signal, Some(&opts)).await {
+                    let text = runc_log_error(&bundle).unwrap_or_else(|| runc_error_text(&e));
+                    if text.contains("not running") || text.contains("no such process") {
+                        return Err(not_found(format!("process already finished: {text}")));
+                    }
+                    return Err(internal(format!("runc kill: {text}")));
+                }
+            }
+        }
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        let spec: oci_spec::runtime::Process = decode_json("exec process spec", &req.spec)?;
+        let mut state = self.state.lock().await;
+        let c = state
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        if !c.init.is_alive() {
+            return Err(failed_precondition(format!("container {} is not running", req.id)));
+        }
+        if req.exec_id.is_empty() {
+            return Err(invalid_argument("exec needs an exec id"));
+        }
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(already_exists(format!("exec {} already exists in container {}", req.exec_id, req.id)));
+        }
+        let mut p = Process::new(&req.exec_id, stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr));
+        p.spec = Some(spec);
+        c.execs.insert(req.exec_id.clone(), p);
+        self.events.send(
+            TASK_EXEC_ADDED_EVENT_TOPIC,
+            TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            },
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        let state = self.state.lock().await;
+        let c = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let p = c
+            .process(&req.exec_id)
+            .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?;
+        let pty = p
+            .pty
+            .as_ref()
+            .ok_or_else(|| failed_precondition("the process has no terminal to resize"))?;
+        crate::console::resize(pty, req.width, req.height).map_err(|e| internal(format!("resize terminal: {e}")))?;
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        let state = self.state.lock().await;
+        let c = state
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let p = c
+            .process(&req.exec_id)
+            .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?;
+        if req.stdin {
+            if let Some(stdin) = &p.stdin {
+                stdin.close();
+            }
+        }
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        let resources: oci_spec::runtime::LinuxResources = decode_json("resources", &req.resources)?;
+        let runc = self.runc_of(&req.id).await?;
+        let bundle = self.bundle_of(&req.id).await?;
+        runc.update(&req.id, &resources)
+            .await
+            .map_err(|e| runc_failure("runc update", &e, &bundle))?;
+        Ok(Empty::new())
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        let mut rx = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            c.process(&req.exec_id)
+                .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?
+                .wait_handle()
+        };
+        let info = loop {
+            if let Some(info) = *rx.borrow_and_update() {
+                break info;
+            }
+            if rx.changed().await.is_err() {
+                return Err(not_found(format!("process of {} was deleted before it exited", req.id)));
+            }
+        };
+        Ok(WaitResponse {
+            exit_status: info.status,
+            exited_at: MessageField::some(convert_to_timestamp(Some(info.at))),
+            ..Default::default()
+        })
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        let pid = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            if !c.init.is_alive() {
+                return Err(failed_precondition(format!("container {} is not running", req.id)));
+            }
+            c.init.pid as u32
+        };
+        let any = tokio::task::spawn_blocking(move || crate::stats::collect(pid))
+            .await
+            .map_err(|e| internal(e.to_string()))?
+            .map_err(internal)?;
+        Ok(StatsResponse {
+            stats: MessageField::some(any),
+            ..Default::default()
+        })
+    }
+
+    async fn connect(&self, _ctx: &TtrpcContext, req: ConnectRequest) -> TtrpcResult<ConnectResponse> {
+        let state = self.state.lock().await;
+        let task_pid = state
+            .containers
+            .get(&req.id)
+            .map(|c| c.init.pid as u32)
+            .unwrap_or_default();
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
+        // One shim can serve a whole pod: it only goes away with its last container.
+        if self.state.lock().await.containers.is_empty() {
+            self.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+}
+
+impl TaskService {
+    async fn bundle_of(&self, id: &str) -> TtrpcResult<PathBuf> {
+        let state = self.state.lock().await;
+        state
+            .containers
+            .get(id)
+            .map(|c| c.bundle.clone())
+            .ok_or_else(|| not_found(format!("container {id} not found")))
+    }
+
+    async fn set_init_state(&self, id: &str, from: ProcessState, to: ProcessState) {
+        let mut state = self.state.lock().await;
+        if let Some(c) = state.containers.get_mut(id) {
+            if c.init.state == from {
+                c.init.state = to;
+            }
+        }
+    }
+}
