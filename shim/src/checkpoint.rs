@@ -1,18 +1,400 @@
-//! Task checkpoint and restore (filled in by the checkpoint/restore work).
+//! Task checkpoint (runc checkpoint → CRIU dump) and restore (Create with a checkpoint, then
+//! Start runs runc restore), with the gpusnap manifest as the completeness marker.
+//!
+//! Checkpoint order: probe CRIU → clear the directory → dump with `--leave-running` →
+//! seal (digest every image file, write the manifest last) → only then, if the caller asked
+//! for `exit`, stop the container. A failure anywhere leaves the container as it was and
+//! scrubs the directory so nothing in it looks like a complete checkpoint.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+    time::Instant,
+};
 
 use containerd_shim::{
     api::StartResponse,
-    protos::api::{CheckpointTaskRequest, Empty},
+    protos::{
+        api::{CheckpointTaskRequest, Empty},
+        events::task::TaskStart,
+        protobuf::{well_known_types::any::Any, Message},
+        shim::oci::CheckpointOptions as CheckpointOptionsProto,
+        topics::TASK_START_EVENT_TOPIC,
+    },
+};
+use gpusnap_criu_bridge::{
+    self as bridge, CgroupsMode, CheckpointOptions, Manifest, ProcessRecord, RestoreOptions,
+    RuncGlobal,
 };
 
-use crate::{container::PendingRestore, errors::*, task::TaskService};
+use crate::{
+    container::{self, PendingRestore, StdioSetup},
+    errors::*,
+    options::RuntimeSettings,
+    process::ProcessState,
+    reaper::run_reaped,
+    task::TaskService,
+};
+
+const CHECKPOINT_OPTIONS: &str = "containerd.runc.v1.CheckpointOptions";
+/// Where runc restore's CRIU work files (restore.log) go: the bundle, so the checkpoint
+/// directory is never written to by a restore and can be restored again.
+const RESTORE_WORK_DIR: &str = "criu-restore";
+
+/// Decodes containerd's checkpoint options. No options, or options of another type (CRI
+/// sends none for runtimes not named runc.v2), mean "leave running, no extra permissions".
+pub fn checkpoint_options(any: Option<&Any>) -> Result<CheckpointOptions, String> {
+    let Some(any) = any.filter(|a| !a.type_url.is_empty()) else {
+        return Ok(CheckpointOptions::default());
+    };
+    let name = any.type_url.rsplit('/').next().unwrap_or_default();
+    if name != CHECKPOINT_OPTIONS {
+        tracing::info!(type_url = %any.type_url, "checkpoint options of another type ignored; leaving the task running");
+        return Ok(CheckpointOptions::default());
+    }
+    let o = CheckpointOptionsProto::parse_from_bytes(&any.value)
+        .map_err(|e| format!("checkpoint options ({name}) could not be decoded: {e}"))?;
+    let opts = CheckpointOptions {
+        exit: o.exit,
+        open_tcp: o.open_tcp,
+        external_unix_sockets: o.external_unix_sockets,
+        terminal: o.terminal,
+        file_locks: o.file_locks,
+        empty_namespaces: o.empty_namespaces,
+        cgroups_mode: CgroupsMode::parse_optional(&o.cgroups_mode).map_err(|e| e.to_string())?,
+        image_path: (!o.image_path.is_empty()).then(|| PathBuf::from(o.image_path)),
+        work_path: (!o.work_path.is_empty()).then(|| PathBuf::from(o.work_path)),
+    };
+    opts.validate().map_err(|e| e.to_string())?;
+    Ok(opts)
+}
+
+fn runc_global(settings: &RuntimeSettings, bundle: &Path, criu_dir: Option<PathBuf>) -> RuncGlobal {
+    RuncGlobal {
+        binary: PathBuf::from(&settings.runc_binary),
+        root: Some(settings.runc_root.clone()),
+        log: Some(RuntimeSettings::runc_log(bundle)),
+        systemd_cgroup: settings.systemd_cgroup,
+        criu_dir,
+    }
+}
+
+/// runc's version never changes under a running shim; ask once.
+fn runc_version_cached(binary: &str) -> Option<String> {
+    static CACHE: OnceLock<Option<String>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let path = bridge::find_in_path(binary, &std::env::var_os("PATH").unwrap_or_default())
+                .unwrap_or_else(|| PathBuf::from(binary));
+            bridge::runc_version(&path).ok().map(|v| v.version)
+        })
+        .clone()
+}
+
+/// Runs a runc checkpoint/restore command under the shim's reaper and turns a failure into
+/// an error carrying runc's and CRIU's own words.
+async fn run_runc(
+    cmd: tokio::process::Command,
+    what: &str,
+    bundle: &Path,
+    criu_log: &Path,
+) -> Result<(), String> {
+    let (status, _pid, _out, stderr) = run_reaped(cmd)
+        .await
+        .map_err(|e| format!("{what}: cannot run runc: {e}"))?;
+    if status.success() {
+        return Ok(());
+    }
+    let runc_said = crate::task::runc_log_error(bundle).unwrap_or_else(|| stderr.trim().to_string());
+    let criu_said = bridge::criu_log_tail(criu_log, bridge::runc_cmd::ERROR_LOG_LINES)
+        .map(|t| format!("\n{t}"))
+        .unwrap_or_default();
+    Err(format!("{what} failed ({status}): {runc_said}{criu_said}"))
+}
 
 impl TaskService {
-    pub async fn checkpoint_task(&self, _req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
-        Err(unimplemented("checkpoint is not implemented yet"))
+    pub async fn checkpoint_task(&self, req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
+        let started = Instant::now();
+        let opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
+        let (settings, bundle, criu_dir, was_paused) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            if !c.init.is_alive() {
+                return Err(failed_precondition(format!(
+                    "container {} cannot be checkpointed: it is {:?}, and only a running or paused \
+                     task can be; start it (or restore it) first",
+                    req.id, c.init.state
+                )));
+            }
+            (
+                c.settings.clone(),
+                c.bundle.clone(),
+                c.config.criu.binary_dir.clone(),
+                c.init.state == ProcessState::Paused,
+            )
+        };
+        let dir = opts
+            .resolve_image_dir(Path::new(&req.path))
+            .map_err(|e| invalid_argument(e.to_string()))?;
+        let global = runc_global(&settings, &bundle, criu_dir);
+
+        // Fail before touching anything when CRIU is missing or too old.
+        let criu = bridge::probe_criu_cached(&global.effective_search_path())
+            .and_then(|info| info.require(bridge::MIN_CRIU_CPU).map(|_| info))
+            .map_err(|e| failed_precondition(e.to_string()))?;
+
+        let runc = self.runc_of(&req.id).await?;
+        let pids = runc.ps(&req.id).await.unwrap_or_default();
+
+        bridge::begin_checkpoint(&dir).map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
+        let mut manifest = Manifest::new(&req.id, &bundle, opts.clone());
+        manifest.criu_version = Some(criu.version.to_string());
+        manifest.runc_version = runc_version_cached(&settings.runc_binary);
+        manifest.processes = pids
+            .iter()
+            .map(|&pid| ProcessRecord {
+                host_pid: pid as u32,
+                container_pid: container_pid(pid as u32),
+                command: None,
+            })
+            .collect();
+
+        // Dump with --leave-running: the container is stopped only once the image is sealed.
+        let dump_opts = CheckpointOptions { exit: false, ..opts.clone() };
+        let cmd = bridge::checkpoint_command(&global, &req.id, &dir, &dump_opts)
+            .map_err(|e| invalid_argument(e.to_string()))?;
+        let mut command = tokio::process::Command::from(cmd.to_command());
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let dump_started = Instant::now();
+        let criu_log = opts.criu_log_dir(&dir).join(bridge::DUMP_LOG);
+        if let Err(e) = run_runc(command, "runc checkpoint", &bundle, &criu_log).await {
+            self.abandon(&dir);
+            return Err(internal(format!(
+                "checkpoint of {} failed before it was complete; the container keeps running: {e}",
+                req.id
+            )));
+        }
+        manifest.record_phase("criu-dump", dump_started.elapsed());
+
+        let seal_started = Instant::now();
+        let sealed = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || {
+                let mut m = manifest;
+                m.record_phase("seal", seal_started.elapsed());
+                bridge::seal_checkpoint(&dir, m)
+            }
+        })
+        .await
+        .map_err(|e| internal(e.to_string()))?;
+        let manifest = match sealed {
+            Ok(m) => m,
+            Err(e) => {
+                self.abandon(&dir);
+                return Err(internal(format!(
+                    "checkpoint of {} could not be sealed; the container keeps running: {e}",
+                    req.id
+                )));
+            }
+        };
+
+        if opts.exit {
+            self.stop_after_checkpoint(&req.id, &runc, was_paused).await;
+        }
+        tracing::info!(
+            id = %req.id,
+            dir = %dir.display(),
+            bytes = manifest.images.total_bytes,
+            total_ms = started.elapsed().as_millis() as u64,
+            exit = opts.exit,
+            "checkpoint complete"
+        );
+        Ok(Empty::new())
     }
 
-    pub async fn start_restore(&self, _id: &str, _restore: PendingRestore) -> TtrpcResult<StartResponse> {
-        Err(unimplemented("restore is not implemented yet"))
+    /// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis.
+    fn abandon(&self, dir: &Path) {
+        if let Err(e) = bridge::scrub_incomplete(dir) {
+            tracing::error!(dir = %dir.display(), error = %e, "could not scrub an incomplete checkpoint");
+        }
+    }
+
+    /// `exit` was requested: the sealed image is the container now, so stop the original.
+    async fn stop_after_checkpoint(&self, id: &str, runc: &runc::Runc, was_paused: bool) {
+        let opts = runc::options::KillOpts { all: true };
+        if let Err(e) = runc.kill(id, libc::SIGKILL as u32, Some(&opts)).await {
+            tracing::warn!(id, error = %e, "stopping the container after its checkpoint failed");
+        }
+        // Frozen processes only die once thawed.
+        if was_paused {
+            let _ = runc.resume(id).await;
+            self.set_state_if(id, ProcessState::Paused, ProcessState::Running).await;
+        }
+    }
+
+    async fn set_state_if(&self, id: &str, from: ProcessState, to: ProcessState) {
+        let mut state = self.state.lock().await;
+        if let Some(c) = state.containers.get_mut(id) {
+            if c.init.state == from {
+                c.init.state = to;
+            }
+        }
+    }
+
+    pub async fn start_restore(&self, id: &str, restore: PendingRestore) -> TtrpcResult<StartResponse> {
+        let started = Instant::now();
+        let (settings, bundle, criu_dir, stdio) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            (
+                c.settings.clone(),
+                c.bundle.clone(),
+                c.config.criu.binary_dir.clone(),
+                c.init.stdio.clone(),
+            )
+        };
+        // Refuse an image we cannot restore before CRIU runs.
+        let image = restore.image.clone();
+        let manifest = tokio::task::spawn_blocking(move || bridge::validate_for_restore(&image))
+            .await
+            .map_err(|e| internal(e.to_string()))?
+            .map_err(|e| failed_precondition(format!("cannot restore {id}: {e}")))?;
+        let validated_ms = started.elapsed().as_millis() as u64;
+        let global = runc_global(&settings, &bundle, criu_dir);
+        bridge::probe_criu_cached(&global.effective_search_path())
+            .and_then(|info| info.require(bridge::MIN_CRIU_CPU))
+            .map_err(|e| failed_precondition(e.to_string()))?;
+
+        let work = bundle.join(RESTORE_WORK_DIR);
+        std::fs::create_dir_all(&work).map_err(|e| internal(format!("create {}: {e}", work.display())))?;
+        let pid_file = bundle.join("init.pid");
+        let setup = StdioSetup::new(&stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
+        let mut ropts = RestoreOptions::new(&restore.image, &bundle).with_checkpoint_flags(&manifest.options);
+        ropts.work_path = Some(work.clone());
+        ropts.pid_file = Some(pid_file.clone());
+        ropts.console_socket = setup.console_path();
+        ropts.no_pivot = settings.no_pivot_root;
+        if stdio.terminal {
+            ropts.terminal = true;
+        }
+        let cmd = bridge::restore_command(&global, id, &ropts).map_err(|e| invalid_argument(e.to_string()))?;
+
+        let mut init = crate::process::Process::new("", stdio.clone());
+        init.stdin = setup
+            .pipes
+            .start_copy(&stdio, &init.io)
+            .map_err(|e| internal(format!("open stdio fifos: {e}")))?;
+        let mut command = tokio::process::Command::from(cmd.to_command());
+        setup
+            .pipes
+            .apply(&mut command)
+            .map_err(|e| internal(format!("stdio for runc restore: {e}")))?;
+        let criu_started = Instant::now();
+        let result = run_runc(command, "runc restore", &bundle, &work.join(bridge::RESTORE_LOG)).await;
+        setup.pipes.close_child_ends();
+        if let Err(e) = result {
+            init.shutdown_io().await;
+            return Err(internal(format!("restore of {id} failed: {e}")));
+        }
+        let criu_ms = criu_started.elapsed().as_millis() as u64;
+        init.pid = container::read_pid(&pid_file).map_err(internal)?;
+        setup.finish(&mut init).await.map_err(internal)?;
+
+        let mut state = self.state.lock().await;
+        let c = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| not_found(format!("container {id} was deleted while restoring")))?;
+        let pid = init.pid;
+        c.init.pid = pid;
+        c.init.io = init.io;
+        c.init.pty = init.pty;
+        c.init.stdin = init.stdin;
+        c.init.state = ProcessState::Running;
+        c.restore = None;
+        self.watch_oom(c);
+        self.events.send(
+            TASK_START_EVENT_TOPIC,
+            TaskStart {
+                container_id: id.to_string(),
+                pid: pid as u32,
+                ..Default::default()
+            },
+        );
+        tracing::info!(
+            id,
+            pid,
+            image = %restore.image.display(),
+            validate_ms = validated_ms,
+            criu_restore_ms = criu_ms,
+            total_ms = started.elapsed().as_millis() as u64,
+            "restore complete"
+        );
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+}
+
+/// The pid inside the container's pid namespace (last NSpid field), when readable.
+fn container_pid(host_pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any(type_url: &str, value: Vec<u8>) -> Any {
+        let mut a = Any::new();
+        a.type_url = type_url.into();
+        a.value = value;
+        a
+    }
+
+    #[test]
+    fn absent_or_foreign_options_leave_the_task_running() {
+        assert_eq!(checkpoint_options(None).unwrap(), CheckpointOptions::default());
+        let foreign = any("example.Other", vec![1, 2, 3]);
+        assert!(!checkpoint_options(Some(&foreign)).unwrap().exit);
+    }
+
+    #[test]
+    fn runc_checkpoint_options_are_decoded() {
+        let mut o = CheckpointOptionsProto::new();
+        o.exit = true;
+        o.open_tcp = true;
+        o.file_locks = true;
+        o.cgroups_mode = "soft".into();
+        o.work_path = "/tmp/work".into();
+        let a = any("containerd.runc.v1.CheckpointOptions", o.write_to_bytes().unwrap());
+        let opts = checkpoint_options(Some(&a)).unwrap();
+        assert!(opts.exit && opts.open_tcp && opts.file_locks);
+        assert_eq!(opts.cgroups_mode, Some(CgroupsMode::Soft));
+        assert_eq!(opts.work_path, Some(PathBuf::from("/tmp/work")));
+    }
+
+    #[test]
+    fn bad_cgroups_mode_is_refused_with_its_name() {
+        let mut o = CheckpointOptionsProto::new();
+        o.cgroups_mode = "sideways".into();
+        let a = any("containerd.runc.v1.CheckpointOptions", o.write_to_bytes().unwrap());
+        let err = checkpoint_options(Some(&a)).unwrap_err();
+        assert!(err.contains("sideways"), "{err}");
     }
 }

@@ -30,6 +30,7 @@ pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
     pub settings: RuntimeSettings,
+    pub config: gpusnap_config::Config,
     pub runc: Arc<runc::Runc>,
     pub init: Process,
     pub execs: HashMap<String, Process>,

@@ -137,7 +137,7 @@ impl TaskService {
         tracing::trace!(pid, code, "exit of a process the shim does not track (runc or orphan)");
     }
 
-    async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
+    pub async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
         let state = self.state.lock().await;
         state
             .containers
@@ -150,7 +150,7 @@ impl TaskService {
 
 /// The last error runc wrote to its JSON log, which says what went wrong far better than
 /// its exit status.
-fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
+pub fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
     let text = std::fs::read_to_string(RuntimeSettings::runc_log(bundle)).ok()?;
     text.lines().rev().find_map(|l| {
         let v: serde_json::Value = serde_json::from_str(l).ok()?;
@@ -166,6 +166,24 @@ fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path
     } else {
         internal(msg)
     }
+}
+
+/// gpusnap's configuration for this container: the file (CRI's ConfigPath, else the default
+/// path), overlaid by the container's `gpusnap.io/` annotations. Invalid settings fail Create
+/// with the message naming the setting.
+fn load_config(settings: &RuntimeSettings, bundle: &std::path::Path) -> TtrpcResult<gpusnap_config::Config> {
+    let path = settings
+        .config_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
+    let annotations: HashMap<String, String> = std::fs::read(bundle.join("config.json"))
+        .ok()
+        .and_then(|d| serde_json::from_slice::<serde_json::Value>(&d).ok())
+        .and_then(|spec| spec.get("annotations").cloned())
+        .and_then(|a| serde_json::from_value(a).ok())
+        .unwrap_or_default();
+    gpusnap_config::Config::layered(&path, None, &annotations)
+        .map_err(|e| invalid_argument(format!("gpusnap configuration ({}): {e}", path.display())))
 }
 
 mod ttrpc_error {
@@ -400,6 +418,7 @@ impl containerd_shim::Task for TaskService {
                 settings.runc_binary
             ))
         })?);
+        let config = load_config(&settings, &bundle)?;
         let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
         let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
         let mut init = Process::new("", stdio);
@@ -420,6 +439,7 @@ impl containerd_shim::Task for TaskService {
             id: req.id.clone(),
             bundle: bundle.clone(),
             settings,
+            config,
             runc,
             init,
             execs: HashMap::new(),
