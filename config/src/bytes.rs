@@ -40,11 +40,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 /// `67108864 (64 MiB)`, for error messages.
 pub fn describe(bytes: u64) -> String {
-    let human = if bytes >= GIB && bytes % GIB == 0 {
+    let human = if bytes >= GIB && bytes.is_multiple_of(GIB) {
         format!("{} GiB", bytes / GIB)
-    } else if bytes >= MIB && bytes % MIB == 0 {
+    } else if bytes >= MIB && bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
-    } else if bytes >= KIB && bytes % KIB == 0 {
+    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
         format!("{} KiB", bytes / KIB)
     } else {
         return bytes.to_string();

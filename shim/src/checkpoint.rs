@@ -8,7 +8,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::OnceLock,
     time::Instant,
 };
 
@@ -79,18 +78,6 @@ fn runc_global(settings: &RuntimeSettings, bundle: &Path, criu_dir: Option<PathB
     }
 }
 
-/// runc's version never changes under a running shim; ask once.
-fn runc_version_cached(binary: &str) -> Option<String> {
-    static CACHE: OnceLock<Option<String>> = OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let path = bridge::find_in_path(binary, &std::env::var_os("PATH").unwrap_or_default())
-                .unwrap_or_else(|| PathBuf::from(binary));
-            bridge::runc_version(&path).ok().map(|v| v.version)
-        })
-        .clone()
-}
-
 /// Runs a runc checkpoint/restore command under the shim's reaper and turns a failure into
 /// an error carrying runc's and CRIU's own words.
 async fn run_runc(
@@ -105,7 +92,8 @@ async fn run_runc(
     if status.success() {
         return Ok(());
     }
-    let runc_said = crate::task::runc_log_error(bundle).unwrap_or_else(|| stderr.trim().to_string());
+    let runc_said =
+        crate::task::runc_log_error(bundle).unwrap_or_else(|| stderr.trim().to_string());
     let criu_said = bridge::criu_log_tail(criu_log, bridge::runc_cmd::ERROR_LOG_LINES)
         .map(|t| format!("\n{t}"))
         .unwrap_or_default();
@@ -142,17 +130,19 @@ impl TaskService {
         let global = runc_global(&settings, &bundle, criu_dir);
 
         // Fail before touching anything when CRIU is missing or too old.
-        let criu = bridge::probe_criu_cached(&global.effective_search_path())
+        let criu = crate::tools::probe_criu(&global.effective_search_path())
+            .await
             .and_then(|info| info.require(bridge::MIN_CRIU_CPU).map(|_| info))
             .map_err(|e| failed_precondition(e.to_string()))?;
 
         let runc = self.runc_of(&req.id).await?;
         let pids = runc.ps(&req.id).await.unwrap_or_default();
 
-        bridge::begin_checkpoint(&dir).map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
+        bridge::begin_checkpoint(&dir)
+            .map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
         let mut manifest = Manifest::new(&req.id, &bundle, opts.clone());
         manifest.criu_version = Some(criu.version.to_string());
-        manifest.runc_version = runc_version_cached(&settings.runc_binary);
+        manifest.runc_version = crate::tools::runc_version(&settings.runc_binary).await;
         manifest.processes = pids
             .iter()
             .map(|&pid| ProcessRecord {
@@ -163,7 +153,10 @@ impl TaskService {
             .collect();
 
         // Dump with --leave-running: the container is stopped only once the image is sealed.
-        let dump_opts = CheckpointOptions { exit: false, ..opts.clone() };
+        let dump_opts = CheckpointOptions {
+            exit: false,
+            ..opts.clone()
+        };
         let cmd = bridge::checkpoint_command(&global, &req.id, &dir, &dump_opts)
             .map_err(|e| invalid_argument(e.to_string()))?;
         let mut command = tokio::process::Command::from(cmd.to_command());
@@ -234,7 +227,8 @@ impl TaskService {
         // Frozen processes only die once thawed.
         if was_paused {
             let _ = runc.resume(id).await;
-            self.set_state_if(id, ProcessState::Paused, ProcessState::Running).await;
+            self.set_state_if(id, ProcessState::Paused, ProcessState::Running)
+                .await;
         }
     }
 
@@ -247,7 +241,11 @@ impl TaskService {
         }
     }
 
-    pub async fn start_restore(&self, id: &str, restore: PendingRestore) -> TtrpcResult<StartResponse> {
+    pub async fn start_restore(
+        &self,
+        id: &str,
+        restore: PendingRestore,
+    ) -> TtrpcResult<StartResponse> {
         let started = Instant::now();
         let (settings, bundle, criu_dir, stdio) = {
             let state = self.state.lock().await;
@@ -270,15 +268,18 @@ impl TaskService {
             .map_err(|e| failed_precondition(format!("cannot restore {id}: {e}")))?;
         let validated_ms = started.elapsed().as_millis() as u64;
         let global = runc_global(&settings, &bundle, criu_dir);
-        bridge::probe_criu_cached(&global.effective_search_path())
+        crate::tools::probe_criu(&global.effective_search_path())
+            .await
             .and_then(|info| info.require(bridge::MIN_CRIU_CPU))
             .map_err(|e| failed_precondition(e.to_string()))?;
 
         let work = bundle.join(RESTORE_WORK_DIR);
-        std::fs::create_dir_all(&work).map_err(|e| internal(format!("create {}: {e}", work.display())))?;
+        std::fs::create_dir_all(&work)
+            .map_err(|e| internal(format!("create {}: {e}", work.display())))?;
         let pid_file = bundle.join("init.pid");
         let setup = StdioSetup::new(&stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
-        let mut ropts = RestoreOptions::new(&restore.image, &bundle).with_checkpoint_flags(&manifest.options);
+        let mut ropts =
+            RestoreOptions::new(&restore.image, &bundle).with_checkpoint_flags(&manifest.options);
         ropts.work_path = Some(work.clone());
         ropts.pid_file = Some(pid_file.clone());
         ropts.console_socket = setup.console_path();
@@ -286,7 +287,8 @@ impl TaskService {
         if stdio.terminal {
             ropts.terminal = true;
         }
-        let cmd = bridge::restore_command(&global, id, &ropts).map_err(|e| invalid_argument(e.to_string()))?;
+        let cmd = bridge::restore_command(&global, id, &ropts)
+            .map_err(|e| invalid_argument(e.to_string()))?;
 
         let mut init = crate::process::Process::new("", stdio.clone());
         init.stdin = setup
@@ -299,7 +301,13 @@ impl TaskService {
             .apply(&mut command)
             .map_err(|e| internal(format!("stdio for runc restore: {e}")))?;
         let criu_started = Instant::now();
-        let result = run_runc(command, "runc restore", &bundle, &work.join(bridge::RESTORE_LOG)).await;
+        let result = run_runc(
+            command,
+            "runc restore",
+            &bundle,
+            &work.join(bridge::RESTORE_LOG),
+        )
+        .await;
         setup.pipes.close_child_ends();
         if let Err(e) = result {
             init.shutdown_io().await;
@@ -334,6 +342,7 @@ impl TaskService {
             id,
             pid,
             image = %restore.image.display(),
+            parent = ?restore.parent,
             validate_ms = validated_ms,
             criu_restore_ms = criu_ms,
             total_ms = started.elapsed().as_millis() as u64,
@@ -369,7 +378,10 @@ mod tests {
 
     #[test]
     fn absent_or_foreign_options_leave_the_task_running() {
-        assert_eq!(checkpoint_options(None).unwrap(), CheckpointOptions::default());
+        assert_eq!(
+            checkpoint_options(None).unwrap(),
+            CheckpointOptions::default()
+        );
         let foreign = any("example.Other", vec![1, 2, 3]);
         assert!(!checkpoint_options(Some(&foreign)).unwrap().exit);
     }
@@ -382,7 +394,10 @@ mod tests {
         o.file_locks = true;
         o.cgroups_mode = "soft".into();
         o.work_path = "/tmp/work".into();
-        let a = any("containerd.runc.v1.CheckpointOptions", o.write_to_bytes().unwrap());
+        let a = any(
+            "containerd.runc.v1.CheckpointOptions",
+            o.write_to_bytes().unwrap(),
+        );
         let opts = checkpoint_options(Some(&a)).unwrap();
         assert!(opts.exit && opts.open_tcp && opts.file_locks);
         assert_eq!(opts.cgroups_mode, Some(CgroupsMode::Soft));
@@ -393,7 +408,10 @@ mod tests {
     fn bad_cgroups_mode_is_refused_with_its_name() {
         let mut o = CheckpointOptionsProto::new();
         o.cgroups_mode = "sideways".into();
-        let a = any("containerd.runc.v1.CheckpointOptions", o.write_to_bytes().unwrap());
+        let a = any(
+            "containerd.runc.v1.CheckpointOptions",
+            o.write_to_bytes().unwrap(),
+        );
         let err = checkpoint_options(Some(&a)).unwrap_err();
         assert!(err.contains("sideways"), "{err}");
     }

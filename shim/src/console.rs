@@ -20,10 +20,16 @@ pub struct ConsoleSocket {
 impl ConsoleSocket {
     pub fn new() -> std::io::Result<Self> {
         // Socket paths are limited to 108 bytes, so keep it short and under /tmp.
-        let dir = tempfile::Builder::new().prefix("gpusnap-pty").tempdir_in("/tmp")?;
+        let dir = tempfile::Builder::new()
+            .prefix("gpusnap-pty")
+            .tempdir_in("/tmp")?;
         let path = dir.path().join("s");
         let listener = UnixListener::bind(&path)?;
-        Ok(Self { listener, path, _dir: dir })
+        Ok(Self {
+            listener,
+            path,
+            _dir: dir,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -40,8 +46,13 @@ impl ConsoleSocket {
             let mut buf = [0u8; 4096];
             let mut iov = [IoSliceMut::new(&mut buf)];
             let mut cmsg = nix::cmsg_space!([RawFd; 1]);
-            let msg = recvmsg::<()>(std_stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty())
-                .map_err(std::io::Error::from)?;
+            let msg = recvmsg::<()>(
+                std_stream.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::empty(),
+            )
+            .map_err(std::io::Error::from)?;
             for c in msg.cmsgs().map_err(std::io::Error::from)? {
                 if let ControlMessageOwned::ScmRights(fds) = c {
                     if let Some(fd) = fds.first() {
@@ -51,7 +62,9 @@ impl ConsoleSocket {
                     }
                 }
             }
-            Err(std::io::Error::other("runc sent no terminal over the console socket"))
+            Err(std::io::Error::other(
+                "runc sent no terminal over the console socket",
+            ))
         })
         .await
         .map_err(std::io::Error::other)?

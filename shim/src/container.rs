@@ -12,10 +12,7 @@ use containerd_shim::{
 };
 
 use crate::{
-    console::ConsoleSocket,
-    oom::OomWatch,
-    options::RuntimeSettings,
-    process::Process,
+    console::ConsoleSocket, oom::OomWatch, options::RuntimeSettings, process::Process,
     stdio::ProcessPipes,
 };
 
@@ -23,6 +20,8 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct PendingRestore {
     pub image: PathBuf,
+    /// containerd's parent checkpoint (pre-dump chains); runc restores from `image`, which
+    /// references its parent itself, so this is only logged.
     pub parent: Option<PathBuf>,
 }
 
@@ -43,23 +42,11 @@ pub struct Container {
 }
 
 impl Container {
-    pub fn rootfs(&self) -> PathBuf {
-        self.bundle.join("rootfs")
-    }
-
     pub fn process(&self, exec_id: &str) -> Option<&Process> {
         if exec_id.is_empty() {
             Some(&self.init)
         } else {
             self.execs.get(exec_id)
-        }
-    }
-
-    pub fn process_mut(&mut self, exec_id: &str) -> Option<&mut Process> {
-        if exec_id.is_empty() {
-            Some(&mut self.init)
-        } else {
-            self.execs.get_mut(exec_id)
         }
     }
 
@@ -77,7 +64,14 @@ pub fn mount_rootfs(bundle: &Path, mounts: &[Mount]) -> Result<bool, String> {
     std::fs::create_dir_all(&target).map_err(|e| format!("create {}: {e}", target.display()))?;
     for m in mounts {
         containerd_shim::mount::mount_rootfs(Some(&m.type_), Some(&m.source), &m.options, &target)
-            .map_err(|e| format!("mount {} ({}) on {}: {e}", m.source, m.type_, target.display()))?;
+            .map_err(|e| {
+                format!(
+                    "mount {} ({}) on {}: {e}",
+                    m.source,
+                    m.type_,
+                    target.display()
+                )
+            })?;
     }
     Ok(true)
 }
@@ -145,9 +139,9 @@ impl StdioSetup {
 
 /// Reads the pid runc wrote.
 pub fn read_pid(path: &Path) -> Result<i32, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     text.trim()
         .parse()
         .map_err(|e| format!("pid file {} holds {text:?}: {e}", path.display()))
 }
-

@@ -28,23 +28,13 @@ pub fn internal(msg: impl Into<String>) -> ttrpc::Error {
     status(Code::INTERNAL, msg)
 }
 
-pub fn unimplemented(msg: impl Into<String>) -> ttrpc::Error {
-    status(Code::UNIMPLEMENTED, msg)
-}
-
-/// Formats a runc failure with the command's own output, which is where runc says what went
-/// wrong ("container not running", "no such process"...).
-pub fn runc_error(action: &str, err: &runc::error::Error) -> ttrpc::Error {
-    let text = runc_error_text(err);
-    if text.contains("does not exist") || text.contains("not exist") {
-        return not_found(format!("{action}: {text}"));
-    }
-    internal(format!("{action}: {text}"))
-}
-
 pub fn runc_error_text(err: &runc::error::Error) -> String {
     match err {
-        runc::error::Error::CommandFailed { status, stdout, stderr } => {
+        runc::error::Error::CommandFailed {
+            status,
+            stdout,
+            stderr,
+        } => {
             let out = format!("{} {}", stdout.trim(), stderr.trim());
             format!("runc exited with {status}: {}", out.trim())
         }

@@ -14,6 +14,7 @@ mod service;
 mod stats;
 mod stdio;
 mod task;
+mod tools;
 
 /// The runtime type containerd uses to find this binary (`containerd-shim-gpusnap-v2`).
 pub const RUNTIME_ID: &str = "io.containerd.gpusnap.v2";
@@ -21,7 +22,10 @@ pub const RUNTIME_ID: &str = "io.containerd.gpusnap.v2";
 #[tokio::main]
 async fn main() {
     // containerd asks `-v` to learn the shim version; the shim crate handles every other flag.
-    if std::env::args().skip(1).any(|a| a == "-v" || a == "--version") {
+    if std::env::args()
+        .skip(1)
+        .any(|a| a == "-v" || a == "--version")
+    {
         println!(
             "{}:\n  Version: {}\n  Runtime: {}",
             env!("CARGO_BIN_NAME"),

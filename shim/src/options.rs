@@ -79,8 +79,9 @@ impl RuntimeSettings {
                 s.criu_work_path = non_empty(o.criu_work_path);
             }
             CRI_RUNTIME_OPTIONS => {
-                let (_type_url, config_path) = decode_cri_options(&any.value)
-                    .map_err(|e| format!("runtime options of type {name} could not be decoded: {e}"))?;
+                let (_type_url, config_path) = decode_cri_options(&any.value).map_err(|e| {
+                    format!("runtime options of type {name} could not be decoded: {e}")
+                })?;
                 s.config_path = non_empty(config_path);
             }
             other => {
@@ -137,7 +138,10 @@ fn decode_cri_options(bytes: &[u8]) -> Result<(String, String), String> {
             10 => type_url = input.read_string().map_err(|e| e.to_string())?,
             18 => config_path = input.read_string().map_err(|e| e.to_string())?,
             t => input
-                .skip_field(containerd_shim::protos::protobuf::rt::WireType::new(t & 7).ok_or("bad wire type")?)
+                .skip_field(
+                    containerd_shim::protos::protobuf::rt::WireType::new(t & 7)
+                        .ok_or("bad wire type")?,
+                )
                 .map_err(|e| e.to_string())?,
         }
     }
@@ -185,15 +189,24 @@ mod tests {
         bytes.extend_from_slice(path);
         let a = any("type.googleapis.com/runtimeoptions.v1.Options", bytes);
         let s = RuntimeSettings::from_any("k8s.io", Some(&a)).unwrap();
-        assert_eq!(s.config_path, Some(PathBuf::from("/etc/gpusnap/config.toml")));
+        assert_eq!(
+            s.config_path,
+            Some(PathBuf::from("/etc/gpusnap/config.toml"))
+        );
     }
 
     #[test]
     fn unknown_and_malformed_options_are_refused_clearly() {
         let err = RuntimeSettings::from_any("d", Some(&any("example.Other", vec![]))).unwrap_err();
-        assert!(err.contains("unsupported runtime options type \"example.Other\""), "{err}");
-        let err = RuntimeSettings::from_any("d", Some(&any("containerd.runc.v1.Options", vec![0xff, 0xff])))
-            .unwrap_err();
+        assert!(
+            err.contains("unsupported runtime options type \"example.Other\""),
+            "{err}"
+        );
+        let err = RuntimeSettings::from_any(
+            "d",
+            Some(&any("containerd.runc.v1.Options", vec![0xff, 0xff])),
+        )
+        .unwrap_err();
         assert!(err.contains("could not be decoded"), "{err}");
     }
 }

@@ -64,7 +64,12 @@ pub async fn run_reaped(mut cmd: Command) -> std::io::Result<(ExitStatus, u32, S
 
 #[async_trait]
 impl runc::Spawner for ReaperSpawner {
-    async fn execute(&self, cmd: Command) -> Result<(ExitStatus, u32, String, String), runc::error::Error> {
-        run_reaped(cmd).await.map_err(runc::error::Error::ProcessSpawnFailed)
+    async fn execute(
+        &self,
+        cmd: Command,
+    ) -> Result<(ExitStatus, u32, String, String), runc::error::Error> {
+        run_reaped(cmd)
+            .await
+            .map_err(runc::error::Error::ProcessSpawnFailed)
     }
 }

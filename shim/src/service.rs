@@ -62,7 +62,8 @@ impl Shim for Service {
     async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
         // containerd runs `shim delete` in the bundle after the serving shim died: remove the
         // runc container and the rootfs mount it left behind.
-        let bundle: PathBuf = std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
+        let bundle: PathBuf =
+            std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
         match settings.runc(&bundle) {
             Ok(runc) => {
@@ -77,7 +78,9 @@ impl Shim for Service {
         Ok(DeleteResponse {
             pid: 0,
             exit_status: 128 + libc::SIGKILL as u32,
-            exited_at: MessageField::some(convert_to_timestamp(Some(time::OffsetDateTime::now_utc()))),
+            exited_at: MessageField::some(convert_to_timestamp(Some(
+                time::OffsetDateTime::now_utc(),
+            ))),
             ..Default::default()
         })
     }

@@ -10,7 +10,8 @@ use containerd_shim::{
 pub fn collect(pid: u32) -> Result<Any, String> {
     let cgroup = get_cgroup(pid).map_err(|e| format!("find cgroup of pid {pid}: {e}"))?;
     let any = if cgroup.v2() {
-        let m = collect_metrics_v2(&cgroup).map_err(|e| format!("collect cgroup v2 metrics: {e}"))?;
+        let m =
+            collect_metrics_v2(&cgroup).map_err(|e| format!("collect cgroup v2 metrics: {e}"))?;
         convert_to_any(Box::new(m))
     } else {
         let m = collect_metrics(&cgroup).map_err(|e| format!("collect cgroup v1 metrics: {e}"))?;

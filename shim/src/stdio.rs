@@ -78,7 +78,11 @@ impl ProcessPipes {
     }
 
     /// Starts copying between the shim's pipe ends and containerd's fifos.
-    pub fn start_copy(&self, stdio: &Stdio, io: &IoTasks) -> containerd_shim::Result<Option<StdinCopy>> {
+    pub fn start_copy(
+        &self,
+        stdio: &Stdio,
+        io: &IoTasks,
+    ) -> containerd_shim::Result<Option<StdinCopy>> {
         let mut parent = lock(&self.parent);
         let other = |e: std::io::Error| containerd_shim::Error::Other(format!("stdio pipe: {e}"));
         let stdin = parent
@@ -86,10 +90,16 @@ impl ProcessPipes {
             .take()
             .map(|w| StdinCopy::start(&stdio.stdin, Box::new(w)));
         if let Some(r) = parent.stdout.take() {
-            io.copy_to_fifo(pipe::Receiver::from_owned_fd(r.into()).map_err(other)?, &stdio.stdout)?;
+            io.copy_to_fifo(
+                pipe::Receiver::from_owned_fd(r.into()).map_err(other)?,
+                &stdio.stdout,
+            )?;
         }
         if let Some(r) = parent.stderr.take() {
-            io.copy_to_fifo(pipe::Receiver::from_owned_fd(r.into()).map_err(other)?, &stdio.stderr)?;
+            io.copy_to_fifo(
+                pipe::Receiver::from_owned_fd(r.into()).map_err(other)?,
+                &stdio.stderr,
+            )?;
         }
         Ok(stdin)
     }
@@ -147,28 +157,31 @@ impl StdinCopy {
     pub fn start(path: &str, sink: Box<dyn Write + Send>) -> Self {
         let sink = Arc::new(Mutex::new(Some(sink)));
         let done = Arc::new(AtomicBool::new(false));
-        let (thread_sink, thread_done, thread_path) = (sink.clone(), done.clone(), path.to_string());
-        let spawned = std::thread::Builder::new().name("stdin-copy".into()).spawn(move || {
-            if let Ok(mut fifo) = std::fs::File::open(&thread_path) {
-                let mut buf = vec![0u8; 32 * 1024];
-                loop {
-                    let n = match fifo.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let mut guard = lock(&thread_sink);
-                    let written = match guard.as_mut() {
-                        Some(w) => write_all_retrying(w.as_mut(), &buf[..n]).is_ok(),
-                        None => false,
-                    };
-                    if !written {
-                        break;
+        let (thread_sink, thread_done, thread_path) =
+            (sink.clone(), done.clone(), path.to_string());
+        let spawned = std::thread::Builder::new()
+            .name("stdin-copy".into())
+            .spawn(move || {
+                if let Ok(mut fifo) = std::fs::File::open(&thread_path) {
+                    let mut buf = vec![0u8; 32 * 1024];
+                    loop {
+                        let n = match fifo.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut guard = lock(&thread_sink);
+                        let written = match guard.as_mut() {
+                            Some(w) => write_all_retrying(w.as_mut(), &buf[..n]).is_ok(),
+                            None => false,
+                        };
+                        if !written {
+                            break;
+                        }
                     }
                 }
-            }
-            lock(&thread_sink).take();
-            thread_done.store(true, Ordering::Release);
-        });
+                lock(&thread_sink).take();
+                thread_done.store(true, Ordering::Release);
+            });
         if spawned.is_err() {
             tracing::warn!(path, "could not start the stdin copy thread");
         }

@@ -8,8 +8,8 @@ use containerd_shim::{
         CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
         DeleteRequest, DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest,
         PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
-        StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse,
-        UpdateTaskRequest, WaitRequest, WaitResponse,
+        StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, UpdateTaskRequest,
+        WaitRequest, WaitResponse,
     },
     asynchronous::{io::Stdio, ExitSignal},
     monitor::{monitor_subscribe, ExitEvent, Subject, Topic},
@@ -60,7 +60,11 @@ fn stdio_of(terminal: bool, stdin: &str, stdout: &str, stderr: &str) -> Stdio {
 fn exit_event(container_id: &str, p: &Process, info: ExitInfo) -> TaskExit {
     TaskExit {
         container_id: container_id.to_string(),
-        id: if p.exec_id.is_empty() { container_id.to_string() } else { p.exec_id.clone() },
+        id: if p.exec_id.is_empty() {
+            container_id.to_string()
+        } else {
+            p.exec_id.clone()
+        },
         pid: p.pid as u32,
         exit_status: info.status,
         exited_at: MessageField::some(convert_to_timestamp(Some(info.at))),
@@ -118,23 +122,30 @@ impl TaskService {
                 }
                 let info = c.init.set_exited(code);
                 c.oom = None;
-                self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                self.events
+                    .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
                 return;
             }
             if let Some(e) = c.execs.values_mut().find(|p| p.pid == pid && p.is_alive()) {
                 let info = e.set_exited(code);
-                self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, e, info));
+                self.events
+                    .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, e, info));
                 if c.running_execs() == 0 {
                     if let Some(code) = c.deferred_init_exit.take() {
                         let info = c.init.set_exited(code);
                         c.oom = None;
-                        self.events.send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                        self.events
+                            .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
                     }
                 }
                 return;
             }
         }
-        tracing::trace!(pid, code, "exit of a process the shim does not track (runc or orphan)");
+        tracing::trace!(
+            pid,
+            code,
+            "exit of a process the shim does not track (runc or orphan)"
+        );
     }
 
     pub async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
@@ -147,18 +158,22 @@ impl TaskService {
     }
 }
 
-
 /// The last error runc wrote to its JSON log, which says what went wrong far better than
 /// its exit status.
 pub fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
     let text = std::fs::read_to_string(RuntimeSettings::runc_log(bundle)).ok()?;
     text.lines().rev().find_map(|l| {
         let v: serde_json::Value = serde_json::from_str(l).ok()?;
-        (v.get("level")?.as_str()? == "error").then(|| v.get("msg")?.as_str().map(str::to_string))?
+        (v.get("level")?.as_str()? == "error")
+            .then(|| v.get("msg")?.as_str().map(str::to_string))?
     })
 }
 
-fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path) -> ttrpc_error::Error {
+fn runc_failure(
+    action: &str,
+    err: &runc::error::Error,
+    bundle: &std::path::Path,
+) -> ttrpc_error::Error {
     let detail = runc_log_error(bundle).unwrap_or_else(|| runc_error_text(err));
     let msg = format!("{action}: {detail}");
     if detail.contains("does not exist") || detail.contains("not found") {
@@ -171,7 +186,10 @@ fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path
 /// gpusnap's configuration for this container: the file (CRI's ConfigPath, else the default
 /// path), overlaid by the container's `gpusnap.io/` annotations. Invalid settings fail Create
 /// with the message naming the setting.
-fn load_config(settings: &RuntimeSettings, bundle: &std::path::Path) -> TtrpcResult<gpusnap_config::Config> {
+fn load_config(
+    settings: &RuntimeSettings,
+    bundle: &std::path::Path,
+) -> TtrpcResult<gpusnap_config::Config> {
     let path = settings
         .config_path
         .clone()
@@ -190,7 +208,10 @@ mod ttrpc_error {
     pub use containerd_shim::protos::ttrpc::Error;
 }
 
-fn decode_json<T: serde::de::DeserializeOwned>(what: &str, any: &MessageField<Any>) -> TtrpcResult<T> {
+fn decode_json<T: serde::de::DeserializeOwned>(
+    what: &str,
+    any: &MessageField<Any>,
+) -> TtrpcResult<T> {
     let any = any
         .as_ref()
         .ok_or_else(|| invalid_argument(format!("{what} is missing")))?;
@@ -211,7 +232,8 @@ impl TaskService {
         settings: &RuntimeSettings,
         init: &mut Process,
     ) -> TtrpcResult<()> {
-        let setup = StdioSetup::new(&init.stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
+        let setup =
+            StdioSetup::new(&init.stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
         init.stdin = setup
             .pipes
             .start_copy(&init.stdio, &init.io)
@@ -232,7 +254,12 @@ impl TaskService {
         }
         init.pid = container::read_pid(&pid_file).map_err(internal)?;
         setup.finish(init).await.map_err(internal)?;
-        tracing::info!(id, pid = init.pid, elapsed_ms = started.elapsed().as_millis() as u64, "container created");
+        tracing::info!(
+            id,
+            pid = init.pid,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "container created"
+        );
         Ok(())
     }
 
@@ -303,14 +330,18 @@ impl TaskService {
                 .get(id)
                 .ok_or_else(|| not_found(format!("container {id} not found")))?;
             if !c.init.is_alive() {
-                return Err(failed_precondition(format!("container {id} is not running")));
+                return Err(failed_precondition(format!(
+                    "container {id} is not running"
+                )));
             }
             let p = c
                 .execs
                 .get(exec_id)
                 .ok_or_else(|| not_found(format!("exec {exec_id} not found in container {id}")))?;
             if p.state != ProcessState::Created {
-                return Err(failed_precondition(format!("exec {exec_id} was already started")));
+                return Err(failed_precondition(format!(
+                    "exec {exec_id} was already started"
+                )));
             }
             let spec = p
                 .spec
@@ -340,10 +371,9 @@ impl TaskService {
         proc_io.pid = pid;
         setup.finish(&mut proc_io).await.map_err(internal)?;
         let mut state = self.state.lock().await;
-        let c = state
-            .containers
-            .get_mut(id)
-            .ok_or_else(|| not_found(format!("container {id} was deleted while starting an exec")))?;
+        let c = state.containers.get_mut(id).ok_or_else(|| {
+            not_found(format!("container {id} was deleted while starting an exec"))
+        })?;
         let p = c
             .execs
             .get_mut(exec_id)
@@ -377,11 +407,18 @@ impl containerd_shim::Task for TaskService {
             .containers
             .get(&req.id)
             .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
-        let p = c
-            .process(&req.exec_id)
-            .ok_or_else(|| not_found(format!("exec {} not found in container {}", req.exec_id, req.id)))?;
+        let p = c.process(&req.exec_id).ok_or_else(|| {
+            not_found(format!(
+                "exec {} not found in container {}",
+                req.exec_id, req.id
+            ))
+        })?;
         let mut resp = StateResponse {
-            id: if p.exec_id.is_empty() { c.id.clone() } else { p.exec_id.clone() },
+            id: if p.exec_id.is_empty() {
+                c.id.clone()
+            } else {
+                p.exec_id.clone()
+            },
             bundle: c.bundle.to_string_lossy().into_owned(),
             pid: p.pid as u32,
             stdin: p.stdio.stdin.clone(),
@@ -399,19 +436,32 @@ impl containerd_shim::Task for TaskService {
         Ok(resp)
     }
 
-    async fn create(&self, _ctx: &TtrpcContext, req: CreateTaskRequest) -> TtrpcResult<CreateTaskResponse> {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
         let _lifecycle = self.lifecycle.lock().await;
         if self.state.lock().await.containers.contains_key(&req.id) {
-            return Err(already_exists(format!("container {} already exists in this shim", req.id)));
+            return Err(already_exists(format!(
+                "container {} already exists in this shim",
+                req.id
+            )));
         }
         if req.id.is_empty() || req.bundle.is_empty() {
-            return Err(invalid_argument("create needs a container id and a bundle path"));
+            return Err(invalid_argument(
+                "create needs a container id and a bundle path",
+            ));
         }
         let bundle = PathBuf::from(&req.bundle);
-        let settings = RuntimeSettings::from_any(&self.namespace, req.options.as_ref()).map_err(invalid_argument)?;
-        settings
-            .save(&bundle)
-            .map_err(|e| internal(format!("write runtime settings into bundle {}: {e}", bundle.display())))?;
+        let settings = RuntimeSettings::from_any(&self.namespace, req.options.as_ref())
+            .map_err(invalid_argument)?;
+        settings.save(&bundle).map_err(|e| {
+            internal(format!(
+                "write runtime settings into bundle {}: {e}",
+                bundle.display()
+            ))
+        })?;
         let runc = Arc::new(settings.runc(&bundle).map_err(|e| {
             failed_precondition(format!(
                 "runc binary {:?} is not usable ({e}); install runc or set BinaryName in the runtime options",
@@ -424,10 +474,14 @@ impl containerd_shim::Task for TaskService {
         let mut init = Process::new("", stdio);
         let restore = (!req.checkpoint.is_empty()).then(|| PendingRestore {
             image: PathBuf::from(&req.checkpoint),
-            parent: (!req.parent_checkpoint.is_empty()).then(|| PathBuf::from(&req.parent_checkpoint)),
+            parent: (!req.parent_checkpoint.is_empty())
+                .then(|| PathBuf::from(&req.parent_checkpoint)),
         });
         if restore.is_none() {
-            if let Err(e) = self.create_init(&req.id, &bundle, &runc, &settings, &mut init).await {
+            if let Err(e) = self
+                .create_init(&req.id, &bundle, &runc, &settings, &mut init)
+                .await
+            {
                 if mounted {
                     container::unmount_rootfs(&bundle);
                 }
@@ -575,7 +629,11 @@ impl containerd_shim::Task for TaskService {
                 .containers
                 .get(&req.id)
                 .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
-            let execs: HashMap<i32, String> = c.execs.values().map(|p| (p.pid, p.exec_id.clone())).collect();
+            let execs: HashMap<i32, String> = c
+                .execs
+                .values()
+                .map(|p| (p.pid, p.exec_id.clone()))
+                .collect();
             (c.runc.clone(), c.bundle.clone(), execs)
         };
         let pids = runc
@@ -609,7 +667,10 @@ impl containerd_shim::Task for TaskService {
         let runc = self.runc_of(&req.id).await?;
         {
             let state = self.state.lock().await;
-            let c = state.containers.get(&req.id).ok_or_else(|| not_found("container gone"))?;
+            let c = state
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found("container gone"))?;
             if c.init.state != ProcessState::Running {
                 return Err(failed_precondition(format!(
                     "container {} cannot be paused: it is {:?}",
@@ -621,7 +682,8 @@ impl containerd_shim::Task for TaskService {
         runc.pause(&req.id)
             .await
             .map_err(|e| runc_failure("runc pause", &e, &bundle))?;
-        self.set_init_state(&req.id, ProcessState::Running, ProcessState::Paused).await;
+        self.set_init_state(&req.id, ProcessState::Running, ProcessState::Paused)
+            .await;
         self.events.send(
             TASK_PAUSED_EVENT_TOPIC,
             TaskPaused {
@@ -638,7 +700,8 @@ impl containerd_shim::Task for TaskService {
         runc.resume(&req.id)
             .await
             .map_err(|e| runc_failure("runc resume", &e, &bundle))?;
-        self.set_init_state(&req.id, ProcessState::Paused, ProcessState::Running).await;
+        self.set_init_state(&req.id, ProcessState::Paused, ProcessState::Running)
+            .await;
         self.events.send(
             TASK_RESUMED_EVENT_TOPIC,
             TaskResumed {
@@ -649,7 +712,11 @@ impl containerd_shim::Task for TaskService {
         Ok(Empty::new())
     }
 
-    async fn checkpoint(&self, _ctx: &TtrpcContext, req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
         self.checkpoint_task(req).await
     }
 
@@ -660,9 +727,12 @@ impl containerd_shim::Task for TaskService {
                 .containers
                 .get(&req.id)
                 .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
-            let p = c
-                .process(&req.exec_id)
-                .ok_or_else(|| not_found(format!("exec {} not found in container {}", req.exec_id, req.id)))?;
+            let p = c.process(&req.exec_id).ok_or_else(|| {
+                not_found(format!(
+                    "exec {} not found in container {}",
+                    req.exec_id, req.id
+                ))
+            })?;
             if p.state == ProcessState::Stopped {
                 return Err(not_found(format!("process {} already finished", p.pid)));
             }
@@ -677,8 +747,9 @@ impl containerd_shim::Task for TaskService {
         };
         match target {
             Some(pid) => {
-                let sig = nix::sys::signal::Signal::try_from(req.signal as i32)
-                    .map_err(|_| invalid_argument(format!("{} is not a valid signal", req.signal)))?;
+                let sig = nix::sys::signal::Signal::try_from(req.signal as i32).map_err(|_| {
+                    invalid_argument(format!("{} is not a valid signal", req.signal))
+                })?;
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).map_err(|e| {
                     if e == nix::errno::Errno::ESRCH {
                         not_found(format!("process {pid} already finished"))
@@ -709,15 +780,24 @@ impl containerd_shim::Task for TaskService {
             .get_mut(&req.id)
             .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
         if !c.init.is_alive() {
-            return Err(failed_precondition(format!("container {} is not running", req.id)));
+            return Err(failed_precondition(format!(
+                "container {} is not running",
+                req.id
+            )));
         }
         if req.exec_id.is_empty() {
             return Err(invalid_argument("exec needs an exec id"));
         }
         if c.execs.contains_key(&req.exec_id) {
-            return Err(already_exists(format!("exec {} already exists in container {}", req.exec_id, req.id)));
+            return Err(already_exists(format!(
+                "exec {} already exists in container {}",
+                req.exec_id, req.id
+            )));
         }
-        let mut p = Process::new(&req.exec_id, stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr));
+        let mut p = Process::new(
+            &req.exec_id,
+            stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr),
+        );
         p.spec = Some(spec);
         c.execs.insert(req.exec_id.clone(), p);
         self.events.send(
@@ -744,7 +824,8 @@ impl containerd_shim::Task for TaskService {
             .pty
             .as_ref()
             .ok_or_else(|| failed_precondition("the process has no terminal to resize"))?;
-        crate::console::resize(pty, req.width, req.height).map_err(|e| internal(format!("resize terminal: {e}")))?;
+        crate::console::resize(pty, req.width, req.height)
+            .map_err(|e| internal(format!("resize terminal: {e}")))?;
         Ok(Empty::new())
     }
 
@@ -766,7 +847,8 @@ impl containerd_shim::Task for TaskService {
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
-        let resources: oci_spec::runtime::LinuxResources = decode_json("resources", &req.resources)?;
+        let resources: oci_spec::runtime::LinuxResources =
+            decode_json("resources", &req.resources)?;
         let runc = self.runc_of(&req.id).await?;
         let bundle = self.bundle_of(&req.id).await?;
         runc.update(&req.id, &resources)
@@ -791,7 +873,10 @@ impl containerd_shim::Task for TaskService {
                 break info;
             }
             if rx.changed().await.is_err() {
-                return Err(not_found(format!("process of {} was deleted before it exited", req.id)));
+                return Err(not_found(format!(
+                    "process of {} was deleted before it exited",
+                    req.id
+                )));
             }
         };
         Ok(WaitResponse {
@@ -809,7 +894,10 @@ impl containerd_shim::Task for TaskService {
                 .get(&req.id)
                 .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
             if !c.init.is_alive() {
-                return Err(failed_precondition(format!("container {} is not running", req.id)));
+                return Err(failed_precondition(format!(
+                    "container {} is not running",
+                    req.id
+                )));
             }
             c.init.pid as u32
         };
@@ -823,7 +911,11 @@ impl containerd_shim::Task for TaskService {
         })
     }
 
-    async fn connect(&self, _ctx: &TtrpcContext, req: ConnectRequest) -> TtrpcResult<ConnectResponse> {
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> TtrpcResult<ConnectResponse> {
         let state = self.state.lock().await;
         let task_pid = state
             .containers
