@@ -25,6 +25,7 @@
 #   GPUSNAP_CRIU_VERSION exact CRIU upstream version to build (default: sid's)
 #   GPUSNAP_FORCE=1      redo every step (rebuild CRIU, re-extract containerd, images)
 #   GPUSNAP_VERIFY=1     run the containerd import/run smoke check even if nothing changed
+#   GPUSNAP_LINKS=0      do not create the /usr/local/bin symlinks (e.g. for a trial prefix)
 set -euo pipefail
 
 PREFIX=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}
@@ -32,6 +33,7 @@ SID_MIRROR=${GPUSNAP_SID_MIRROR:-http://deb.debian.org/debian}
 WANT_CRIU=${GPUSNAP_CRIU_VERSION:-}
 FORCE=${GPUSNAP_FORCE:-0}
 VERIFY=${GPUSNAP_VERIFY:-0}
+LINKS=${GPUSNAP_LINKS:-1}
 CRIU_MIN=4.2          # oldest CRIU accepted as "already installed"
 IMAGE_RECIPE=3        # bump when the image layout/config below changes
 BUSYBOX_REF=docker.io/gpusnap/busybox:test
@@ -92,7 +94,8 @@ missing_pkgs() {
 mapfile -t MISSING < <(missing_pkgs)
 if ((${#MISSING[@]})); then
     log "installing Debian packages: ${MISSING[*]}"
-    apt-get update -qq
+    # A third-party source that cannot be reached must not stop us: install decides.
+    apt-get update -qq || log "warning: apt-get update reported errors; installing anyway"
     apt-get install -y -qq --no-install-recommends "${MISSING[@]}" >/dev/null
     changed "apt: ${MISSING[*]}"
 else
@@ -284,6 +287,7 @@ fi
 # 4. /usr/local/bin symlinks
 # ---------------------------------------------------------------------------
 for b in criu containerd ctr containerd-shim-runc-v2; do
+    [[ $LINKS == 1 ]] || break
     link=/usr/local/bin/$b
     if [[ -L $link && $(readlink "$link") == "$BIN/$b" ]]; then
         continue

@@ -6,7 +6,7 @@
 # gpusnap shim next to the test binaries (<target-dir>/debug/containerd-shim-gpusnap-v2),
 # which the build step below produces; set GPUSNAP_SHIM_BIN to test another binary.
 #
-# Extra arguments are passed to `cargo test` (e.g. `scripts/test.sh -p gpusnap-tests runc_v2`).
+# Extra arguments are passed to `cargo test` (e.g. a test-name filter: `scripts/test.sh runc_v2`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,7 +26,7 @@ step() { printf '\n==> %s  [t+%ds]\n' "$*" "$((SECONDS - T0))"; }
 step "cargo build --workspace --all-targets"
 cargo build --workspace --all-targets
 
-step "cargo test --workspace $*"
-cargo test --workspace "$@"
+step "cargo test --workspace --no-fail-fast $*"
+cargo test --workspace --no-fail-fast "$@"
 
 step "done"

@@ -44,8 +44,10 @@ pub struct DiscoveryOptions {
     pub probe_timeout: Duration,
     /// `CUresult`s that mean "not a CUDA process". Any other failure is an
     /// error: silently skipping a CUDA process would let CRIU dump it without
-    /// its GPU state. The real driver's answer for a non-CUDA pid is not
-    /// documented; INVALID_VALUE and NOT_INITIALIZED are what is reported.
+    /// its GPU state. Measured on an H200 with driver 580.159.04: a live
+    /// process without CUDA gives NOT_INITIALIZED; a pid that does not exist
+    /// gives OPERATING_SYSTEM, which is therefore accepted only when the pid
+    /// has also left `/proc` (it exited while we probed).
     pub not_cuda_codes: Vec<u32>,
 }
 
@@ -99,7 +101,7 @@ pub enum DiscoveryError {
     Probe { pid: i32, error: CallError },
     #[error("probing pid {pid} did not return within {limit_ms} ms (the driver call cannot be interrupted)")]
     Timeout { pid: i32, limit_ms: u64 },
-    #[error("probing pid {pid} could not start: {reason}")]
+    #[error("probing pid {pid} did not run to completion: {reason}")]
     Thread { pid: i32, reason: String },
     #[error("cannot read {path}: {reason}")]
     Io { path: PathBuf, reason: String },
@@ -129,6 +131,10 @@ pub fn find_cuda_processes(
         }));
     }
 
+    // Once it has called cuInit the caller is itself a "CUDA process" to the
+    // driver (seen on 580.159.04); it must never lock or checkpoint itself.
+    let me = std::process::id() as i32;
+    let host_pids: Vec<i32> = host_pids.iter().copied().filter(|&p| p != me).collect();
     let mut found = Vec::new();
     for batch in host_pids.chunks(PROBE_BATCH) {
         let jobs = batch
@@ -154,11 +160,13 @@ pub fn find_cuda_processes(
                 Finished::Done {
                     value: Err(error), ..
                 } => {
-                    if error
-                        .code()
-                        .is_some_and(|c| options.not_cuda_codes.contains(&c))
-                    {
+                    let code = error.code();
+                    if code.is_some_and(|c| options.not_cuda_codes.contains(&c)) {
                         tracing::trace!(pid, %error, "not a CUDA process");
+                    } else if code == Some(code::OPERATING_SYSTEM)
+                        && !options.proc_root.join(pid.to_string()).exists()
+                    {
+                        tracing::debug!(pid, "process exited while being probed");
                     } else {
                         return Err(DiscoveryError::Probe { pid, error });
                     }
@@ -169,7 +177,7 @@ pub fn find_cuda_processes(
                         limit_ms: options.probe_timeout.as_millis() as u64,
                     })
                 }
-                Finished::NotStarted { reason } => {
+                Finished::NotStarted { reason } | Finished::Panicked { message: reason } => {
                     return Err(DiscoveryError::Thread { pid, reason })
                 }
             }

@@ -49,6 +49,10 @@ pub(crate) enum Finished<T> {
     NotStarted {
         reason: String,
     },
+    /// The work panicked (a bug in an engine); it may have run part-way.
+    Panicked {
+        message: String,
+    },
 }
 
 /// A started job's shared slot, or why it could not start.
@@ -57,6 +61,7 @@ type Started<T> = Result<Arc<Mutex<Slot<T>>>, String>;
 enum Slot<T> {
     Pending,
     Delivered(T, Duration),
+    Panicked(String),
     Abandoned,
     Taken,
 }
@@ -81,11 +86,12 @@ pub(crate) fn run_all<T: Send + 'static>(
             .name(format!("gs-{label}-{pid}"))
             .spawn(move || {
                 let begun = Instant::now();
-                let value = work();
+                // A panic must not look like a hang: report it instead.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
                 let elapsed = begun.elapsed();
                 let mut guard = worker_slot.lock().unwrap_or_else(PoisonError::into_inner);
-                match *guard {
-                    Slot::Abandoned => {
+                match (&*guard, result) {
+                    (Slot::Abandoned, Ok(value)) => {
                         drop(guard);
                         tracing::warn!(
                             pid,
@@ -97,8 +103,14 @@ pub(crate) fn run_all<T: Send + 'static>(
                             late(value);
                         }
                     }
-                    _ => {
+                    (Slot::Abandoned, Err(_)) => {}
+                    (_, Ok(value)) => {
                         *guard = Slot::Delivered(value, elapsed);
+                        drop(guard);
+                        let _ = tx.send(index);
+                    }
+                    (_, Err(payload)) => {
+                        *guard = Slot::Panicked(panic_message(payload.as_ref()));
                         drop(guard);
                         let _ = tx.send(index);
                     }
@@ -131,6 +143,7 @@ pub(crate) fn run_all<T: Send + 'static>(
             let mut guard = slot.lock().unwrap_or_else(PoisonError::into_inner);
             let finished = match std::mem::replace(&mut *guard, Slot::Taken) {
                 Slot::Delivered(value, elapsed) => Finished::Done { value, elapsed },
+                Slot::Panicked(message) => Finished::Panicked { message },
                 Slot::Pending => {
                     *guard = Slot::Abandoned;
                     tracing::error!(
@@ -146,6 +159,14 @@ pub(crate) fn run_all<T: Send + 'static>(
             (pid, finished)
         })
         .collect()
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
 /// Runs one job under the watchdog.
@@ -211,6 +232,18 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(late_ran.load(Ordering::SeqCst), "late hook never ran");
+    }
+
+    #[test]
+    fn a_panicking_job_is_reported_not_waited_for() {
+        let started = Instant::now();
+        let job: Job<i32> = Job::new(9, || panic!("engine bug"));
+        let out = run_one("t", job, Instant::now() + Duration::from_secs(30));
+        assert!(
+            matches!(&out, Finished::Panicked { message } if message == "engine bug"),
+            "{out:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

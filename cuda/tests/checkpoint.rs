@@ -445,7 +445,7 @@ fn checkpoint_watchdog_expiry_is_outcome_unknown_and_rolls_back_the_rest() {
 
     // The abandoned call finishes later; its result is undone in the background.
     assert!(
-        env.wait_for(102, FakeState::Running, Duration::from_secs(10)),
+        env.wait_for_call("unlock 102", Duration::from_secs(10)),
         "late checkpoint was not undone"
     );
     let log = env.call_log();
@@ -453,6 +453,7 @@ fn checkpoint_watchdog_expiry_is_outcome_unknown_and_rolls_back_the_rest() {
         log.ends_with(&["restore 102".to_owned(), "unlock 102".to_owned()]),
         "{log:?}"
     );
+    assert_eq!(env.state(102), FakeState::Running);
 }
 
 #[test]
@@ -474,10 +475,7 @@ fn lock_watchdog_expiry_is_outcome_unknown_and_the_late_lock_is_undone() {
         "{err}"
     );
     // The lock completes after 800 ms and is then undone in the background.
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while env.call_log().len() < 2 && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(env.wait_for_call("unlock 101", Duration::from_secs(10)));
     assert_eq!(env.call_log(), ["lock 101", "unlock 101"]);
     assert_eq!(env.states(&PIDS), vec![FakeState::Running; 3]);
 }
@@ -537,5 +535,21 @@ fn no_cuda_processes_still_runs_the_dump() {
         .unwrap();
     assert!(dumped.get());
     assert!(report.processes.is_empty());
+    assert!(env.call_log().is_empty());
+}
+
+#[test]
+fn the_caller_itself_is_refused_before_mutation() {
+    let env = env();
+    let me = std::process::id() as i32;
+    env.register(&[me], FakeState::Running);
+    let err = orchestrator(&env)
+        .checkpoint(&processes(&[me]), true, ok_dump)
+        .unwrap_err();
+    assert_eq!(err.outcome, Outcome::BeforeMutation);
+    assert!(
+        err.to_string().contains("gpusnap cannot checkpoint itself"),
+        "{err}"
+    );
     assert!(env.call_log().is_empty());
 }

@@ -12,22 +12,24 @@ use gpusnap_cuda::driver::code;
 fn finds_only_the_processes_the_driver_knows() {
     let env = env();
     let me = std::process::id() as i32;
-    env.register(&[me, 4001], FakeState::Running);
+    // A real process, so that /proc has its NSpid.
+    let parent = std::os::unix::process::parent_id() as i32;
+    env.register(&[parent, me, 4001], FakeState::Running);
     env.register(&[4002], FakeState::Locked);
 
     let found = find_cuda_processes(
         &env.driver,
-        &[4000, me, 4001, 4002, 4003],
+        &[4000, parent, me, 4001, 4002, 4003],
         &DiscoveryOptions::default(),
     )
     .expect("discovery works");
     let pids: Vec<i32> = found.iter().map(|p| p.host_pid).collect();
-    assert_eq!(pids, vec![me, 4001, 4002]);
+    assert_eq!(pids, vec![parent, 4001, 4002], "never the caller itself");
 
     let mine = &found[0];
     assert_eq!(
         mine.restore_tid,
-        Some(me),
+        Some(parent),
         "the fake's restore thread is the main thread"
     );
     // Read from the real /proc: this test process has an NSpid line.
@@ -41,13 +43,19 @@ fn finds_only_the_processes_the_driver_knows() {
 #[test]
 fn unexpected_probe_errors_are_not_swallowed() {
     let env = env();
+    let proc_dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(proc_dir.path().join("4001")).unwrap();
     env.register(&[4001], FakeState::Running);
     env.inject(
         4001,
         FakeOp::RestoreThreadId,
         Fault::fail(code::OPERATING_SYSTEM),
     );
-    let err = find_cuda_processes(&env.driver, &[4001], &DiscoveryOptions::default()).unwrap_err();
+    let options = DiscoveryOptions {
+        proc_root: proc_dir.path().to_owned(),
+        ..DiscoveryOptions::default()
+    };
+    let err = find_cuda_processes(&env.driver, &[4001], &options).unwrap_err();
     assert!(
         matches!(err, DiscoveryError::Probe { pid: 4001, .. }),
         "{err:?}"
@@ -55,6 +63,29 @@ fn unexpected_probe_errors_are_not_swallowed() {
     let text = err.to_string();
     assert!(text.contains("CUDA_ERROR_OPERATING_SYSTEM (304)"), "{text}");
     assert!(text.contains("run as root"), "{text}");
+}
+
+#[test]
+fn a_process_that_exited_while_probed_is_skipped() {
+    // The 580 driver answers OPERATING_SYSTEM for a pid that does not exist.
+    let env = env_with(|f| f.set_unknown_pid_code(code::OPERATING_SYSTEM).unwrap());
+    let proc_dir = tempfile::tempdir().unwrap();
+    env.register(&[4001], FakeState::Running);
+    std::fs::create_dir(proc_dir.path().join("4001")).unwrap();
+    let options = DiscoveryOptions {
+        proc_root: proc_dir.path().to_owned(),
+        ..DiscoveryOptions::default()
+    };
+    let found = find_cuda_processes(&env.driver, &[4001, 4002], &options).unwrap();
+    assert_eq!(found.iter().map(|p| p.host_pid).collect::<Vec<_>>(), [4001]);
+}
+
+#[test]
+fn non_cuda_processes_as_the_580_driver_reports_them_are_skipped() {
+    let env = env_with(|f| f.set_unknown_pid_code(code::NOT_INITIALIZED).unwrap());
+    env.register(&[4001], FakeState::Running);
+    let found = find_cuda_processes(&env.driver, &[1, 4001], &DiscoveryOptions::default()).unwrap();
+    assert_eq!(found.iter().map(|p| p.host_pid).collect::<Vec<_>>(), [4001]);
 }
 
 #[test]

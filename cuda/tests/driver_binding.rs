@@ -340,3 +340,44 @@ fn pending_driver_joins_after_background_load() {
     let err = missing.join(Duration::from_secs(10)).unwrap_err();
     assert!(matches!(err, LoadError::Library { .. }), "{err:?}");
 }
+
+const CHILD_PID_ENV: &str = "GPUSNAP_TEST_CHILD_PID";
+
+/// Helper run in a child process by `state_is_shared_across_processes`.
+#[test]
+#[ignore = "helper, run in a child process by state_is_shared_across_processes"]
+fn child_locks_a_pid_through_the_env_dir() {
+    let Ok(pid) = std::env::var(CHILD_PID_ENV) else {
+        return;
+    };
+    // The original build output, not a copy: the directory comes from the env.
+    let driver = Driver::load(&DriverConfig::with_library(
+        gpusnap_fake_libcuda::BUILT_LIBRARY,
+    ))
+    .unwrap();
+    driver.lock_process(pid.parse().unwrap(), 0).unwrap();
+}
+
+#[test]
+fn state_is_shared_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeCuda::create(dir.path()).unwrap();
+    fake.register(31337).unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_locks_a_pid_through_the_env_dir",
+            "--ignored",
+            "--quiet",
+        ])
+        .env(gpusnap_fake_libcuda::DIR_ENV, dir.path())
+        .env(CHILD_PID_ENV, "31337")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "child failed: {status}");
+    assert_eq!(fake.state(31337).unwrap(), Some(FakeState::Locked));
+    let driver = Driver::load(&DriverConfig::with_library(fake.library_path())).unwrap();
+    assert_eq!(driver.process_state(31337).unwrap(), ProcessState::Locked);
+    assert_eq!(fake.calls_for(31337).unwrap(), ["lock 0"]);
+}

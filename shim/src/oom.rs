@@ -1,4 +1,5 @@
-//! OOM notification: watches the container's cgroup v2 `memory.events` and reports each
+//! OOM notification: watches the container's memory cgroup (v2 `memory.events`, v1
+//! `memory.oom_control`) and reports each
 //! increase of `oom_kill`, which is what containerd's TaskOOM event means.
 
 use std::{
@@ -21,6 +22,7 @@ impl Drop for OomWatch {
     }
 }
 
+/// `oom_kill` counter from cgroup v2 `memory.events` or v1 `memory.oom_control`.
 fn oom_kills(path: &PathBuf) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines()
@@ -29,10 +31,14 @@ fn oom_kills(path: &PathBuf) -> Option<u64> {
 }
 
 /// Starts watching the cgroup of `pid`; `on_oom` runs once per new OOM kill. Returns `None`
-/// on cgroup v1 hosts or when the cgroup cannot be found.
+/// when the memory cgroup cannot be found.
 pub fn watch(pid: u32, on_oom: impl Fn() + Send + 'static) -> Option<OomWatch> {
-    let cg = containerd_shim::cgroup::get_cgroups_v2_path_by_pid(pid).ok()?;
-    let events = cg.join("memory.events");
+    let events = match crate::stats::v1_controller_dir(pid, "memory") {
+        Some(dir) => dir.join("memory.oom_control"),
+        None => containerd_shim::cgroup::get_cgroups_v2_path_by_pid(pid)
+            .ok()?
+            .join("memory.events"),
+    };
     let mut last = oom_kills(&events)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();

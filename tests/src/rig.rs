@@ -846,13 +846,20 @@ impl Rig {
         if opts.detach {
             return self.ctr_timeout(&args, None, opts.timeout);
         }
-        // Hold back stdin's EOF until the exec'd process shows up in `ctr tasks ps`.
+        // Hold back stdin's EOF until the exec'd process shows up in `ctr tasks ps`: a
+        // pid that was not there before and already runs `cmd` (its argv equals `cmd`).
+        // Matching argv matters: the container may keep forking other processes.
         let base = self.base();
         let before = base.ps(id).unwrap_or_default();
         let task = id.to_string();
+        let argv: Vec<u8> = cmd.iter().flat_map(|a| a.bytes().chain([0u8])).collect();
         let gate = Box::new(move || {
-            base.ps(&task)
-                .is_ok_and(|now| now.iter().any(|p| !before.contains(p)))
+            base.ps(&task).is_ok_and(|now| {
+                now.iter().any(|p| {
+                    !before.contains(p)
+                        && fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == argv)
+                })
+            })
         });
         Spawned::spawn_gated(
             self.ctr_command(&args),
@@ -1003,7 +1010,11 @@ impl Rig {
 
     fn teardown(&mut self) {
         // 1. Kill and delete tasks, delete containers, while containerd still runs.
-        if self.containerd.is_some() {
+        let alive = self
+            .containerd
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        if alive {
             if let Ok(tasks) = self.tasks() {
                 for t in &tasks {
                     if t.state == TaskState::Paused {

@@ -21,6 +21,7 @@
  *   devices                  lines "GPU-<uuid> <total bytes> <name...>"
  *   hidden_symbols           symbol names cuGetProcAddress pretends not to know
  *   init_error               cuInit returns this code
+ *   unknown_pid_code         what calls on a non-CUDA pid return (default 1)
  *   faults/<pid>/<op>        tokens: code=N hang_ms=N busy_ms=N then=<state> once
  *                            op: lock checkpoint restore unlock get_state
  *                                restore_tid operation_complete
@@ -272,6 +273,13 @@ static void sleep_ms(long ms) {
 
 static int driver_version(void) { return (int)read_number("driver_version", 13000); }
 
+/* What calls on a pid that is not a CUDA process return. The real 580 driver
+ * gives NOT_INITIALIZED for a live non-CUDA process and OPERATING_SYSTEM for a
+ * pid that does not exist; the default keeps the documented INVALID_VALUE. */
+static CUresult unknown_pid_code(void) {
+    return (CUresult)read_number("unknown_pid_code", CUDA_ERROR_INVALID_VALUE);
+}
+
 /* ------------------------------------------------------------------------- */
 /* devices                                                                    */
 
@@ -311,7 +319,7 @@ static int load_devices(struct device *devs) {
     path_of(path, sizeof path, "devices");
     if (read_small(path, buf, sizeof buf) < 0) {
         parse_uuid("GPU-a1b2c3d4-0000-4000-8000-000000000001", &devs[0].uuid);
-        devs[0].total = 150754820096ULL; /* 143771 MiB, an H200 */
+        devs[0].total = 150109880320ULL; /* what the 580 driver reports for an H200 */
         snprintf(devs[0].name, sizeof devs[0].name, "NVIDIA H200");
         return 1;
     }
@@ -577,7 +585,7 @@ static CUresult transition(const char *op, int pid, int from, int to, const char
     int state = load_state(pid);
     CUresult rc;
     if (state < 0) {
-        rc = CUDA_ERROR_INVALID_VALUE;
+        rc = unknown_pid_code();
     } else if (f.has_code) {
         rc = f.code;
         if (f.then_state >= 0) store_state(pid, f.then_state);
@@ -648,7 +656,7 @@ EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArg
     int fd = lock_pid(pid);
     int state = load_state(pid);
     CUresult rc;
-    if (state < 0) rc = CUDA_ERROR_INVALID_VALUE;
+    if (state < 0) rc = unknown_pid_code();
     else if (f.has_code) rc = f.code;
     else if (state != S_LOCKED) rc = CUDA_ERROR_ILLEGAL_STATE;
     else rc = start_storage_op(OP_CHECKPOINT, pid, args->customStorageInfo_out);
@@ -705,7 +713,7 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     int fd = lock_pid(pid);
     int state = load_state(pid);
     CUresult rc;
-    if (state < 0) rc = CUDA_ERROR_INVALID_VALUE;
+    if (state < 0) rc = unknown_pid_code();
     else if (f.has_code) rc = f.code;
     else if (state != S_CHECKPOINTED) rc = CUDA_ERROR_ILLEGAL_STATE;
     else rc = start_storage_op(OP_RESTORE, pid, args->customStorageInfo_out);
@@ -724,7 +732,7 @@ EXPORT CUresult cuCheckpointProcessGetState(int pid, int *state_out) {
     if (f.then_state >= 0 && load_state(pid) >= 0) store_state(pid, f.then_state);
     if (f.has_code) return f.code;
     int state = load_state(pid);
-    if (state < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (state < 0) return unknown_pid_code();
     *state_out = state;
     return CUDA_SUCCESS;
 }
@@ -736,7 +744,7 @@ EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) {
     load_fault(pid, "restore_tid", &f);
     sleep_ms(f.hang_ms);
     if (f.has_code) return f.code;
-    if (load_state(pid) < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (load_state(pid) < 0) return unknown_pid_code();
     *tid = pid; /* the fake's "restore thread" is the main thread */
     return CUDA_SUCCESS;
 }

@@ -14,6 +14,7 @@
 //! | `devices` | lines `GPU-<uuid> <total bytes> <name>` (default: one H200) |
 //! | `hidden_symbols` | names `cuGetProcAddress` pretends not to know |
 //! | `init_error` | `cuInit` returns this code |
+//! | `unknown_pid_code` | what calls on a non-CUDA pid return (default 1, INVALID_VALUE; the 580 driver gives 3 or 304) |
 //! | `faults/<pid>/<op>` | `code=N hang_ms=N busy_ms=N then=<state> once` |
 //! | `vram/<pid>/<dev>` | device memory contents (CustomStorage only) |
 //! | `calls.log` | `<op> <pid> <rc> key=value...` per checkpoint-API call |
@@ -311,6 +312,12 @@ impl FakeCuda {
             .append(true)
             .open(self.dir.join("hidden_symbols"))?;
         writeln!(file, "{symbol}")
+    }
+
+    /// What calls on a pid that is not a CUDA process return (default
+    /// `CUDA_ERROR_INVALID_VALUE`).
+    pub fn set_unknown_pid_code(&self, code: u32) -> io::Result<()> {
+        fs::write(self.dir.join("unknown_pid_code"), format!("{code}\n"))
     }
 
     pub fn set_init_error(&self, code: u32) -> io::Result<()> {

@@ -164,6 +164,9 @@ pub enum LoadError {
         reason: String,
     },
 
+    #[error("listing GPUs through `{path}` failed: {error}")]
+    Devices { path: PathBuf, error: CuError },
+
     #[error("cuDriverGetVersion failed in `{path}`: {error}")]
     Version { path: PathBuf, error: CuError },
 

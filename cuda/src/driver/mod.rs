@@ -426,7 +426,7 @@ impl Driver {
             },
             _library: library,
         };
-        let devices = driver.list_devices().map_err(|error| LoadError::Init {
+        let devices = driver.list_devices().map_err(|error| LoadError::Devices {
             path: path.clone(),
             error,
         })?;

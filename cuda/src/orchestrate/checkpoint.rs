@@ -159,6 +159,12 @@ impl Orchestrator {
             if p.host_pid <= 0 {
                 return refuse(Cause::Admission(format!("invalid pid {}", p.host_pid)));
             }
+            if p.host_pid == std::process::id() as i32 {
+                return refuse(Cause::Admission(format!(
+                    "pid {} is this process; gpusnap cannot checkpoint itself",
+                    p.host_pid
+                )));
+            }
             if !seen.insert(p.host_pid) {
                 return refuse(Cause::Admission(format!(
                     "pid {} is listed twice",

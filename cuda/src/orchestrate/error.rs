@@ -104,7 +104,7 @@ pub enum Cause {
         pid: i32,
         limit_ms: u64,
     },
-    #[error("could not start a thread for {call} on pid {pid}: {reason}")]
+    #[error("{call} on pid {pid} did not run to completion: {reason}")]
     Thread {
         call: String,
         pid: i32,

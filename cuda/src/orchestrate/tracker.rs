@@ -244,7 +244,8 @@ impl Orchestrator {
         let lock_timeout_ms =
             u32::try_from(self.options.lock_timeout.as_millis()).unwrap_or(u32::MAX);
 
-        let late_op = op.clone();
+        let mut late_op = op.clone();
+        let max_operation = self.options.max_operation;
         let late_driver = Arc::clone(&driver);
         let late_engine = Arc::clone(&engine);
         let work = move || -> Result<EngineOutput, EngineError> {
@@ -262,6 +263,8 @@ impl Orchestrator {
         }
         job.on_late(move |result| {
             if result.is_ok() {
+                // The original deadline has passed; the undo gets its own.
+                late_op.deadline = Instant::now() + max_operation;
                 undo_late_transition(action, &late_driver, late_engine.as_ref(), &late_op);
             }
         })
@@ -332,6 +335,15 @@ impl Orchestrator {
                     call: action.call_name(self.engine.name()),
                     pid,
                     limit_ms: waited.as_millis() as u64,
+                }
+            }
+            Finished::Panicked { message } => {
+                t.state = self.query_state(pid, budget);
+                t.touched = true;
+                Cause::Thread {
+                    call: action.call_name(self.engine.name()),
+                    pid,
+                    reason: format!("it panicked: {message}"),
                 }
             }
             Finished::NotStarted { reason } => Cause::Thread {

@@ -13,7 +13,7 @@ pub use gpusnap_fake_libcuda::{FakeCuda, FakeDevice, FakeOp, FakeState, Fault};
 pub const H200_A: &str = "GPU-a1b2c3d4-0000-4000-8000-000000000001";
 pub const H200_B: &str = "GPU-a1b2c3d4-0000-4000-8000-000000000002";
 pub const L4: &str = "GPU-0c0c0c0c-0000-4000-8000-000000000003";
-pub const H200_MEM: u64 = 150_754_820_096;
+pub const H200_MEM: u64 = 150_109_880_320;
 
 pub struct Env {
     pub fake: FakeCuda,
@@ -106,11 +106,12 @@ impl Env {
             .collect()
     }
 
-    /// Waits for `pid` to reach `state` (late watchdog undo runs in the background).
-    pub fn wait_for(&self, pid: i32, state: FakeState, limit: Duration) -> bool {
+    /// Waits until the call log contains `call` (`"op pid"`); the fake writes
+    /// the log line after the state.
+    pub fn wait_for_call(&self, call: &str, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         while Instant::now() < until {
-            if self.fake.state(pid).ok().flatten() == Some(state) {
+            if self.call_log().iter().any(|c| c == call) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
