@@ -26,6 +26,12 @@ use gpusnap_criu_bridge::{
     RuncGlobal,
 };
 
+use gpusnap_cuda::{
+    discovery::CudaProcess,
+    orchestrate::{CheckpointReport, GpuMap, RestoreTarget},
+    DriverConfig, Orchestrator, PendingDriver,
+};
+
 use crate::{
     container::{self, PendingRestore, StdioSetup},
     errors::*,
@@ -104,7 +110,7 @@ impl TaskService {
     pub async fn checkpoint_task(&self, req: CheckpointTaskRequest) -> TtrpcResult<Empty> {
         let started = Instant::now();
         let opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
-        let (settings, bundle, criu_dir, was_paused, init_pid) = {
+        let (settings, bundle, config, was_paused, init_pid) = {
             let state = self.state.lock().await;
             let c = state
                 .containers
@@ -120,7 +126,7 @@ impl TaskService {
             (
                 c.settings.clone(),
                 c.bundle.clone(),
-                c.config.criu.binary_dir.clone(),
+                c.config.clone(),
                 c.init.state == ProcessState::Paused,
                 c.init.pid as u32,
             )
@@ -128,7 +134,7 @@ impl TaskService {
         let dir = opts
             .resolve_image_dir(Path::new(&req.path))
             .map_err(|e| invalid_argument(e.to_string()))?;
-        let global = runc_global(&settings, &bundle, criu_dir);
+        let global = runc_global(&settings, &bundle, config.criu.binary_dir.clone());
 
         // Fail before touching anything when CRIU is missing or too old.
         let criu = crate::tools::probe_criu(&global.effective_search_path())
@@ -145,6 +151,15 @@ impl TaskService {
                 .map(|p| p.into_iter().map(|p| p as u32).collect())
                 .unwrap_or_default(),
         };
+
+        // Which of them use CUDA, and can the configured engine move their device memory?
+        // Decided before anything is locked or written.
+        let gpu = plan_gpu(&config, &pids).await.map_err(|e| {
+            failed_precondition(format!(
+                "checkpoint of {} refused before anything was touched: {e}",
+                req.id
+            ))
+        })?;
 
         bridge::begin_checkpoint(&dir)
             .map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
@@ -167,30 +182,68 @@ impl TaskService {
         };
         let cmd = bridge::checkpoint_command(&global, &req.id, &dir, &dump_opts)
             .map_err(|e| invalid_argument(e.to_string()))?;
-        let mut command = tokio::process::Command::from(cmd.to_command());
-        command
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let dump_started = Instant::now();
         let criu_log = opts.criu_log_dir(&dir).join(bridge::DUMP_LOG);
-        if let Err(e) = run_runc(command, "runc checkpoint", &bundle, &criu_log).await {
-            self.abandon(&dir);
-            return Err(internal(format!(
-                "checkpoint of {} failed before it was complete; the container keeps running: {e}",
-                req.id
-            )));
-        }
-        manifest.record_phase("criu-dump", dump_started.elapsed());
+        let dump = DumpJob {
+            cmd,
+            bundle: bundle.clone(),
+            criu_log,
+        };
 
-        let seal_started = Instant::now();
+        let (gpu_report, orchestrator) = match gpu {
+            None => {
+                let dump_started = Instant::now();
+                if let Err(e) = dump.run().await {
+                    self.abandon(&dir);
+                    return Err(internal(format!(
+                        "checkpoint of {} failed before it was complete; the container keeps running: {e}",
+                        req.id
+                    )));
+                }
+                manifest.record_phase("criu-dump", dump_started.elapsed());
+                (None, None)
+            }
+            Some((orch, procs)) => {
+                // The driver works inside the target processes: they must not be frozen.
+                if was_paused {
+                    runc.resume(&req.id).await.map_err(|e| {
+                        internal(format!(
+                            "thaw {} for the CUDA checkpoint: {}",
+                            req.id,
+                            runc_error_text(&e)
+                        ))
+                    })?;
+                }
+                let result = gpu_checkpoint(orch, procs, !opts.exit, dump).await;
+                if was_paused && (result.is_err() || !opts.exit) {
+                    let _ = runc.pause(&req.id).await;
+                }
+                match result {
+                    Ok((report, orch, dump_elapsed)) => {
+                        manifest.record_phase("cuda-lock", ms_duration(report.timings.lock_ms));
+                        manifest.record_phase(
+                            "cuda-checkpoint",
+                            ms_duration(report.timings.checkpoint_ms),
+                        );
+                        manifest.record_phase("criu-dump", dump_elapsed);
+                        if let Some(resume) = report.timings.resume_ms {
+                            manifest.record_phase("cuda-resume", ms_duration(resume));
+                        }
+                        (Some(report), Some(orch))
+                    }
+                    Err(e) => {
+                        self.abandon(&dir);
+                        return Err(internal(format!("checkpoint of {} failed: {e}", req.id)));
+                    }
+                }
+            }
+        };
+        if let Some(report) = &gpu_report {
+            manifest.gpu = Some(crate::gpu::section(report).map_err(internal)?);
+        }
+
         let sealed = tokio::task::spawn_blocking({
             let dir = dir.clone();
-            move || {
-                let mut m = manifest;
-                m.record_phase("seal", seal_started.elapsed());
-                bridge::seal_checkpoint(&dir, m)
-            }
+            move || bridge::seal_checkpoint(&dir, manifest)
         })
         .await
         .map_err(|e| internal(e.to_string()))?;
@@ -198,9 +251,21 @@ impl TaskService {
             Ok(m) => m,
             Err(e) => {
                 self.abandon(&dir);
+                // With exit, the CUDA processes were left checkpointed for the kill; bring
+                // them back, since the container is not going away after all.
+                let resumed = match (&gpu_report, orchestrator) {
+                    (Some(report), Some(orch)) if !report.left_running => {
+                        resume_cuda(orch, report.processes.clone()).await
+                    }
+                    _ => Ok(()),
+                };
                 return Err(internal(format!(
-                    "checkpoint of {} could not be sealed; the container keeps running: {e}",
-                    req.id
+                    "checkpoint of {} could not be sealed; the container keeps running{}: {e}",
+                    req.id,
+                    resumed
+                        .err()
+                        .map(|r| format!(" but its CUDA state could not be resumed ({r})"))
+                        .unwrap_or_default()
                 )));
             }
         };
@@ -211,6 +276,8 @@ impl TaskService {
         tracing::info!(
             id = %req.id,
             dir = %dir.display(),
+            cuda_processes = gpu_report.as_ref().map(|r| r.processes.len()).unwrap_or(0),
+            timings = ?manifest.timings,
             bytes = manifest.images.total_bytes,
             total_ms = started.elapsed().as_millis() as u64,
             exit = opts.exit,
@@ -255,7 +322,7 @@ impl TaskService {
         restore: PendingRestore,
     ) -> TtrpcResult<StartResponse> {
         let started = Instant::now();
-        let (settings, bundle, criu_dir, stdio) = {
+        let (settings, bundle, config, stdio) = {
             let state = self.state.lock().await;
             let c = state
                 .containers
@@ -264,18 +331,52 @@ impl TaskService {
             (
                 c.settings.clone(),
                 c.bundle.clone(),
-                c.config.criu.binary_dir.clone(),
+                c.config.clone(),
                 c.init.stdio.clone(),
             )
+        };
+        let refuse = |e: String| failed_precondition(format!("cannot restore {id}: {e}"));
+        // A checkpoint with GPU state needs the driver: start loading it now so cuInit overlaps
+        // the digest verification below.
+        let gpu_section = bridge::read_manifest(&restore.image)
+            .ok()
+            .and_then(|m| m.gpu);
+        let pending = match &gpu_section {
+            Some(section) if !section.processes.is_empty() => Some((
+                PendingDriver::spawn(DriverConfig::with_library(crate::gpu::library(&config))),
+                section.clone(),
+            )),
+            _ => None,
         };
         // Refuse an image we cannot restore before CRIU runs.
         let image = restore.image.clone();
         let manifest = tokio::task::spawn_blocking(move || bridge::validate_for_restore(&image))
             .await
             .map_err(|e| internal(e.to_string()))?
-            .map_err(|e| failed_precondition(format!("cannot restore {id}: {e}")))?;
+            .map_err(|e| refuse(e.to_string()))?;
         let validated_ms = started.elapsed().as_millis() as u64;
-        let global = runc_global(&settings, &bundle, criu_dir);
+        // The compatibility gate: driver, GPU type and count, before any CRIU work.
+        let gpu = match pending {
+            None => None,
+            Some((pending, section)) => {
+                let records = crate::gpu::records(&section).map_err(&refuse)?;
+                let budget = config.cuda.restore_budget();
+                let (driver, _waited) = tokio::task::spawn_blocking(move || pending.join(budget))
+                    .await
+                    .map_err(|e| internal(e.to_string()))?
+                    .map_err(|e| refuse(format!("the checkpoint holds GPU state but the CUDA driver is not usable here: {e}")))?;
+                let map = crate::gpu::gate(driver.capabilities(), &section.engine, &records)
+                    .map_err(&refuse)?;
+                if section.engine != "driver-managed" {
+                    return Err(refuse(format!(
+                        "its device memory was saved by storage engine `{}`, which this gpusnap build cannot restore",
+                        section.engine
+                    )));
+                }
+                Some((driver, map, records))
+            }
+        };
+        let global = runc_global(&settings, &bundle, config.criu.binary_dir.clone());
         crate::tools::probe_criu(&global.effective_search_path())
             .await
             .and_then(|info| info.require(bridge::MIN_CRIU_CPU))
@@ -325,6 +426,27 @@ impl TaskService {
         init.pid = container::read_pid(&pid_file).map_err(internal)?;
         setup.finish(&mut init).await.map_err(internal)?;
 
+        let mut cuda_ms = 0;
+        if let Some((driver, map, records)) = gpu {
+            let cuda_started = Instant::now();
+            if let Err(e) = gpu_restore(driver, &config, map, records, init.pid as u32).await {
+                // The restored processes cannot run without their device memory: stop them.
+                let runc = self.runc_of(id).await?;
+                let _ = runc
+                    .kill(
+                        id,
+                        libc::SIGKILL as u32,
+                        Some(&runc::options::KillOpts { all: true }),
+                    )
+                    .await;
+                init.shutdown_io().await;
+                return Err(internal(format!(
+                    "restore of {id} failed restoring GPU state; the restored processes were stopped: {e}"
+                )));
+            }
+            cuda_ms = cuda_started.elapsed().as_millis() as u64;
+        }
+
         let mut state = self.state.lock().await;
         let c = state
             .containers
@@ -353,6 +475,7 @@ impl TaskService {
             parent = ?restore.parent,
             validate_ms = validated_ms,
             criu_restore_ms = criu_ms,
+            cuda_restore_ms = cuda_ms,
             total_ms = started.elapsed().as_millis() as u64,
             "restore complete"
         );
@@ -361,6 +484,129 @@ impl TaskService {
             ..Default::default()
         })
     }
+}
+
+/// A CRIU dump as the GPU orchestrator's callback runs it.
+struct DumpJob {
+    cmd: bridge::RuncCommand,
+    bundle: PathBuf,
+    criu_log: PathBuf,
+}
+
+impl DumpJob {
+    async fn run(&self) -> Result<(), String> {
+        let mut command = tokio::process::Command::from(self.cmd.to_command());
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        run_runc(command, "runc checkpoint", &self.bundle, &self.criu_log).await
+    }
+}
+
+type GpuPlan = Option<(Orchestrator, Vec<CudaProcess>)>;
+
+/// The container's CUDA processes and the orchestrator for the configured engine; `None` when
+/// no process uses CUDA (or no driver is installed, which means the same).
+async fn plan_gpu(config: &gpusnap_config::Config, pids: &[u32]) -> Result<GpuPlan, String> {
+    let library = config.cuda.library.clone();
+    let config = config.clone();
+    let pids = pids.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let Some(driver) = crate::gpu::load_driver(&library)? else {
+            return Ok(None);
+        };
+        let procs = crate::gpu::discover(&driver, &pids)?;
+        if procs.is_empty() {
+            return Ok(None);
+        }
+        let orch = crate::gpu::orchestrator(driver, &config)?;
+        Ok(Some((orch, procs)))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Lock → checkpoint the CUDA processes → CRIU dump → (leave running: restore → unlock), on a
+/// blocking thread: the driver calls block, and the dump is awaited from inside the callback.
+async fn gpu_checkpoint(
+    orch: Orchestrator,
+    procs: Vec<CudaProcess>,
+    leave_running: bool,
+    dump: DumpJob,
+) -> Result<(CheckpointReport, Orchestrator, std::time::Duration), String> {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut dump_elapsed = std::time::Duration::ZERO;
+        let report = orch
+            .checkpoint(&procs, leave_running, || {
+                let t = Instant::now();
+                let r = handle.block_on(dump.run());
+                dump_elapsed = t.elapsed();
+                r
+            })
+            .map_err(|e| e.to_string())?;
+        Ok((report, orch, dump_elapsed))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// CUDA restore + unlock of processes a checkpoint left CHECKPOINTED, in place (same pids).
+async fn resume_cuda(
+    orch: Orchestrator,
+    records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
+) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || {
+        let targets: Vec<RestoreTarget> = records
+            .into_iter()
+            .map(|record| RestoreTarget {
+                host_pid: record.host_pid,
+                record,
+            })
+            .collect();
+        orch.restore(&targets, &GpuMap::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// After CRIU restored the tree: find each checkpointed CUDA process by its container pid,
+/// restore its device memory (onto the gated GPUs) and unlock it.
+async fn gpu_restore(
+    driver: std::sync::Arc<gpusnap_cuda::Driver>,
+    config: &gpusnap_config::Config,
+    map: GpuMap,
+    records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
+    init_pid: u32,
+) -> Result<gpusnap_cuda::orchestrate::RestoreReport, String> {
+    let options = crate::gpu::orchestrator_options(config);
+    tokio::task::spawn_blocking(move || {
+        let restored: Vec<i32> = crate::stats::cgroup_pids(init_pid)
+            .unwrap_or_else(|| vec![init_pid])
+            .into_iter()
+            .map(|p| p as i32)
+            .collect();
+        let host_pids =
+            gpusnap_cuda::discovery::map_restored_pids(&records, &restored, Path::new("/proc"))
+                .map_err(|e| e.to_string())?;
+        let targets: Vec<RestoreTarget> = records
+            .into_iter()
+            .zip(host_pids)
+            .map(|(record, host_pid)| RestoreTarget { record, host_pid })
+            .collect();
+        Orchestrator::driver_managed(driver, options)
+            .restore(&targets, &map)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+fn ms_duration(ms: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3)
 }
 
 /// The pid inside the container's pid namespace (last NSpid field), when readable.

@@ -6,6 +6,7 @@ mod console;
 mod container;
 mod errors;
 mod events;
+mod gpu;
 mod oom;
 mod options;
 mod process;

@@ -18,10 +18,12 @@ use containerd_shim::{
 pub fn collect(pid: u32) -> Result<Any, String> {
     let cgroup = get_cgroup(pid).map_err(|e| format!("find cgroup of pid {pid}: {e}"))?;
     let any = if cgroup.v2() {
-        let m = collect_metrics_v2(&cgroup).map_err(|e| format!("collect cgroup v2 metrics: {e}"))?;
+        let m =
+            collect_metrics_v2(&cgroup).map_err(|e| format!("collect cgroup v2 metrics: {e}"))?;
         convert_to_any(Box::new(m))
     } else {
-        let mut m = collect_metrics(&cgroup).map_err(|e| format!("collect cgroup v1 metrics: {e}"))?;
+        let mut m =
+            collect_metrics(&cgroup).map_err(|e| format!("collect cgroup v1 metrics: {e}"))?;
         fill_v1(pid, &mut m);
         convert_to_any(Box::new(m))
     };
@@ -48,7 +50,11 @@ pub fn v1_controller_dir(pid: u32, controller: &str) -> Option<PathBuf> {
 }
 
 fn read_u64(dir: &std::path::Path, file: &str) -> Option<u64> {
-    std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+    std::fs::read_to_string(dir.join(file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn fill_v1(pid: u32, m: &mut Metrics) {
@@ -56,15 +62,24 @@ fn fill_v1(pid: u32, m: &mut Metrics) {
         let mut usage = CPUUsage::new();
         usage.set_total(read_u64(&dir, "cpuacct.usage").unwrap_or_default());
         if let Ok(per_cpu) = std::fs::read_to_string(dir.join("cpuacct.usage_percpu")) {
-            usage.set_per_cpu(per_cpu.split_whitespace().filter_map(|v| v.parse().ok()).collect());
+            usage.set_per_cpu(
+                per_cpu
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect(),
+            );
         }
         // cpuacct.stat is in USER_HZ ticks; containerd reports nanoseconds.
         let tick_ns = 1_000_000_000 / clock_ticks();
         if let Ok(stat) = std::fs::read_to_string(dir.join("cpuacct.stat")) {
             for line in stat.lines() {
                 match line.split_once(' ') {
-                    Some(("user", v)) => usage.set_user(v.trim().parse::<u64>().unwrap_or_default() * tick_ns),
-                    Some(("system", v)) => usage.set_kernel(v.trim().parse::<u64>().unwrap_or_default() * tick_ns),
+                    Some(("user", v)) => {
+                        usage.set_user(v.trim().parse::<u64>().unwrap_or_default() * tick_ns)
+                    }
+                    Some(("system", v)) => {
+                        usage.set_kernel(v.trim().parse::<u64>().unwrap_or_default() * tick_ns)
+                    }
                     _ => {}
                 }
             }
@@ -87,8 +102,12 @@ fn fill_v1(pid: u32, m: &mut Metrics) {
         mem.kernel = MessageField::some(entry("memory.kmem"));
         if let Ok(stat) = std::fs::read_to_string(dir.join("memory.stat")) {
             for line in stat.lines() {
-                let Some((key, value)) = line.split_once(' ') else { continue };
-                let Ok(v) = value.trim().parse::<u64>() else { continue };
+                let Some((key, value)) = line.split_once(' ') else {
+                    continue;
+                };
+                let Ok(v) = value.trim().parse::<u64>() else {
+                    continue;
+                };
                 let set: Option<fn(&mut MemoryStat, u64)> = match key {
                     "cache" => Some(MemoryStat::set_cache),
                     "rss" => Some(MemoryStat::set_rss),

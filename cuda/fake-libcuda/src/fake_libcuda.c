@@ -15,6 +15,9 @@
  *
  * Layout (all optional except procs/):
  *   procs/<pid>              state word: running|locked|checkpointed|failed|
+ *   procs/id-<id>-<nspid>    the same, for a process with GPUSNAP_FAKE_CUDA_ID=<id> in its
+ *                            environment and pid <nspid> in its container (survives CRIU
+ *                            restore, like real driver state)
  *                            checkpointing|restoring (empty = running).
  *                            Creating the file makes <pid> a CUDA process.
  *   driver_version           integer, default 13000 (like the 580 driver)
@@ -352,10 +355,55 @@ static int find_device(const CUuuid *uuid) {
 /* ------------------------------------------------------------------------- */
 /* per-pid state, locks and faults                                            */
 
+/* The last NSpid field of /proc/<pid>/status: the pid inside the innermost pid namespace. */
+static int ns_pid(int pid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    if (read_small(path, buf, sizeof buf) < 0) return pid;
+    char *line = strstr(buf, "NSpid:");
+    if (!line) return pid;
+    int last = pid;
+    char *p = line + 6;
+    while (*p && *p != '\n') {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        last = (int)v;
+        p = end;
+    }
+    return last;
+}
+
+/* The name of a process's state file. A real driver keeps its state inside the process, so
+ * it survives a CRIU restore under a new host pid; the fake gets the same effect for a
+ * process started with GPUSNAP_FAKE_CUDA_ID=<id> in its environment: procs/id-<id>-<nspid>,
+ * keyed by the pid inside its container, which CRIU restores too (children inherit the
+ * variable but have other pids, so they stay non-CUDA). Other processes are keyed by pid. */
+static void proc_key(int pid, char *out, size_t cap) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", pid);
+    snprintf(out, cap, "%d", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    static const char want[] = "GPUSNAP_FAKE_CUDA_ID=";
+    char buf[16384];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return;
+    buf[n] = '\0';
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1) {
+        if (strncmp(buf + i, want, sizeof want - 1) == 0) {
+            snprintf(out, cap, "id-%s-%d", buf + i + sizeof want - 1, ns_pid(pid));
+            return;
+        }
+    }
+}
+
 /* Returns the state, or -1 when <pid> is not a CUDA process. */
 static int load_state(int pid) {
-    char path[PATH_MAX], buf[64];
-    path_of(path, sizeof path, "procs/%d", pid);
+    char path[PATH_MAX], buf[64], key[96];
+    proc_key(pid, key, sizeof key);
+    path_of(path, sizeof path, "procs/%s", key);
     if (read_small(path, buf, sizeof buf) < 0) return -1;
     trim(buf);
     if (buf[0] == '\0') return S_RUNNING;
@@ -365,8 +413,9 @@ static int load_state(int pid) {
 }
 
 static void store_state(int pid, int state) {
-    char path[PATH_MAX], line[32];
-    path_of(path, sizeof path, "procs/%d", pid);
+    char path[PATH_MAX], line[32], key[96];
+    proc_key(pid, key, sizeof key);
+    path_of(path, sizeof path, "procs/%s", key);
     int n = snprintf(line, sizeof line, "%s\n", STATE_NAMES[state]);
     write_atomic(path, line, (size_t)n);
 }
