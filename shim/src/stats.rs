@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use containerd_shim::{
     cgroup::{collect_metrics, collect_metrics_v2, get_cgroup},
     protos::{
-        cgroups::metrics::{CPUStat, CPUUsage, MemoryEntry, MemoryStat, Metrics},
+        cgroups::metrics::{CPUUsage, MemoryEntry, MemoryStat, Metrics},
         protobuf::{well_known_types::any::Any, MessageField},
     },
     util::convert_to_any,
@@ -84,12 +84,12 @@ fn fill_v1(pid: u32, m: &mut Metrics) {
                 }
             }
         }
-        let mut cpu = m.cpu.take().unwrap_or_else(CPUStat::new);
+        let mut cpu = m.cpu.take().unwrap_or_default();
         cpu.usage = MessageField::some(usage);
         m.cpu = MessageField::some(cpu);
     }
     if let Some(dir) = v1_controller_dir(pid, "memory") {
-        let mut mem = m.memory.take().unwrap_or_else(MemoryStat::new);
+        let mut mem = m.memory.take().unwrap_or_default();
         let entry = |prefix: &str| {
             let mut e = MemoryEntry::new();
             e.set_usage(read_u64(&dir, &format!("{prefix}.usage_in_bytes")).unwrap_or_default());

@@ -1,0 +1,375 @@
+//! `gpusnap`: install the runtime on a node, check the node, inspect checkpoints.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use gpusnap_cli::inspect::{self, Verify};
+use gpusnap_cli::install::{
+    self, ContainerdMode, ContainerdTarget, CriuTarget, InstallOptions, NetworkLock,
+};
+use gpusnap_cli::{doctor, fsutil, host, term};
+
+#[derive(Parser)]
+#[command(name = "gpusnap", version, about = "GPU-aware container checkpoint/restore: node tools")]
+struct Cli {
+    /// gpusnap config file (read by the shim and gpusnap-runc).
+    #[arg(long, global = true, value_name = "PATH", default_value = gpusnap_config::DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Register the gpusnap runtime with containerd and CRI-O (idempotent, revertible).
+    Install(InstallArgs),
+    /// Revert exactly what `gpusnap install` changed.
+    Uninstall(UninstallArgs),
+    /// Check this node: kernel, cgroups, runc, containerd, CRIU, NVIDIA driver, config.
+    Doctor(DoctorArgs),
+    /// Summarise a checkpoint directory or CRI checkpoint archive and check it is restorable.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args)]
+struct InstallArgs {
+    /// Print a unified diff of what would change, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// containerd's main config file.
+    #[arg(long, value_name = "PATH")]
+    containerd_config: Option<PathBuf>,
+    /// Drop-in file for drop-in mode [default: <containerd config dir>/conf.d/99-gpusnap.toml].
+    #[arg(long, value_name = "PATH")]
+    containerd_dropin: Option<PathBuf>,
+    /// How to register with containerd.
+    #[arg(long, value_enum, default_value = "auto")]
+    containerd_mode: ContainerdMode,
+    /// containerd binary, asked for its release to choose the mode.
+    #[arg(long, value_name = "PATH", default_value = "containerd")]
+    containerd_bin: PathBuf,
+    /// Do not touch containerd's config.
+    #[arg(long)]
+    skip_containerd: bool,
+    /// CRI-O drop-in directory [default: /etc/crio/crio.conf.d when CRI-O is installed].
+    #[arg(long, value_name = "DIR")]
+    crio_dropin_dir: Option<PathBuf>,
+    /// Do not write the CRI-O drop-in.
+    #[arg(long)]
+    skip_crio: bool,
+    /// containerd-shim-gpusnap-v2 [default: next to this binary, else on PATH, else /usr/local/bin].
+    #[arg(long, value_name = "PATH")]
+    shim_path: Option<PathBuf>,
+    /// gpusnap-runc, for CRI-O [default: next to this binary, else on PATH, else /usr/local/bin].
+    #[arg(long, value_name = "PATH")]
+    runc_wrapper_path: Option<PathBuf>,
+    /// Install this file as the gpusnap config (validated first; e.g. from a ConfigMap).
+    #[arg(long, value_name = "PATH")]
+    config_from: Option<PathBuf>,
+    /// CRIU config file runc passes to CRIU.
+    #[arg(long, value_name = "PATH", default_value = "/etc/criu/runc.conf")]
+    criu_config: PathBuf,
+    /// Whether to make CRIU lock the network with nftables.
+    #[arg(long, value_enum, default_value = "auto")]
+    criu_network_lock: NetworkLock,
+    #[command(flatten)]
+    common: StateArgs,
+}
+
+#[derive(Args)]
+struct StateArgs {
+    /// Where install records what it changed.
+    #[arg(long, value_name = "PATH", default_value = install::DEFAULT_STATE_FILE)]
+    state_file: PathBuf,
+    /// Run this shell command when containerd's config changed (e.g. `systemctl restart containerd`).
+    #[arg(long, value_name = "CMD")]
+    restart_containerd_cmd: Option<String>,
+    /// Run this shell command when CRI-O's config changed (e.g. `systemctl restart crio`).
+    #[arg(long, value_name = "CMD")]
+    restart_crio_cmd: Option<String>,
+}
+
+#[derive(Args)]
+struct UninstallArgs {
+    /// Print a unified diff of what would be reverted, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Also revert files that changed since install (their later edits are lost).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    common: StateArgs,
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// One JSON document instead of lines.
+    #[arg(long)]
+    json: bool,
+    /// CUDA driver library to probe [default: cuda.library from the config].
+    #[arg(long, value_name = "PATH")]
+    cuda_library: Option<PathBuf>,
+    /// containerd binary to ask for its version.
+    #[arg(long, value_name = "PATH", default_value = "containerd")]
+    containerd_bin: PathBuf,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// Checkpoint directory, extracted CRI archive, or CRI checkpoint archive (.tar).
+    path: PathBuf,
+    /// One JSON document instead of the summary.
+    #[arg(long)]
+    json: bool,
+    /// Read the manifest only; do not check the image files.
+    #[arg(long, conflicts_with = "sizes_only")]
+    no_verify: bool,
+    /// Check presence and sizes but not digests (fast on large checkpoints).
+    #[arg(long)]
+    sizes_only: bool,
+}
+
+fn main() -> ExitCode {
+    gpusnap_cli::logging::init("GPUSNAP_LOG", "warn");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Install(a) => cmd_install(&cli.config, a),
+        Command::Uninstall(a) => cmd_uninstall(a),
+        Command::Doctor(a) => cmd_doctor(&cli.config, a),
+        Command::Inspect(a) => cmd_inspect(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("gpusnap: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn absolute(p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}
+
+/// `name` next to this executable (a package installs them together), else on PATH, else in
+/// /usr/local/bin where the docs and the DaemonSet put it.
+fn sibling_binary(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(name)))
+        .filter(|p| fsutil::is_executable(p))
+        .or_else(|| fsutil::which(name))
+        .map(absolute)
+        .unwrap_or_else(|| Path::new("/usr/local/bin").join(name))
+}
+
+fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
+    let mut notes = Vec::new();
+    let containerd = if a.skip_containerd {
+        None
+    } else {
+        let explicit = a.containerd_config.is_some();
+        let cfg = absolute(
+            a.containerd_config
+                .unwrap_or_else(|| PathBuf::from("/etc/containerd/config.toml")),
+        );
+        let bin = fsutil::which(&a.containerd_bin.to_string_lossy());
+        let present = explicit
+            || cfg.exists()
+            || cfg.parent().is_some_and(Path::exists)
+            || bin.is_some();
+        if present {
+            let dropin = a.containerd_dropin.map(absolute).unwrap_or_else(|| {
+                cfg.parent()
+                    .unwrap_or(Path::new("/etc/containerd"))
+                    .join("conf.d/99-gpusnap.toml")
+            });
+            Some(ContainerdTarget {
+                config: cfg,
+                dropin,
+                mode: a.containerd_mode,
+                release: bin.as_deref().and_then(host::containerd_release),
+            })
+        } else {
+            notes.push("containerd not found: skipped (pass --containerd-config to force)".to_owned());
+            None
+        }
+    };
+    let crio_dropin = if a.skip_crio {
+        None
+    } else {
+        match a.crio_dropin_dir {
+            Some(d) => Some(absolute(d).join(install::crio::DROPIN_NAME)),
+            None if Path::new("/etc/crio").exists() || fsutil::which("crio").is_some() => Some(
+                Path::new("/etc/crio/crio.conf.d").join(install::crio::DROPIN_NAME),
+            ),
+            None => {
+                notes.push("CRI-O not found: skipped (pass --crio-dropin-dir to force)".to_owned());
+                None
+            }
+        }
+    };
+    let gpusnap_config = gpusnap_config::Config::load(config).unwrap_or_default();
+    let criu_dir_path = gpusnap_criu_bridge::RuncGlobal {
+        criu_dir: gpusnap_config.criu.binary_dir.clone(),
+        ..Default::default()
+    }
+    .effective_search_path();
+    let criu_bin = gpusnap_criu_bridge::find_in_path("criu", &criu_dir_path);
+    let criu = Some(CriuTarget {
+        config: absolute(a.criu_config),
+        lock: a.criu_network_lock,
+        facts: install::criu_conf::probe(criu_bin.as_deref()),
+    });
+    let opts = InstallOptions {
+        containerd,
+        crio_dropin,
+        criu,
+        shim_path: a
+            .shim_path
+            .map(absolute)
+            .unwrap_or_else(|| sibling_binary(gpusnap_cli::SHIM_BINARY)),
+        runc_wrapper_path: a
+            .runc_wrapper_path
+            .map(absolute)
+            .unwrap_or_else(|| sibling_binary(gpusnap_cli::RUNC_WRAPPER_BINARY)),
+        config_path: absolute(config.to_path_buf()),
+        config_from: a.config_from.map(absolute),
+    };
+    let plan = install::plan(&opts)?;
+    for n in notes.iter().chain(&plan.notes) {
+        eprintln!("note: {n}");
+    }
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
+    }
+    if a.dry_run {
+        if plan.is_empty() {
+            eprintln!("gpusnap install --dry-run: nothing would change");
+        }
+        print!("{}", plan.diff());
+        return Ok(0);
+    }
+    if plan.is_empty() {
+        println!("gpusnap install: already installed, nothing changed");
+        return Ok(0);
+    }
+    let applied = install::apply(&plan, &a.common.state_file)?;
+    for c in &plan.changes {
+        println!("changed {}: {}", c.path.display(), c.summary);
+    }
+    println!(
+        "recorded in {} (`gpusnap uninstall` reverts it)",
+        a.common.state_file.display()
+    );
+    restart(&a.common, &applied.components)?;
+    Ok(0)
+}
+
+fn restart(
+    args: &StateArgs,
+    components: &std::collections::BTreeSet<install::Component>,
+) -> Result<()> {
+    for (component, cmd, hint) in [
+        (
+            install::Component::Containerd,
+            &args.restart_containerd_cmd,
+            "systemctl restart containerd",
+        ),
+        (install::Component::Crio, &args.restart_crio_cmd, "systemctl restart crio"),
+    ] {
+        if !components.contains(&component) {
+            continue;
+        }
+        match cmd {
+            Some(cmd) => {
+                println!("running: {cmd}");
+                let status = std::process::Command::new("sh")
+                    .args(["-c", cmd])
+                    .status()
+                    .with_context(|| format!("running `{cmd}`"))?;
+                if !status.success() {
+                    bail!("`{cmd}` failed ({status}); restart {} by hand", component.as_str());
+                }
+            }
+            None => println!(
+                "restart {} to load the change: {hint}",
+                component.as_str()
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn cmd_uninstall(a: UninstallArgs) -> Result<u8> {
+    let plan = install::plan_uninstall(&a.common.state_file, a.force)?;
+    if plan.nothing_installed() {
+        println!(
+            "gpusnap uninstall: nothing to do ({} does not exist)",
+            a.common.state_file.display()
+        );
+        return Ok(0);
+    }
+    for (path, why) in &plan.kept {
+        eprintln!("kept {}: {why}", path.display());
+    }
+    if a.dry_run {
+        print!("{}", plan.diff());
+        return Ok(0);
+    }
+    install::apply_uninstall(&plan, &a.common.state_file)?;
+    for c in &plan.reverts {
+        println!("{} {}", c.summary, c.path.display());
+    }
+    restart(&a.common, &plan.components())?;
+    Ok(u8::from(!plan.kept.is_empty()))
+}
+
+fn cmd_doctor(config: &Path, a: DoctorArgs) -> Result<u8> {
+    let report = doctor::run(&doctor::DoctorOptions {
+        config_path: config.to_path_buf(),
+        cuda_library: a.cuda_library,
+        containerd_bin: a.containerd_bin,
+    });
+    if a.json {
+        let v = serde_json::json!({
+            "checks": report.checks,
+            "summary": {
+                "ok": report.count(doctor::Status::Ok),
+                "warn": report.count(doctor::Status::Warn),
+                "fail": report.count(doctor::Status::Fail),
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", report.render(term::width()));
+    }
+    Ok(report.exit_code() as u8)
+}
+
+fn cmd_inspect(a: InspectArgs) -> Result<u8> {
+    let verify = if a.no_verify {
+        Verify::None
+    } else if a.sizes_only {
+        Verify::Sizes
+    } else {
+        Verify::Full
+    };
+    let insp = inspect::inspect_path(&a.path, verify)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&insp.to_json())?);
+    } else {
+        print!("{}", inspect::render(&insp, term::width()));
+    }
+    // Non-zero when restore would refuse it, so scripts can gate on it.
+    Ok(u8::from(matches!(
+        insp.validation,
+        inspect::Validation::Refused { .. }
+    )))
+}

@@ -1,0 +1,32 @@
+//! gpusnap's operator tools.
+//!
+//! Two binaries share this library:
+//!
+//! - `gpusnap`: [`install`] (register the runtime with containerd and CRI-O, revertibly),
+//!   [`doctor`] (what this node can and cannot do) and [`inspect`] (what a checkpoint holds and
+//!   whether it would be restored).
+//! - `gpusnap-runc`: [`runc_wrapper`], a runc-compatible binary for CRI-O and Podman that adds
+//!   the gpusnap manifest to `runc checkpoint` and refuses bad images before `runc restore`.
+
+pub mod doctor;
+pub mod fsutil;
+pub mod host;
+pub mod inspect;
+pub mod install;
+pub mod logging;
+pub mod runc_wrapper;
+pub mod term;
+
+/// gpusnap's version, shown by `--version` and recorded in install state.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The CRI runtime handler name (`RuntimeClass.handler`) gpusnap registers.
+pub const HANDLER: &str = "gpusnap";
+/// containerd runtime type of the gpusnap shim.
+pub const RUNTIME_TYPE: &str = "io.containerd.gpusnap.v2";
+/// Binary containerd derives from [`RUNTIME_TYPE`].
+pub const SHIM_BINARY: &str = "containerd-shim-gpusnap-v2";
+/// The runc wrapper for CRI-O and Podman.
+pub const RUNC_WRAPPER_BINARY: &str = "gpusnap-runc";
+/// Pod annotations CRI copies into the OCI spec for the gpusnap runtime.
+pub const POD_ANNOTATIONS: &str = "gpusnap.io/*";
