@@ -29,7 +29,7 @@ use gpusnap_criu_bridge::{
 use gpusnap_cuda::{
     discovery::CudaProcess,
     orchestrate::{CheckpointReport, GpuMap, RestoreTarget},
-    DriverConfig, Orchestrator, PendingDriver,
+    DriverConfig, Orchestrator, Outcome, PendingDriver,
 };
 
 use crate::{
@@ -545,7 +545,15 @@ async fn gpu_checkpoint(
                 dump_elapsed = t.elapsed();
                 r
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e.outcome {
+                Outcome::BeforeMutation | Outcome::RolledBack => {
+                    format!("{e}; the container keeps running")
+                }
+                Outcome::OutcomeUnknown => format!(
+                    "{e}; the state of the container's CUDA processes is unknown: check them \
+                     (or restart the container) before checkpointing again"
+                ),
+            })?;
         Ok((report, orch, dump_elapsed))
     })
     .await

@@ -78,10 +78,25 @@ pub fn orchestrator(driver: Arc<Driver>, config: &Config) -> Result<Orchestrator
 }
 
 /// The container's CUDA processes among `pids`.
+///
+/// A process's GPUs come from its open `/dev/nvidiaN` descriptors. When they cannot be
+/// determined, every GPU the driver lists is recorded instead: the restore gate then demands
+/// at least that many GPUs of those types, which is conservative but never lets a restore
+/// start on a node that cannot hold the process.
 pub fn discover(driver: &Arc<Driver>, pids: &[u32]) -> Result<Vec<CudaProcess>, String> {
     let pids: Vec<i32> = pids.iter().map(|&p| p as i32).collect();
-    discovery::find_cuda_processes(driver, &pids, &DiscoveryOptions::default())
-        .map_err(|e| e.to_string())
+    let mut procs = discovery::find_cuda_processes(driver, &pids, &DiscoveryOptions::default())
+        .map_err(|e| e.to_string())?;
+    for p in procs.iter_mut().filter(|p| p.gpus.is_empty()) {
+        tracing::warn!(
+            pid = p.host_pid,
+            gpus = driver.capabilities().devices.len(),
+            "GPUs of a CUDA process not found among its open /dev/nvidia* files; \
+             recording every GPU the driver lists"
+        );
+        p.gpus = driver.capabilities().devices.clone();
+    }
+    Ok(procs)
 }
 
 /// The manifest's GPU section for a checkpoint report.

@@ -106,6 +106,16 @@ fn table_at<'a>(
     Ok(cur)
 }
 
+/// The highest document position of any table under `table`.
+fn max_position(table: &Table) -> Option<usize> {
+    table
+        .iter()
+        .filter_map(|(_, item)| item.as_table())
+        .map(|t| t.position().max(max_position(t)))
+        .max()
+        .flatten()
+}
+
 /// Sets `table[key] = v` only when it differs, so an unchanged value keeps its formatting.
 fn set_str(table: &mut Table, key: &str, v: &str) {
     if table.get(key).and_then(Item::as_str) != Some(v) {
@@ -125,9 +135,14 @@ pub fn register_in_place(text: &str, file: &Path, reg: &Registration) -> Result<
         });
     }
     let path = runtimes_path(&doc, version);
+    // New tables go after everything else, so the change is one block at the end of the file.
+    let next = max_position(doc.as_table()).map_or(0, |p| p + 1);
     let runtimes = table_at(&mut doc, &path, file)?;
-    if !runtimes.contains_key(&reg.handler) {
-        runtimes.insert(&reg.handler, Item::Table(Table::new()));
+    let is_new = !runtimes.contains_key(&reg.handler);
+    if is_new {
+        let mut t = Table::new();
+        t.set_position(next);
+        runtimes.insert(&reg.handler, Item::Table(t));
     }
     let rt = runtimes
         .get_mut(&reg.handler)
@@ -142,7 +157,9 @@ pub fn register_in_place(text: &str, file: &Path, reg: &Registration) -> Result<
     set_str(rt, "runtime_path", &reg.runtime_path.to_string_lossy());
     ensure_strings(rt, "pod_annotations", &reg.pod_annotations, file)?;
     if !rt.contains_key("options") {
-        rt.insert("options", Item::Table(Table::new()));
+        let mut t = Table::new();
+        t.set_position(rt.position().unwrap_or(next) + 1);
+        rt.insert("options", Item::Table(t));
     }
     let opts = rt
         .get_mut("options")

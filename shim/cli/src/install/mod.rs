@@ -163,15 +163,61 @@ fn absolute(what: &'static str, path: &Path) -> Result<(), InstallError> {
     }
 }
 
-/// The gpusnap config written when none exists: every setting at its default, so operators
-/// see what they can change.
+/// The gpusnap config written when none exists: every setting at its default, with what it
+/// does, so operators see what they can change. Optional settings are shown commented out.
 pub fn default_config_text() -> String {
+    let d = Config::default();
+    let q = |s: &str| toml_edit::Value::from(s).to_string();
     format!(
-        "# gpusnap configuration, written by `gpusnap install` (gpusnap {}).\n\
-         # Every setting is shown at its default; see docs/install.md for what each one does.\n\
-         # `gpusnap doctor` checks this file.\n\n{}",
-        crate::VERSION,
-        Config::default().to_toml_string()
+        "# gpusnap configuration, written by `gpusnap install` (gpusnap {version}).\n\
+         # Every setting is shown at its default. `gpusnap doctor` checks this file; the shim and\n\
+         # gpusnap-runc read it for each container (pods may override storage and timeouts with\n\
+         # gpusnap.io/ annotations).\n\
+         \n\
+         [storage]\n\
+         # How GPU memory reaches the checkpoint: \"driver-managed\" (the driver copies it into\n\
+         # the process, CRIU dumps it) or \"posix\" (gpusnap streams it to files; CUDA 13.4+).\n\
+         engine = {engine}\n\
+         # posix engine: pinned host buffers per GPU (1-8) and the size of each (1 MiB-256 MiB,\n\
+         # a multiple of 4096; count x size at most 1 GiB per GPU).\n\
+         transfer_buffer_count = {count}\n\
+         transfer_chunk_bytes = {chunk}\n\
+         # posix engine: where GPU memory is written (default: inside the checkpoint directory).\n\
+         # directory = \"/var/lib/gpusnap\"\n\
+         \n\
+         [cuda]\n\
+         # Upper bound for one driver lock/checkpoint/restore call (1-3600).\n\
+         max_operation_seconds = {max_op}\n\
+         # How long to wait for in-flight CUDA work before locking; 0 waits forever.\n\
+         lock_timeout_ms = {lock}\n\
+         # Total time a restore (CRIU plus GPU) may take.\n\
+         restore_budget_seconds = {budget}\n\
+         # The CUDA driver library: a soname or an absolute path.\n\
+         library = {library}\n\
+         \n\
+         [runc]\n\
+         # The real runc (a name on PATH or an absolute path).\n\
+         binary = {runc}\n\
+         # runc's state root for containerd containers (the namespace is appended).\n\
+         root = {root}\n\
+         systemd_cgroup = {systemd}\n\
+         \n\
+         [criu]\n\
+         # Directory holding the criu runc should run (prepended to runc's PATH).\n\
+         # binary_dir = \"/usr/local/sbin\"\n\
+         # Raise the minimum CRIU version (default: 3.16 for CPU, 4.1 for GPU containers).\n\
+         # min_version = \"4.1\"\n",
+        version = crate::VERSION,
+        engine = q(d.storage.engine.as_str()),
+        count = d.storage.transfer_buffer_count,
+        chunk = d.storage.transfer_chunk_bytes,
+        max_op = d.cuda.max_operation_seconds,
+        lock = d.cuda.lock_timeout_ms,
+        budget = d.cuda.restore_budget_seconds,
+        library = q(&d.cuda.library),
+        runc = q(&d.runc.binary.to_string_lossy()),
+        root = q(&d.runc.root.to_string_lossy()),
+        systemd = d.runc.systemd_cgroup,
     )
 }
 
@@ -265,10 +311,10 @@ fn plan_gpusnap_config(opts: &InstallOptions, plan: &mut Plan) -> Result<(), Ins
     plan.push(Change {
         path: opts.config_path.clone(),
         component: Component::Gpusnap,
-        summary: if before.is_some() {
-            "gpusnap config replaced".to_owned()
-        } else {
-            "gpusnap config created with defaults".to_owned()
+        summary: match (&before, &opts.config_from) {
+            (_, Some(src)) => format!("gpusnap config from {}", src.display()),
+            (Some(_), None) => "gpusnap config replaced".to_owned(),
+            (None, None) => "gpusnap config created with defaults".to_owned(),
         },
         after: Some(after),
         before,
@@ -591,8 +637,24 @@ mod tests {
         let text = default_config_text();
         let parsed = Config::from_toml_str(&text).unwrap();
         assert_eq!(parsed, Config::default());
-        for key in ["[storage]", "[cuda]", "[runc]", "restore_budget_seconds"] {
+        for key in [
+            "[storage]",
+            "[cuda]",
+            "[runc]",
+            "[criu]",
+            "restore_budget_seconds",
+            "# directory = ",
+            "# binary_dir = ",
+            "# min_version = ",
+        ] {
             assert!(text.contains(key), "{key} missing from\n{text}");
         }
+        // The commented examples are valid values too.
+        let uncommented = text
+            .replace("# directory = ", "directory = ")
+            .replace("# binary_dir = ", "binary_dir = ")
+            .replace("# min_version = ", "min_version = ");
+        let c = Config::from_toml_str(&uncommented).unwrap();
+        assert_eq!(c.criu.min_version.map(|v| v.to_string()), Some("4.1.0".into()));
     }
 }

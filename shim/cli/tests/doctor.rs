@@ -1,0 +1,143 @@
+//! `gpusnap doctor` on this machine (real runc, CRIU, containerd) and against the fake CUDA
+//! driver.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+use gpusnap_fake_libcuda::{FakeCuda, FakeDevice};
+
+fn doctor_json(config: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
+    let mut args = vec![
+        "--config".to_owned(),
+        config.display().to_string(),
+        "doctor".into(),
+        "--json".into(),
+        "--containerd-bin".into(),
+        format!("{RIG_BIN}/containerd"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = gpusnap(&args);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}): {}", describe(&out)));
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {v:#}"))
+}
+
+/// The node's cgroup layout, found independently of gpusnap's mountinfo parser.
+fn expected_cgroup_status() -> &'static str {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "ok"
+    } else {
+        "warn"
+    }
+}
+
+#[test]
+fn doctor_on_this_node_without_a_driver() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    fs::write(&config, format!("[criu]\nbinary_dir = \"{RIG_BIN}\"\n")).unwrap();
+    let missing = dir.path().join("no-driver/libcuda.so.1");
+    let (code, v) = doctor_json(&config, &["--cuda-library", missing.to_str().unwrap()]);
+
+    let driver = check(&v, "nvidia driver");
+    assert_eq!(driver["status"], "warn", "{v:#}");
+    let summary = driver["summary"].as_str().unwrap();
+    assert!(summary.contains("no NVIDIA driver found"), "{summary}");
+    assert!(summary.contains("CPU checkpoint/restore still works"), "{summary}");
+    assert_eq!(check(&v, "gpus")["status"], "warn");
+
+    let criu = check(&v, "criu");
+    assert_eq!(criu["status"], "ok", "{v:#}");
+    assert!(criu["summary"].as_str().unwrap().starts_with("4.2.1 at /opt/gpusnap-rig/bin/criu"), "{criu}");
+    assert_eq!(check(&v, "criu check")["status"], "ok", "{v:#}");
+    assert_eq!(check(&v, "runc")["status"], "ok", "{v:#}");
+    let containerd = check(&v, "containerd");
+    assert_eq!(containerd["status"], "ok", "{v:#}");
+    assert!(containerd["summary"].as_str().unwrap().starts_with("2."), "{containerd}");
+    assert_eq!(check(&v, "cgroups")["status"], expected_cgroup_status(), "{v:#}");
+    assert_eq!(check(&v, "config")["status"], "ok");
+
+    // Exit code: 0 exactly when nothing failed.
+    assert_eq!(v["summary"]["fail"], 0, "{v:#}");
+    assert_eq!(code, 0);
+
+    // The human form says the same, one line per check.
+    let out = gpusnap([
+        "--config",
+        config.to_str().unwrap(),
+        "doctor",
+        "--cuda-library",
+        missing.to_str().unwrap(),
+    ]);
+    let text = text(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("WARN  nvidia driver") && l.contains("no NVIDIA driver found")),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("OK    criu ") && l.contains("4.2.1")), "{text}");
+}
+
+#[test]
+fn invalid_config_fails_and_names_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    fs::write(&config, "[cuda]\nmax_operation_seconds = 0\n").unwrap();
+    let (code, v) = doctor_json(&config, &["--cuda-library", "/nonexistent/libcuda.so.1"]);
+    let c = check(&v, "config");
+    assert_eq!(c["status"], "fail");
+    assert!(c["summary"].as_str().unwrap().contains("cuda.max_operation_seconds"), "{c}");
+    assert_eq!(code, 1, "a FAIL must make doctor exit non-zero");
+
+    fs::write(&config, "[storage]\nengnie = \"posix\"\n").unwrap();
+    let (code, v) = doctor_json(&config, &["--cuda-library", "/nonexistent/libcuda.so.1"]);
+    let summary = check(&v, "config")["summary"].as_str().unwrap().to_owned();
+    assert!(summary.contains("storage.engnie") && summary.contains("storage.engine"), "{summary}");
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn fake_driver_lists_gpus_and_api_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
+    fake.set_devices(&[
+        FakeDevice::new("GPU-11111111-2222-3333-4444-555555555555", "NVIDIA H200", 141 << 30),
+        FakeDevice::new("GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "NVIDIA H200", 141 << 30),
+    ])
+    .unwrap();
+    let lib = fake.library_path();
+    let config = dir.path().join("config.toml");
+    let (_, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
+    let driver = check(&v, "nvidia driver");
+    assert_eq!(driver["status"], "ok", "{v:#}");
+    assert!(driver["summary"].as_str().unwrap().starts_with("CUDA 13.0"), "{driver}");
+    let api = check(&v, "checkpoint api");
+    assert_eq!(api["status"], "ok", "{v:#}");
+    assert!(api["summary"].as_str().unwrap().contains("driver-managed: available"), "{api}");
+    let gpus = check(&v, "gpus")["summary"].as_str().unwrap().to_owned();
+    assert!(
+        gpus.contains("0: NVIDIA H200 GPU-11111111-2222-3333-4444-555555555555")
+            && gpus.contains("1: NVIDIA H200 GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"),
+        "{gpus}"
+    );
+
+    // A driver without the checkpoint API cannot checkpoint GPUs: FAIL, exit 1.
+    fake.hide_symbol("cuCheckpointProcessLock").unwrap();
+    let (code, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
+    let api = check(&v, "checkpoint api");
+    assert_eq!(api["status"], "fail", "{v:#}");
+    assert!(api["action"].as_str().unwrap().contains("cuCheckpointProcessLock"), "{api}");
+    assert_eq!(code, 1);
+}
