@@ -81,6 +81,8 @@ APT_PKGS=(
     libnftables-dev uuid-dev libaio-dev
     # CRIU's python tooling (crit) and misc
     python3-protobuf
+    # OCI checkpoint images: a real registry on loopback and an independent image reader
+    docker-registry skopeo
 )
 
 missing_pkgs() {
