@@ -41,9 +41,12 @@ use std::path::Path;
 pub use bytes::{parse_bytes, GIB, KIB, MIB};
 pub use error::ConfigError;
 pub use model::{
-    Config, CriuConfig, CudaConfig, MinVersion, RuncConfig, StorageConfig, StorageEngine,
+    Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig, StorageConfig,
+    StorageEngine,
 };
-pub use overlay::{annotation_settings, ANNOTATION_PREFIX};
+pub use overlay::{
+    annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,
+};
 pub use settings::{
     CRIU_MIN_VERSION_FLOOR, LOCK_TIMEOUT_MS_MAX, MAX_OPERATION_SECONDS_MAX,
     PINNED_BYTES_PER_GPU_MAX, TRANSFER_BUFFER_COUNT_MAX, TRANSFER_CHUNK_ALIGN,

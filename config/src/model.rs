@@ -18,6 +18,25 @@ pub struct Config {
     pub cuda: CudaConfig,
     pub runc: RuncConfig,
     pub criu: CriuConfig,
+    pub restore: RestoreConfig,
+}
+
+/// Restores a pod asks for by annotation (`gpusnap.io/restore-from`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestoreConfig {
+    /// Where node-local checkpoints live, one directory per name (as `gpusnap image pull
+    /// --extract` lays them out). A pod annotation can only name a checkpoint under it, never
+    /// an arbitrary host path.
+    pub checkpoint_root: PathBuf,
+}
+
+impl Default for RestoreConfig {
+    fn default() -> Self {
+        RestoreConfig {
+            checkpoint_root: PathBuf::from("/var/lib/gpusnap/checkpoints"),
+        }
+    }
 }
 
 /// How GPU memory reaches the checkpoint.

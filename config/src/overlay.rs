@@ -17,6 +17,10 @@ use crate::settings::{self, Input, SETTINGS};
 /// Prefix of gpusnap's pod annotations. Every annotation under it must be a setting: a typo
 /// fails loudly instead of silently running with defaults.
 pub const ANNOTATION_PREFIX: &str = "gpusnap.io/";
+/// The pod annotation that asks for a restore (`gpusnap.io/restore-from: NAME`, or
+/// `gpusnap.io/restore-from.CONTAINER: NAME` in a pod of several containers). It names a
+/// checkpoint, not a setting, so the configuration overlay leaves it alone.
+pub const RESTORE_FROM_ANNOTATION: &str = "gpusnap.io/restore-from";
 
 /// runc `Options` TOML keys (reference §7) and the gpusnap settings they map to.
 const RUNC_ALIASES: [(&str, &str); 3] = [
@@ -142,6 +146,7 @@ impl Config {
         // Sorted so the first error reported does not depend on hash order.
         let mut ours: Vec<(&str, &str)> = annotations
             .iter()
+            .filter(|(k, _)| !is_restore_annotation(k))
             .filter_map(|(k, v)| Some((k.strip_prefix(ANNOTATION_PREFIX)?, v.as_str())))
             .collect();
         ours.sort_unstable();
@@ -159,6 +164,14 @@ impl Config {
         *self = next;
         Ok(())
     }
+}
+
+/// `gpusnap.io/restore-from` or `gpusnap.io/restore-from.<container>`.
+pub fn is_restore_annotation(key: &str) -> bool {
+    key == RESTORE_FROM_ANNOTATION
+        || key
+            .strip_prefix(RESTORE_FROM_ANNOTATION)
+            .is_some_and(|rest| rest.starts_with('.'))
 }
 
 /// Names every settable annotation, and says so when the name is a setting pods may not touch.

@@ -325,6 +325,15 @@ pub(crate) static SETTINGS: &[Setting] = &[
             _ => Ok(()),
         },
     },
+    Setting {
+        key: "restore.checkpoint_root",
+        annotation: None,
+        set: |c, v| {
+            c.restore.checkpoint_root = v.path()?;
+            Ok(())
+        },
+        check: |c| check_abs("restore.checkpoint_root", Some(&c.restore.checkpoint_root)),
+    },
 ];
 
 fn one_of(names: &[&str]) -> String {
@@ -442,7 +451,7 @@ mod tests {
 
     #[test]
     fn tables_and_keys() {
-        assert_eq!(tables(), ["storage", "cuda", "runc", "criu"]);
+        assert_eq!(tables(), ["storage", "cuda", "runc", "criu", "restore"]);
         assert_eq!(
             keys_in("criu"),
             ["binary_dir".to_string(), "min_version".to_string()]

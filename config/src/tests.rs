@@ -443,3 +443,36 @@ fn annotation_table_is_complete() {
         ]
     );
 }
+
+#[test]
+fn restore_annotations_are_not_settings() {
+    let mut c = Config::default();
+    let a: HashMap<String, String> = [
+        ("gpusnap.io/restore-from".to_string(), "ckpt-1".to_string()),
+        (
+            "gpusnap.io/restore-from.app".to_string(),
+            "ckpt-2".to_string(),
+        ),
+    ]
+    .into();
+    c.apply_annotations(&a)
+        .expect("restore annotations pass the overlay");
+    assert!(crate::is_restore_annotation("gpusnap.io/restore-from.app"));
+    assert!(!crate::is_restore_annotation("gpusnap.io/restore-fromage"));
+    let bad: HashMap<String, String> =
+        [("gpusnap.io/restore-fromage".to_string(), "x".to_string())].into();
+    assert!(
+        c.apply_annotations(&bad).is_err(),
+        "near-miss names are still unknown settings"
+    );
+}
+
+#[test]
+fn checkpoint_root_must_be_absolute() {
+    let err = Config::from_toml_str("[restore]\ncheckpoint_root = \"relative/dir\"\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("restore.checkpoint_root") && msg.contains("absolute"),
+        "{msg}"
+    );
+}

@@ -382,6 +382,15 @@ impl TaskService {
             .and_then(|info| info.require(bridge::MIN_CRIU_CPU))
             .map_err(|e| failed_precondition(e.to_string()))?;
 
+        if let Some(diff) = &restore.rootfs_diff {
+            let (diff, rootfs) = (diff.clone(), bundle.join("rootfs"));
+            let applied =
+                tokio::task::spawn_blocking(move || crate::rootfs_diff::apply(&diff, &rootfs))
+                    .await
+                    .map_err(|e| internal(e.to_string()))?
+                    .map_err(|e| internal(format!("cannot restore {id}: rootfs diff: {e}")))?;
+            tracing::info!(id, entries = applied, "rootfs diff applied");
+        }
         let work = bundle.join(RESTORE_WORK_DIR);
         std::fs::create_dir_all(&work)
             .map_err(|e| internal(format!("create {}: {e}", work.display())))?;

@@ -23,6 +23,9 @@ pub struct PendingRestore {
     /// containerd's parent checkpoint (pre-dump chains); runc restores from `image`, which
     /// references its parent itself, so this is only logged.
     pub parent: Option<PathBuf>,
+    /// Writable-layer changes to apply to the rootfs before CRIU runs (a pod restoring from a
+    /// CRI checkpoint archive; containerd applies it itself on its own restore paths).
+    pub rootfs_diff: Option<PathBuf>,
 }
 
 pub struct Container {

@@ -11,6 +11,8 @@ mod oom;
 mod options;
 mod process;
 mod reaper;
+mod restore_from;
+mod rootfs_diff;
 mod service;
 mod stats;
 mod stdio;

@@ -183,24 +183,29 @@ fn runc_failure(
     }
 }
 
-/// gpusnap's configuration for this container: the file (CRI's ConfigPath, else the default
-/// path), overlaid by the container's `gpusnap.io/` annotations. Invalid settings fail Create
-/// with the message naming the setting.
-fn load_config(
-    settings: &RuntimeSettings,
-    bundle: &std::path::Path,
-) -> TtrpcResult<gpusnap_config::Config> {
-    let path = settings
-        .config_path
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
-    let annotations: HashMap<String, String> = std::fs::read(bundle.join("config.json"))
+/// The OCI spec's annotations (CRI puts the pod's `pod_annotations` there).
+fn spec_annotations(bundle: &std::path::Path) -> HashMap<String, String> {
+    std::fs::read(bundle.join("config.json"))
         .ok()
         .and_then(|d| serde_json::from_slice::<serde_json::Value>(&d).ok())
         .and_then(|spec| spec.get("annotations").cloned())
         .and_then(|a| serde_json::from_value(a).ok())
-        .unwrap_or_default();
-    gpusnap_config::Config::layered(&path, None, &annotations)
+        .unwrap_or_default()
+}
+
+/// gpusnap's configuration for this container: the file (CRI's ConfigPath, else
+/// `$GPUSNAP_CONFIG`, else the default path), overlaid by the container's `gpusnap.io/`
+/// annotations. Invalid settings fail Create with the message naming the setting.
+fn load_config(
+    settings: &RuntimeSettings,
+    annotations: &HashMap<String, String>,
+) -> TtrpcResult<gpusnap_config::Config> {
+    let path = settings
+        .config_path
+        .clone()
+        .or_else(|| std::env::var_os("GPUSNAP_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
+    gpusnap_config::Config::layered(&path, None, annotations)
         .map_err(|e| invalid_argument(format!("gpusnap configuration ({}): {e}", path.display())))
 }
 
@@ -468,15 +473,30 @@ impl containerd_shim::Task for TaskService {
                 settings.runc_binary
             ))
         })?);
-        let config = load_config(&settings, &bundle)?;
+        let annotations = spec_annotations(&bundle);
+        let config = load_config(&settings, &annotations)?;
         let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
         let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
         let mut init = Process::new("", stdio);
-        let restore = (!req.checkpoint.is_empty()).then(|| PendingRestore {
-            image: PathBuf::from(&req.checkpoint),
-            parent: (!req.parent_checkpoint.is_empty())
-                .then(|| PathBuf::from(&req.parent_checkpoint)),
-        });
+        let restore = if req.checkpoint.is_empty() {
+            // A pod can ask to start from a node-local checkpoint (see restore_from.rs).
+            match crate::restore_from::pending_restore(&annotations, &config) {
+                Ok(r) => r,
+                Err(e) => {
+                    if mounted {
+                        container::unmount_rootfs(&bundle);
+                    }
+                    return Err(invalid_argument(e));
+                }
+            }
+        } else {
+            Some(PendingRestore {
+                image: PathBuf::from(&req.checkpoint),
+                parent: (!req.parent_checkpoint.is_empty())
+                    .then(|| PathBuf::from(&req.parent_checkpoint)),
+                rootfs_diff: None,
+            })
+        };
         if restore.is_none() {
             if let Err(e) = self
                 .create_init(&req.id, &bundle, &runc, &settings, &mut init)

@@ -31,6 +31,17 @@ enum Command {
     Doctor(DoctorArgs),
     /// Summarise a checkpoint directory or CRI checkpoint archive and check it is restorable.
     Inspect(InspectArgs),
+    /// The gpusnap config file: print the defaults, or check a file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print a config file with every setting at its default.
+    Default,
+    /// Validate the file given with --config; errors name the setting.
+    Check,
 }
 
 #[derive(Args)]
@@ -139,6 +150,11 @@ fn main() -> ExitCode {
         Command::Uninstall(a) => cmd_uninstall(a),
         Command::Doctor(a) => cmd_doctor(&cli.config, a),
         Command::Inspect(a) => cmd_inspect(a),
+        Command::Config(ConfigCommand::Default) => {
+            print!("{}", install::default_config_text());
+            Ok(0)
+        }
+        Command::Config(ConfigCommand::Check) => cmd_config_check(&cli.config),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -351,6 +367,15 @@ fn cmd_doctor(config: &Path, a: DoctorArgs) -> Result<u8> {
         print!("{}", report.render(term::width()));
     }
     Ok(report.exit_code() as u8)
+}
+
+fn cmd_config_check(config: &Path) -> Result<u8> {
+    if !config.exists() {
+        bail!("{} does not exist", config.display());
+    }
+    gpusnap_config::Config::load(config)?;
+    println!("{}: valid", config.display());
+    Ok(0)
 }
 
 fn cmd_inspect(a: InspectArgs) -> Result<u8> {
