@@ -88,7 +88,7 @@ pub struct StorageConfig {
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub transfer_chunk_bytes: u64,
     /// Where the posix engine writes GPU memory; default: inside the checkpoint directory
-    /// (`gpusnap/gpu/`), so it travels with the checkpoint.
+    /// (`gpusnap-gpu-*` files, flat in the checkpoint directory), so it travels with the checkpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub directory: Option<PathBuf>,
 }

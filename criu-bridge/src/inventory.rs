@@ -2,8 +2,13 @@
 //!
 //! # What is hashed, and why all of it
 //!
-//! Every file present when the checkpoint is sealed is recorded, except logs (a restore appends
-//! to them) and the manifest itself. Sizes catch truncation cheaply; digests catch corruption,
+//! Every regular file directly in the checkpoint directory when the checkpoint is sealed is
+//! recorded — CRIU's images, runc's `descriptors.json`, gpusnap's `gpusnap-gpu-*` GPU state and
+//! anything else found there — except logs (a restore appends to them) and the manifest itself
+//! (`gpusnap-manifest.json` and its temporary file). The directory is flat (see
+//! [`crate::layout`]): subdirectories are neither gpusnap's nor CRIU's, cannot survive
+//! containerd's CRI unpacking, and are not descended into; symlinks (pre-dump's `parent`) are
+//! not content of this checkpoint. Sizes catch truncation cheaply; digests catch corruption,
 //! and they are also what makes skipping `fsync` of the images safe: CRIU does not fsync its
 //! images and fsyncing gigabytes would cost far more than hashing them, so after a crash the
 //! manifest may be durable while image pages are not — verification then refuses the restore
@@ -92,11 +97,10 @@ fn chunk_count(size: u64, chunk: u64) -> usize {
 }
 
 impl ImageInventory {
-    /// Lists and hashes every recorded file under `dir` (see the module docs for which).
+    /// Lists and hashes every recorded file in `dir` (see the module docs for which).
     pub fn scan(dir: &Path) -> Result<ImageInventory, InventoryError> {
         let started = std::time::Instant::now();
-        let mut entries = Vec::new();
-        walk(dir, Path::new(""), &mut entries)?;
+        let mut entries = list_files(dir)?;
         entries.sort();
         let specs: Vec<(PathBuf, u64)> = entries
             .iter()
@@ -145,38 +149,45 @@ impl ImageInventory {
     }
 }
 
-/// Recursively collects (relative path, size) of regular files that belong in the inventory.
-fn walk(root: &Path, rel: &Path, out: &mut Vec<(String, u64)>) -> Result<(), InventoryError> {
-    let dir = root.join(rel);
+/// Collects (name, size) of the regular files directly in `dir` that belong in the inventory.
+fn list_files(dir: &Path) -> Result<Vec<(String, u64)>, InventoryError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| InventoryError::Io { path, source }
     };
-    for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-        let entry = entry.map_err(io_err(&dir))?;
-        let rel_path = rel.join(entry.file_name());
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
         // file_type does not follow symlinks: a symlink (e.g. pre-dump's `parent`) is not
         // content of this checkpoint.
         let ft = entry.file_type().map_err(io_err(&entry.path()))?;
         if ft.is_dir() {
-            walk(root, &rel_path, out)?;
+            tracing::warn!(
+                dir = %dir.display(),
+                subdir = ?name,
+                "checkpoint directory has a subdirectory; it is not part of the checkpoint, \
+                 and containerd's CRI checkpoint cannot unpack it"
+            );
             continue;
         }
         if !ft.is_file() {
-            tracing::debug!(path = %rel_path.display(), "skipping non-regular file");
+            tracing::debug!(name = ?name, "skipping non-regular file");
             continue;
         }
-        if matches!(classify(&rel_path), EntryKind::Log | EntryKind::Manifest) {
+        if matches!(
+            classify(Path::new(&name)),
+            EntryKind::Log | EntryKind::Manifest
+        ) {
             continue;
         }
-        let name = rel_path
-            .to_str()
-            .ok_or_else(|| InventoryError::NonUtf8Name { path: entry.path() })?
-            .to_owned();
+        let name = name
+            .into_string()
+            .map_err(|_| InventoryError::NonUtf8Name { path: entry.path() })?;
         let size = entry.metadata().map_err(io_err(&entry.path()))?.len();
         out.push((name, size));
     }
-    Ok(())
+    Ok(out)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -312,21 +323,27 @@ mod tests {
     }
 
     #[test]
-    fn scan_skips_logs_manifest_and_symlinks_and_recurses() {
+    fn scan_hashes_flat_files_and_skips_logs_manifest_symlinks_and_subdirs() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         fs::write(p.join("pages-1.img"), b"pages").unwrap();
         fs::write(p.join("dump.log"), b"log").unwrap();
         fs::write(p.join("descriptors.json"), b"[]").unwrap();
+        fs::write(p.join("gpusnap-manifest.json"), b"{}").unwrap();
+        fs::write(p.join(".gpusnap-manifest.json.tmp.7"), b"{").unwrap();
+        fs::write(p.join("gpusnap-gpu-device-0000.bin"), b"gpu").unwrap();
         fs::create_dir_all(p.join("gpusnap/gpu")).unwrap();
-        fs::write(p.join("gpusnap/manifest.json"), b"{}").unwrap();
-        fs::write(p.join("gpusnap/gpu/state.bin"), b"gpu").unwrap();
+        fs::write(p.join("gpusnap/gpu/state.bin"), b"nested").unwrap();
         std::os::unix::fs::symlink("/etc", p.join("parent")).unwrap();
         let inv = ImageInventory::scan(p).unwrap();
         let names: Vec<&str> = inv.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             names,
-            ["descriptors.json", "gpusnap/gpu/state.bin", "pages-1.img"]
+            [
+                "descriptors.json",
+                "gpusnap-gpu-device-0000.bin",
+                "pages-1.img"
+            ]
         );
         assert_eq!(inv.total_bytes, 2 + 3 + 5);
     }

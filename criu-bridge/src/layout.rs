@@ -1,29 +1,69 @@
 //! Where gpusnap's files live inside a checkpoint directory, and which files are whose.
 //!
 //! The checkpoint directory is the one containerd hands the shim. CRIU writes `*.img`,
-//! `stats-dump` and its logs there, runc adds `descriptors.json`, and CRI later copies its own
-//! `*.dump` files next to the archive's `checkpoint/` (reference §10, §11). Only this directory
-//! survives into the checkpoint image, so gpusnap's files must sit inside it under a name none of
-//! those tools uses: a `gpusnap/` subdirectory (CRIU image names are flat files).
+//! `stats-dump`, `irmap-cache` and its logs there, runc adds `descriptors.json`, and CRI later
+//! copies its own `*.dump`, `status` and `container.log` next to the archive's `checkpoint/`
+//! (reference §10, §11). Only this directory survives into the checkpoint image, so gpusnap's
+//! files must sit inside it under names none of those tools uses: every one starts with
+//! [`GPUSNAP_PREFIX`] (`gpusnap-`).
 //!
 //! ```text
 //! <checkpoint dir>/
 //!   *.img, stats-dump, descriptors.json   CRIU / runc
 //!   dump.log, restore.log                 CRIU logs (when no separate work dir)
-//!   gpusnap/manifest.json                 completeness marker, written last
-//!   gpusnap/gpu/...                       GPU state (cuda crate)
+//!   gpusnap-gpu-<name>                    GPU state files (cuda crate), e.g. gpusnap-gpu-device-0000.bin
+//!   gpusnap-manifest.json                 completeness marker, written last
+//!   .gpusnap-manifest.json.tmp.<pid>      the manifest while it is written (never survives)
 //! ```
+//!
+//! # Why the directory is flat
+//!
+//! The directory must not contain subdirectories. containerd's daemon tars it for the CRI
+//! `CheckpointContainer` path (`archive.Diff("", dir)`: every entry below the root, directories
+//! included, named relative to it), and CRI unpacks that tar into the archive's `checkpoint/`
+//! with `writeCriuCheckpointData` (`internal/cri/server/container_checkpoint_linux.go`), which
+//! for every entry does `os.Create(filepath.Join(checkpointDirectory, header.Name))` and copies
+//! `header.Size` bytes. It never creates directories — a directory entry or a file below one
+//! fails the whole checkpoint — and it refuses any name containing `..`. So every gpusnap file
+//! is a plain file directly in the checkpoint directory, and no name gpusnap chooses contains
+//! `..` (see [`is_valid_gpu_name`]).
 
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
 
-/// Subdirectory owned by gpusnap.
-pub const GPUSNAP_DIR: &str = "gpusnap";
-/// Manifest file name inside [`GPUSNAP_DIR`].
-pub const MANIFEST_FILE: &str = "manifest.json";
-/// GPU state directory inside [`GPUSNAP_DIR`].
-pub const GPU_DIR: &str = "gpu";
-/// Prefix of the manifest's temporary file; dot-prefixed so it is never mistaken for the real one.
-pub const MANIFEST_TMP_PREFIX: &str = ".manifest.json.tmp";
+/// Prefix of every file gpusnap writes into a checkpoint directory. No other tool writing there
+/// (CRIU, runc, containerd's CRI) uses it.
+pub const GPUSNAP_PREFIX: &str = "gpusnap-";
+/// The manifest, directly in the checkpoint directory.
+pub const MANIFEST_FILE: &str = "gpusnap-manifest.json";
+/// Prefix of the manifest's temporary file (`.gpusnap-manifest.json.tmp.<pid>`); dot-prefixed
+/// so it is never mistaken for the real one.
+pub const MANIFEST_TMP_PREFIX: &str = ".gpusnap-manifest.json.tmp";
+/// Prefix of GPU state files: `gpusnap-gpu-<name>` (see [`CheckpointLayout::gpu_file`]).
+pub const GPU_FILE_PREFIX: &str = "gpusnap-gpu-";
+/// Longest `<name>` of a GPU state file: the file name must stay within `NAME_MAX` (255).
+pub const MAX_GPU_NAME_LEN: usize = 255 - GPU_FILE_PREFIX.len();
+
+/// Whether `name` may be the `<name>` of a GPU state file `gpusnap-gpu-<name>`: 1 to
+/// [`MAX_GPU_NAME_LEN`] ASCII letters, digits, `.`, `_` or `-`, and no `..` (containerd's CRI
+/// refuses a checkpoint with any name containing `..`). So a valid name never has a `/`, a NUL
+/// or a non-UTF-8 byte, and the file stays directly in the checkpoint directory.
+pub fn is_valid_gpu_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_GPU_NAME_LEN
+        && !name.contains("..")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The `<name>` of a GPU state file name (`gpusnap-gpu-<name>` → `<name>`), if it is one.
+pub fn gpu_name(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_prefix(GPU_FILE_PREFIX)
+        .filter(|n| is_valid_gpu_name(n))
+}
 
 /// Paths inside one checkpoint directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,21 +80,55 @@ impl CheckpointLayout {
         &self.root
     }
 
-    pub fn gpusnap_dir(&self) -> PathBuf {
-        self.root.join(GPUSNAP_DIR)
-    }
-
+    /// `<dir>/gpusnap-manifest.json`.
     pub fn manifest_path(&self) -> PathBuf {
-        self.gpusnap_dir().join(MANIFEST_FILE)
+        self.root.join(MANIFEST_FILE)
     }
 
-    /// Directory for GPU state; the cuda crate creates and fills it.
-    pub fn gpu_dir(&self) -> PathBuf {
-        self.gpusnap_dir().join(GPU_DIR)
+    /// `<dir>/gpusnap-gpu-<name>`, where the cuda crate writes one piece of GPU state.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not [valid](is_valid_gpu_name). Names are chosen by gpusnap's own code
+    /// (`device-0000.bin`, ...), so an invalid one is a bug, not an input error; check names
+    /// derived from anything else with [`is_valid_gpu_name`] or use [`Self::try_gpu_file`].
+    pub fn gpu_file(&self, name: &str) -> PathBuf {
+        self.try_gpu_file(name).unwrap_or_else(|| {
+            panic!(
+                "invalid GPU state file name {name:?}: use 1 to {MAX_GPU_NAME_LEN} ASCII \
+                 letters, digits, '.', '_' or '-', without '..'"
+            )
+        })
+    }
+
+    /// Like [`Self::gpu_file`], `None` for an invalid name.
+    pub fn try_gpu_file(&self, name: &str) -> Option<PathBuf> {
+        is_valid_gpu_name(name).then(|| self.root.join(format!("{GPU_FILE_PREFIX}{name}")))
+    }
+
+    /// The GPU state files present, sorted by name: regular files (symlinks are not followed)
+    /// directly in the directory whose name is `gpusnap-gpu-<valid name>`. A missing directory
+    /// has none.
+    pub fn gpu_files(&self) -> io::Result<Vec<PathBuf>> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name.to_str().and_then(gpu_name).is_some() && entry.file_type()?.is_file() {
+                out.push(entry.path());
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     pub(crate) fn manifest_tmp_path(&self) -> PathBuf {
-        self.gpusnap_dir()
+        self.root
             .join(format!("{MANIFEST_TMP_PREFIX}.{}", std::process::id()))
     }
 }
@@ -70,41 +144,38 @@ pub enum EntryKind {
     /// `dump.log`, `restore.log`, `stats-restore` and other `*.log`: written by a dump *or a
     /// restore*, so they may change after the manifest is sealed.
     Log,
-    /// `gpusnap/manifest.json` or its temporary file.
+    /// `gpusnap-manifest.json` or its temporary file `.gpusnap-manifest.json.tmp.*`.
     Manifest,
-    /// Anything else under `gpusnap/` (GPU state).
+    /// Any other `gpusnap-*` file: GPU state (`gpusnap-gpu-*`).
     GpusnapData,
-    /// Not ours, not CRIU's: left alone by scrubbing.
+    /// Not ours, not CRIU's: left alone by scrubbing. Includes everything below a
+    /// subdirectory, since neither gpusnap nor CRIU writes one.
     Other,
 }
 
 /// Classifies a path relative to the checkpoint directory.
 pub fn classify(rel: &Path) -> EntryKind {
     let mut components = rel.components();
-    let first = components
-        .next()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let rest: PathBuf = components.collect();
-    if first == GPUSNAP_DIR {
-        let name = rest.to_string_lossy();
-        return if name == MANIFEST_FILE || name.starts_with(MANIFEST_TMP_PREFIX) {
-            EntryKind::Manifest
-        } else {
-            EntryKind::GpusnapData
-        };
-    }
-    if !rest.as_os_str().is_empty() {
-        // CRIU image dirs are flat; a nested path outside gpusnap/ belongs to someone else.
+    let (Some(Component::Normal(first)), None) = (components.next(), components.next()) else {
+        // The layout is flat (module docs): a nested path belongs to someone else.
         return EntryKind::Other;
-    }
-    match first.as_str() {
+    };
+    let name = first.to_string_lossy();
+    match name.as_ref() {
+        MANIFEST_FILE => EntryKind::Manifest,
+        n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
+        n if n.starts_with(GPUSNAP_PREFIX) => EntryKind::GpusnapData,
         "descriptors.json" | "stats-dump" | "irmap-cache" => EntryKind::CriuMetadata,
         "stats-restore" => EntryKind::Log,
         n if n.ends_with(".img") => EntryKind::CriuImage,
         n if n.ends_with(".log") => EntryKind::Log,
         _ => EntryKind::Other,
     }
+}
+
+/// Whether `rel` (relative to the checkpoint directory) is a GPU state file `gpusnap-gpu-<name>`.
+pub fn is_gpu_file(rel: &Path) -> bool {
+    classify(rel) == EntryKind::GpusnapData && rel.to_str().and_then(gpu_name).is_some()
 }
 
 #[cfg(test)]
@@ -114,13 +185,89 @@ mod tests {
     #[test]
     fn paths() {
         let l = CheckpointLayout::new("/cp");
-        assert_eq!(l.manifest_path(), Path::new("/cp/gpusnap/manifest.json"));
-        assert_eq!(l.gpu_dir(), Path::new("/cp/gpusnap/gpu"));
-        // Path::starts_with compares whole components, so compare text.
-        assert!(l
-            .manifest_tmp_path()
-            .to_string_lossy()
-            .starts_with("/cp/gpusnap/.manifest.json.tmp."));
+        assert_eq!(l.manifest_path(), Path::new("/cp/gpusnap-manifest.json"));
+        assert_eq!(
+            l.gpu_file("device-0000.bin"),
+            Path::new("/cp/gpusnap-gpu-device-0000.bin")
+        );
+        assert_eq!(
+            l.manifest_tmp_path(),
+            Path::new(&format!(
+                "/cp/.gpusnap-manifest.json.tmp.{}",
+                std::process::id()
+            ))
+        );
+        // Everything gpusnap writes is directly in the directory.
+        for p in [l.manifest_path(), l.gpu_file("x"), l.manifest_tmp_path()] {
+            assert_eq!(p.parent(), Some(Path::new("/cp")), "{}", p.display());
+        }
+    }
+
+    #[test]
+    fn gpu_names() {
+        for ok in [
+            "device-0000.bin",
+            "ctx_1.2",
+            "a",
+            "A-b_c.d",
+            &"x".repeat(243),
+        ] {
+            assert!(is_valid_gpu_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "..",
+            "a..b",
+            "../x",
+            "sub/x",
+            "/abs",
+            "sp ace",
+            "nul\0",
+            "é",
+            &"x".repeat(244),
+        ] {
+            assert!(!is_valid_gpu_name(bad), "{bad:?}");
+            assert!(CheckpointLayout::new("/cp").try_gpu_file(bad).is_none());
+        }
+        assert_eq!(
+            gpu_name("gpusnap-gpu-device-0000.bin"),
+            Some("device-0000.bin")
+        );
+        assert_eq!(gpu_name("gpusnap-gpu-"), None);
+        assert_eq!(gpu_name("gpusnap-manifest.json"), None);
+        assert_eq!(gpu_name("pages-1.img"), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid GPU state file name")]
+    fn gpu_file_refuses_dot_dot() {
+        CheckpointLayout::new("/cp").gpu_file("a..b");
+    }
+
+    #[test]
+    fn lists_gpu_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = CheckpointLayout::new(dir.path());
+        assert!(l.gpu_files().unwrap().is_empty());
+        for n in ["device-0001.bin", "device-0000.bin"] {
+            fs::write(l.gpu_file(n), b"x").unwrap();
+        }
+        fs::write(dir.path().join("gpusnap-manifest.json"), b"{}").unwrap();
+        fs::write(dir.path().join("pages-1.img"), b"x").unwrap();
+        fs::write(dir.path().join("gpusnap-gpu-"), b"x").unwrap();
+        fs::create_dir(dir.path().join("gpusnap-gpu-adir")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("gpusnap-gpu-link")).unwrap();
+        assert_eq!(
+            l.gpu_files().unwrap(),
+            [
+                dir.path().join("gpusnap-gpu-device-0000.bin"),
+                dir.path().join("gpusnap-gpu-device-0001.bin")
+            ]
+        );
+        assert!(CheckpointLayout::new(dir.path().join("missing"))
+            .gpu_files()
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -130,13 +277,28 @@ mod tests {
         assert_eq!(c("inventory.img"), EntryKind::CriuImage);
         assert_eq!(c("descriptors.json"), EntryKind::CriuMetadata);
         assert_eq!(c("stats-dump"), EntryKind::CriuMetadata);
+        assert_eq!(c("irmap-cache"), EntryKind::CriuMetadata);
         assert_eq!(c("dump.log"), EntryKind::Log);
         assert_eq!(c("restore.log"), EntryKind::Log);
         assert_eq!(c("stats-restore"), EntryKind::Log);
-        assert_eq!(c("gpusnap/manifest.json"), EntryKind::Manifest);
-        assert_eq!(c("gpusnap/.manifest.json.tmp.42"), EntryKind::Manifest);
-        assert_eq!(c("gpusnap/gpu/ctx-1.bin"), EntryKind::GpusnapData);
+        assert_eq!(c("gpusnap-manifest.json"), EntryKind::Manifest);
+        assert_eq!(c(".gpusnap-manifest.json.tmp.42"), EntryKind::Manifest);
+        assert_eq!(c("gpusnap-gpu-ctx-1.bin"), EntryKind::GpusnapData);
+        assert_eq!(c("gpusnap-gpu-device-0000.bin"), EntryKind::GpusnapData);
+        // Ours by prefix even if a later release adds it: never CRIU's, never the user's.
+        assert_eq!(c("gpusnap-something.img"), EntryKind::GpusnapData);
         assert_eq!(c("config.dump"), EntryKind::Other);
         assert_eq!(c("sub/pages-1.img"), EntryKind::Other);
+        // The pre-flat layout's paths are nobody's now.
+        assert_eq!(c("gpusnap/manifest.json"), EntryKind::Other);
+        assert_eq!(c("gpusnap/gpu/ctx-1.bin"), EntryKind::Other);
+        assert_eq!(c("gpusnap"), EntryKind::Other);
+        assert_eq!(c("../pages-1.img"), EntryKind::Other);
+        assert_eq!(c(""), EntryKind::Other);
+
+        assert!(is_gpu_file(Path::new("gpusnap-gpu-device-0000.bin")));
+        assert!(!is_gpu_file(Path::new("gpusnap-manifest.json")));
+        assert!(!is_gpu_file(Path::new("gpusnap-other")));
+        assert!(!is_gpu_file(Path::new("x/gpusnap-gpu-a")));
     }
 }

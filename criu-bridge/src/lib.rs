@@ -25,6 +25,7 @@ mod exec;
 
 pub mod criu_log;
 pub mod criu_probe;
+pub mod image;
 pub mod inventory;
 pub mod layout;
 pub mod manifest;

@@ -1,4 +1,5 @@
-//! The gpusnap manifest: `gpusnap/manifest.json` inside the checkpoint directory.
+//! The gpusnap manifest: `gpusnap-manifest.json` directly in the checkpoint directory (flat, see
+//! [`crate::layout`] for why).
 //!
 //! The manifest is written last, atomically, and is the only completeness marker: a checkpoint
 //! directory without it is, by definition, incomplete (interrupted, failed, or made by another
@@ -193,13 +194,12 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Manife
     }
 }
 
-/// Writes `<dir>/gpusnap/manifest.json` so that it either exists completely or not at all:
-/// temporary file, fsync, rename over the final name, then fsync of `gpusnap/` and of `dir`
-/// (the `gpusnap/` entry itself may be new). Call it last: its presence means "complete".
+/// Writes `<dir>/gpusnap-manifest.json` so that it either exists completely or not at all:
+/// temporary file `.gpusnap-manifest.json.tmp.<pid>` in `dir` itself (same filesystem, so the
+/// rename is atomic), fsync, rename over the final name, then fsync of `dir`. `dir` must exist.
+/// Call it last: its presence means "complete".
 pub fn write_manifest_atomically(dir: &Path, manifest: &Manifest) -> Result<(), ManifestError> {
     let layout = CheckpointLayout::new(dir);
-    let gdir = layout.gpusnap_dir();
-    fs::create_dir_all(&gdir).map_err(io_err("creating", &gdir))?;
     let tmp = layout.manifest_tmp_path();
     let final_path = layout.manifest_path();
     let json = serde_json::to_vec_pretty(manifest)?;
@@ -215,7 +215,6 @@ pub fn write_manifest_atomically(dir: &Path, manifest: &Manifest) -> Result<(), 
         f.sync_all().map_err(io_err("syncing", &tmp))?;
         drop(f);
         fs::rename(&tmp, &final_path).map_err(io_err("renaming into place", &final_path))?;
-        sync_dir(&gdir)?;
         sync_dir(dir)
     })();
     if result.is_err() {
@@ -321,31 +320,46 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = sample();
         write_manifest_atomically(dir.path(), &m).unwrap();
-        let gdir = dir.path().join("gpusnap");
-        let names: Vec<String> = fs::read_dir(&gdir)
+        let names: Vec<String> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["manifest.json"]);
-        let back: Manifest =
-            serde_json::from_slice(&fs::read(gdir.join("manifest.json")).unwrap()).unwrap();
+        // Flat: one plain file, no directory (containerd's CRI unpack creates none).
+        assert_eq!(names, ["gpusnap-manifest.json"]);
+        let path = dir.path().join("gpusnap-manifest.json");
+        assert!(fs::symlink_metadata(&path).unwrap().is_file());
+        let back: Manifest = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, m);
         // Overwriting replaces it whole.
         let mut m2 = m.clone();
         m2.container_id = "other".into();
         write_manifest_atomically(dir.path(), &m2).unwrap();
-        let back: Manifest =
-            serde_json::from_slice(&fs::read(gdir.join("manifest.json")).unwrap()).unwrap();
+        let back: Manifest = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         assert_eq!(back.container_id, "other");
     }
 
     #[test]
-    fn atomic_write_failure_reports_path() {
+    fn atomic_write_failure_reports_path_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        // gpusnap exists as a file, so the directory cannot be created.
-        fs::write(dir.path().join("gpusnap"), b"").unwrap();
+        // A non-empty directory where the manifest goes: the rename cannot replace it.
+        fs::create_dir(dir.path().join("gpusnap-manifest.json")).unwrap();
+        fs::write(dir.path().join("gpusnap-manifest.json/x"), b"").unwrap();
         let err = write_manifest_atomically(dir.path(), &sample()).unwrap_err();
-        assert!(err.to_string().contains("gpusnap"), "{err}");
+        assert!(err.to_string().contains("gpusnap-manifest.json"), "{err}");
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["gpusnap-manifest.json"]);
+        // A missing directory is not created.
+        let missing = dir.path().join("missing");
+        let err = write_manifest_atomically(&missing, &sample()).unwrap_err();
+        assert!(
+            err.to_string().contains(".gpusnap-manifest.json.tmp."),
+            "{err}"
+        );
+        assert!(!missing.exists());
     }
 
     #[test]
@@ -357,6 +371,6 @@ mod tests {
         assert_eq!(sealed.images.total_bytes, 100_000);
         assert_eq!(sealed.images.files.len(), 1);
         assert_eq!(sealed.timings.last().unwrap().name, "digest");
-        assert!(dir.path().join("gpusnap/manifest.json").exists());
+        assert!(dir.path().join("gpusnap-manifest.json").is_file());
     }
 }

@@ -5,12 +5,15 @@
 //! The directory itself is never removed: containerd (or CRI, or the user via `--image-path`)
 //! created it and owns it. Inside it we remove, in this order:
 //!
-//! 1. `gpusnap/manifest.json` (and its temporary files), then the directory is fsynced. This is
-//!    what makes the checkpoint "not complete", so it goes first: if scrubbing is interrupted
-//!    later, nothing left behind can pass [`crate::validate_for_restore`].
-//! 2. the rest of `gpusnap/` (GPU state);
-//! 3. what CRIU and runc write: `*.img`, `descriptors.json`, `stats-dump`, `irmap-cache`
-//!    (see [`crate::layout::classify`]).
+//! 1. `gpusnap-manifest.json` (and its temporary files `.gpusnap-manifest.json.tmp.*`), then the
+//!    directory is fsynced. This is what makes the checkpoint "not complete", so it goes first:
+//!    if scrubbing is interrupted later, nothing left behind can pass
+//!    [`crate::validate_for_restore`].
+//! 2. the other `gpusnap-*` files (GPU state, `gpusnap-gpu-*`);
+//! 3. what CRIU and runc write: `*.img`, `descriptors.json`, `stats-dump`, `irmap-cache`.
+//!
+//! Only entries directly in the directory are looked at: gpusnap's layout is flat (see
+//! [`crate::layout`]) and so is CRIU's; which entry is whose is [`crate::layout::classify`].
 //!
 //! We keep logs (`dump.log`, `restore.log`, `stats-restore`) because they are how the operator
 //! learns why the checkpoint failed, and everything we do not recognise, because the directory
@@ -21,12 +24,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::layout::{classify, CheckpointLayout, EntryKind};
+use crate::layout::{classify, EntryKind};
 
 /// What scrubbing did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScrubReport {
-    /// Removed entries (a directory is listed once, not file by file).
+    /// Removed entries.
     pub removed: Vec<PathBuf>,
     /// Entries left in place: logs and files that are not gpusnap's or CRIU's.
     pub kept: Vec<PathBuf>,
@@ -53,45 +56,37 @@ pub fn scrub_incomplete(dir: &Path) -> Result<ScrubReport, ScrubError> {
     if !dir.exists() {
         return Ok(report);
     }
-    let layout = CheckpointLayout::new(dir);
-    let gdir = layout.gpusnap_dir();
-
-    // 1. The completeness marker first, durably.
-    if gdir.is_dir() {
-        for entry in fs::read_dir(&gdir).map_err(err(&gdir))? {
-            let entry = entry.map_err(err(&gdir))?;
-            let rel = Path::new(crate::layout::GPUSNAP_DIR).join(entry.file_name());
-            if classify(&rel) == EntryKind::Manifest {
-                remove_path(&entry.path())?;
-                report.removed.push(entry.path());
-            }
-        }
-        fs::File::open(&gdir)
-            .and_then(|d| d.sync_all())
-            .map_err(err(&gdir))?;
-        // 2. The rest of gpusnap/.
-        remove_path(&gdir)?;
-        report.removed.push(gdir.clone());
-    } else if gdir.exists() {
-        remove_path(&gdir)?;
-        report.removed.push(gdir.clone());
-    }
-
-    // 3. CRIU's and runc's files.
+    let mut entries: Vec<(EntryKind, PathBuf)> = Vec::new();
     for entry in fs::read_dir(dir).map_err(err(dir))? {
         let entry = entry.map_err(err(dir))?;
-        let path = entry.path();
-        if path == gdir {
-            continue;
-        }
-        match classify(Path::new(&entry.file_name())) {
-            EntryKind::CriuImage | EntryKind::CriuMetadata => {
-                remove_path(&path)?;
-                report.removed.push(path);
-            }
-            _ => report.kept.push(path),
+        entries.push((classify(Path::new(&entry.file_name())), entry.path()));
+    }
+    entries.sort_by(|a, b| a.1.cmp(&b.1));
+
+    // 1. The completeness marker first, durably.
+    for (_, path) in entries.iter().filter(|e| e.0 == EntryKind::Manifest) {
+        remove_path(path)?;
+        report.removed.push(path.clone());
+    }
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err(dir))?;
+    // 2. The rest of gpusnap's files (GPU state), 3. CRIU's and runc's.
+    for wanted in [
+        &[EntryKind::GpusnapData][..],
+        &[EntryKind::CriuImage, EntryKind::CriuMetadata],
+    ] {
+        for (_, path) in entries.iter().filter(|e| wanted.contains(&e.0)) {
+            remove_path(path)?;
+            report.removed.push(path.clone());
         }
     }
+    report.kept.extend(
+        entries
+            .into_iter()
+            .filter(|e| matches!(e.0, EntryKind::Log | EntryKind::Other))
+            .map(|e| e.1),
+    );
     report.removed.sort();
     report.kept.sort();
     tracing::info!(
@@ -152,14 +147,20 @@ mod tests {
             "pages-1.img",
             "descriptors.json",
             "stats-dump",
+            "irmap-cache",
         ] {
             fs::write(p.join(f), b"x").unwrap();
         }
         fs::write(p.join("dump.log"), b"Error (criu): boom").unwrap();
         fs::write(p.join("user-notes.txt"), b"mine").unwrap();
-        fs::create_dir_all(p.join("gpusnap/gpu")).unwrap();
-        fs::write(p.join("gpusnap/gpu/blob"), b"x").unwrap();
+        fs::create_dir(p.join("user-dir")).unwrap();
+        fs::write(p.join("user-dir/pages-9.img"), b"mine too").unwrap();
+        let layout = crate::layout::CheckpointLayout::new(p);
+        fs::write(layout.gpu_file("device-0000.bin"), b"x").unwrap();
+        fs::write(layout.gpu_file("device-0001.bin"), b"x").unwrap();
         seal_checkpoint(p, Manifest::new("c", "/b", CheckpointOptions::default())).unwrap();
+        // A temporary manifest left by an interrupted write.
+        fs::write(p.join(".gpusnap-manifest.json.tmp.1"), b"{").unwrap();
 
         let report = scrub_incomplete(p).unwrap();
         assert!(p.exists(), "the directory itself stays");
@@ -168,10 +169,33 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, ["dump.log", "user-notes.txt"]);
-        assert_eq!(report.kept, [p.join("dump.log"), p.join("user-notes.txt")]);
-        assert!(report.removed.contains(&p.join("gpusnap/manifest.json")));
-        assert!(report.removed.contains(&p.join("pages-1.img")));
+        assert_eq!(left, ["dump.log", "user-dir", "user-notes.txt"]);
+        assert!(p.join("user-dir/pages-9.img").exists());
+        assert_eq!(
+            report.kept,
+            [
+                p.join("dump.log"),
+                p.join("user-dir"),
+                p.join("user-notes.txt")
+            ]
+        );
+        let mut removed = report.removed.clone();
+        removed.sort();
+        assert_eq!(
+            removed,
+            [
+                ".gpusnap-manifest.json.tmp.1",
+                "descriptors.json",
+                "gpusnap-gpu-device-0000.bin",
+                "gpusnap-gpu-device-0001.bin",
+                "gpusnap-manifest.json",
+                "inventory.img",
+                "irmap-cache",
+                "pages-1.img",
+                "stats-dump",
+            ]
+            .map(|n| p.join(n))
+        );
         assert!(matches!(
             validate_for_restore(p),
             Err(RestoreRefusal::ManifestMissing { .. })
@@ -198,7 +222,7 @@ mod tests {
         fs::write(dir.join("pages-1.img"), b"old").unwrap();
         seal_checkpoint(&dir, Manifest::new("c", "/b", CheckpointOptions::default())).unwrap();
         let report = begin_checkpoint(&dir).unwrap();
-        assert!(report.removed.contains(&dir.join("gpusnap/manifest.json")));
+        assert!(report.removed.contains(&dir.join("gpusnap-manifest.json")));
         assert!(!dir.join("pages-1.img").exists());
     }
 }

@@ -266,7 +266,8 @@ fn check_files(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, RestoreR
     Ok(out)
 }
 
-/// CRIU picks images up by name, so an unlisted `*.img` could change what is restored.
+/// CRIU picks images up by name, and gpusnap's GPU restore lists the `gpusnap-gpu-*` files, so an
+/// unlisted `*.img` or GPU state file could change what is restored.
 fn check_no_foreign_images(dir: &Path, manifest: &Manifest) -> Result<(), RestoreRefusal> {
     let entries = fs::read_dir(dir).map_err(|source| RestoreRefusal::Io {
         path: dir.to_path_buf(),
@@ -279,7 +280,7 @@ fn check_no_foreign_images(dir: &Path, manifest: &Manifest) -> Result<(), Restor
         })?;
         let name = entry.file_name();
         let rel = Path::new(&name);
-        if classify(rel) == EntryKind::CriuImage {
+        if matches!(classify(rel), EntryKind::CriuImage | EntryKind::GpusnapData) {
             let listed = name
                 .to_str()
                 .is_some_and(|n| manifest.images.files.iter().any(|f| f.path == n));
@@ -347,20 +348,20 @@ mod tests {
         fs::write(p.join("inventory.img"), b"inventory").unwrap();
         fs::write(p.join("pages-1.img"), vec![0xabu8; 300_000]).unwrap();
         fs::write(p.join("descriptors.json"), b"[\"/dev/null\"]").unwrap();
-        fs::create_dir_all(p.join("gpusnap/gpu")).unwrap();
-        fs::write(p.join("gpusnap/gpu/device-0.bin"), vec![1u8; 5000]).unwrap();
+        let layout = CheckpointLayout::new(p);
+        fs::write(layout.gpu_file("device-0000.bin"), vec![1u8; 5000]).unwrap();
         let m = Manifest::new("ctr1", "/bundle", CheckpointOptions::default());
         seal_checkpoint(p, m).unwrap();
         dir
     }
 
     fn manifest_value(dir: &Path) -> serde_json::Value {
-        serde_json::from_slice(&fs::read(dir.join("gpusnap/manifest.json")).unwrap()).unwrap()
+        serde_json::from_slice(&fs::read(dir.join("gpusnap-manifest.json")).unwrap()).unwrap()
     }
 
     fn rewrite_manifest(dir: &Path, v: &serde_json::Value) {
         fs::write(
-            dir.join("gpusnap/manifest.json"),
+            dir.join("gpusnap-manifest.json"),
             serde_json::to_vec(v).unwrap(),
         )
         .unwrap();
@@ -380,13 +381,13 @@ mod tests {
     #[test]
     fn missing_manifest() {
         let dir = sealed();
-        fs::remove_file(dir.path().join("gpusnap/manifest.json")).unwrap();
+        fs::remove_file(dir.path().join("gpusnap-manifest.json")).unwrap();
         let err = validate_for_restore(dir.path()).unwrap_err();
         assert!(matches!(err, RestoreRefusal::ManifestMissing { .. }));
         let msg = err.to_string();
         assert!(
             msg.starts_with("not a complete gpusnap checkpoint: ")
-                && msg.contains("gpusnap/manifest.json is missing")
+                && msg.contains("gpusnap-manifest.json is missing")
                 && msg.contains("interrupted or made by another runtime"),
             "{msg}"
         );
@@ -395,7 +396,7 @@ mod tests {
     #[test]
     fn garbage_manifest() {
         let dir = sealed();
-        fs::write(dir.path().join("gpusnap/manifest.json"), b"{\"kind\": ").unwrap();
+        fs::write(dir.path().join("gpusnap-manifest.json"), b"{\"kind\": ").unwrap();
         let err = validate_for_restore(dir.path()).unwrap_err();
         assert!(
             matches!(err, RestoreRefusal::ManifestUnreadable { .. }),
@@ -503,7 +504,7 @@ mod tests {
         let dir = sealed();
         let mut f = OpenOptions::new()
             .write(true)
-            .open(dir.path().join("gpusnap/gpu/device-0.bin"))
+            .open(dir.path().join("gpusnap-gpu-device-0000.bin"))
             .unwrap();
         f.seek(SeekFrom::Start(100)).unwrap();
         f.write_all(b"X").unwrap();
@@ -521,7 +522,10 @@ mod tests {
             ),
             "{msg}"
         );
-        assert!(msg.contains("device-0.bin is corrupted"), "{msg}");
+        assert!(
+            msg.contains("gpusnap-gpu-device-0000.bin is corrupted"),
+            "{msg}"
+        );
         // Sizes-only validation does not see a same-size corruption; that is its documented limit.
         validate_for_restore_with(
             dir.path(),
@@ -541,6 +545,41 @@ mod tests {
             matches!(err, RestoreRefusal::UnexpectedImage { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn foreign_gpu_file() {
+        let dir = sealed();
+        fs::write(
+            CheckpointLayout::new(dir.path()).gpu_file("device-0001.bin"),
+            b"from another checkpoint",
+        )
+        .unwrap();
+        let err = validate_for_restore(dir.path()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, RestoreRefusal::UnexpectedImage { .. }),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("gpusnap-gpu-device-0001.bin is not listed in the manifest"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn pre_flat_layout_is_not_a_checkpoint() {
+        // A manifest in the old `gpusnap/` subdirectory is not where restore looks.
+        let dir = sealed();
+        let p = dir.path();
+        fs::create_dir(p.join("gpusnap")).unwrap();
+        fs::rename(
+            p.join("gpusnap-manifest.json"),
+            p.join("gpusnap/manifest.json"),
+        )
+        .unwrap();
+        let msg = validate_for_restore(p).unwrap_err().to_string();
+        assert!(msg.contains("gpusnap-manifest.json is missing"), "{msg}");
     }
 
     #[test]

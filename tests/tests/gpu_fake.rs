@@ -116,7 +116,7 @@ fn rand_suffix() -> u64 {
 }
 
 fn manifest(dir: &Path) -> Result<serde_json::Value> {
-    let text = fs::read_to_string(dir.join("gpusnap/manifest.json"))
+    let text = fs::read_to_string(dir.join("gpusnap-manifest.json"))
         .with_context(|| format!("no gpusnap manifest in {}", dir.display()))?;
     Ok(serde_json::from_str(&text)?)
 }
@@ -266,7 +266,7 @@ fn failed_lock_leaves_the_workload_running_and_no_checkpoint() -> Result<()> {
     assert_eq!(g.cuda_state("lk"), "running");
     assert_eq!(g.rig.task_state("lk")?, Some(TaskState::Running));
     assert!(
-        !path.join("gpusnap/manifest.json").exists(),
+        !path.join("gpusnap-manifest.json").exists(),
         "a failed checkpoint leaves nothing that looks complete"
     );
     Ok(())
@@ -311,7 +311,7 @@ fn failed_cuda_checkpoint_is_rolled_back_to_running_and_unlocked() -> Result<()>
     );
     assert_eq!(g.cuda_state("cf"), "running", "unlocked again");
     assert_eq!(g.rig.task_state("cf")?, Some(TaskState::Running));
-    assert!(!path.join("gpusnap/manifest.json").exists());
+    assert!(!path.join("gpusnap-manifest.json").exists());
     let before = g.count("cf").context("counter")?;
     std::thread::sleep(Duration::from_millis(400));
     assert!(

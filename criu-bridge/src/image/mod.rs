@@ -1,0 +1,99 @@
+//! Combined OCI checkpoint images: build, inspect, extract, push and pull.
+//!
+//! [`build`] turns a CRI checkpoint archive (what containerd's or CRI-O's `CheckpointContainer`
+//! writes) or a bare gpusnap checkpoint directory into an OCI image that both Kubernetes
+//! runtimes recognise as a checkpoint image and that still carries gpusnap's GPU state and
+//! sealed manifest. [`extract`] is its inverse, [`inspect`] describes one, [`push`] / [`pull`]
+//! move one through an OCI distribution registry. The `gpusnap image ...` subcommands are thin
+//! wrappers around these.
+//!
+//! # Image layout: many layers, all of them plain filesystem layers
+//!
+//! **What the engines require.** Neither engine reads individual layers of a checkpoint image:
+//!
+//! - containerd 2.1–2.3 (`CRImportCheckpoint`, `internal/cri/server/container_checkpoint_linux.go`)
+//!   computes the image's `ChainID` from *all* `rootfs.diff_ids`, takes a snapshotter `View` of
+//!   it, mounts it, and reads `spec.dump`, `config.dump` and `status.dump` at the mount root;
+//!   it then copies the whole mount into the container's root directory.
+//! - CRI-O (`server/container_restore.go`) calls containers/storage `MountImage` (the union of all
+//!   layers) and reads `spec.dump` / `config.dump` at the mount root.
+//!
+//! So the contract is "the **union** of the layers equals the extracted archive", not "one
+//! layer". `checkpointctl build` happens to make one layer because it shells out to `buildah
+//! add`; nothing downstream depends on that. What *would* break restore: a layer that is not a
+//! filesystem layer. containerd's unpacker (`core/unpack/unpacker.go`) treats descriptors that
+//! are not layer media types as non-layers and never applies them, so their files would be
+//! missing from the mount and the GPU state would silently not arrive; older containers/image
+//! (CRI-O) releases reject an OCI manifest with an unknown layer media type outright
+//! (`OCI1FromManifest` → `SupportedOCI1MediaType`). A custom
+//! `application/vnd.gpusnap.gpu.extent.v1` media type is therefore *not* used; GPU extents are
+//! standard layers told apart by annotation.
+//!
+//! **What gpusnap builds.** An image index (annotated) → one image manifest (annotated, platform
+//! `linux/<arch of the checkpoint host>`) → these `application/vnd.oci.image.layer.v1.tar`
+//! layers, all rooted at the archive root, each with an `io.gpusnap.layer.role` annotation:
+//!
+//! | role | content |
+//! |---|---|
+//! | `metadata` | `spec.dump`, `config.dump`, `status.dump`, `status`, `container.log`, `dump.log`, `stats-dump`, … (every archive-root file except `rootfs-diff.tar`) |
+//! | `criu-images` | `checkpoint/` (all directories, CRIU images, `descriptors.json`, logs) minus GPU extents and the gpusnap manifest |
+//! | `rootfs-diff` | `rootfs-diff.tar` |
+//! | `gpu-extent` | one per GPU state file `checkpoint/gpusnap-gpu-<name>`, annotated `io.gpusnap.gpu.extent.path` / `.size` |
+//! | `gpusnap-manifest` | `checkpoint/gpusnap-manifest.json` alone, last |
+//!
+//! The union is byte-for-byte the CRI archive, so CRI restore by image works unchanged; each GPU
+//! extent is nevertheless its own content-addressed blob, so it can be fetched, deduplicated
+//! across checkpoints and verified independently, and the small manifest layer lets
+//! [`inspect`] read the gpusnap manifest without touching gigabytes. Paths never overlap between
+//! layers (directories live only in `criu-images`, which precedes the extents), so no whiteouts
+//! or overrides are ever needed.
+//!
+//! Layers are **uncompressed**: CRIU pages and GPU memory barely compress, gzip would be the
+//! bottleneck, and an uncompressed layer's digest is its `diff_id` (hashed once). Extract also
+//! accepts gzip layers, in case a mirror recompressed the image.
+//!
+//! **Annotations.** containerd's `org.criu.checkpoint.container.name`, CRI-O's
+//! `io.kubernetes.cri-o.annotations.checkpoint.name` and Podman's
+//! `io.podman.annotations.checkpoint.name`, plus the `org.criu.checkpoint.*` keys checkpointctl
+//! defines that `config.dump`, `spec.dump` and the gpusnap manifest can fill, plus
+//! `io.gpusnap.manifest.digest` (SHA-256 of the manifest file) and other `io.gpusnap.*` keys —
+//! on both the image index and the manifest (see [`annotations`]). `index.json` names the image
+//! with `org.opencontainers.image.ref.name` and `io.containerd.image.name`, which `ctr images
+//! import` uses.
+//!
+//! Every blob is addressed and verified by SHA-256; [`extract`] and [`pull`] refuse any blob,
+//! manifest or diff_id that does not match.
+
+pub mod annotations;
+mod build;
+pub mod digest;
+mod error;
+mod extract;
+mod inspect;
+mod layer;
+mod oci_layout;
+pub mod registry;
+mod source;
+pub mod spec;
+
+pub use annotations::{keys, LayerRole, SourceLayout};
+pub use build::{build, BuildOptions, BuiltImage};
+pub use digest::Digest;
+pub use error::ImageError;
+pub use extract::{extract, extract_named, Extracted};
+pub use inspect::{inspect, inspect_named, ImageInfo};
+pub use registry::{pull, push, PullReport, PushReport, Reference, RegistryOptions};
+pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
+
+use spec::Descriptor;
+
+/// One layer of a checkpoint image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LayerInfo {
+    pub role: LayerRole,
+    pub descriptor: Descriptor,
+    /// Digest of the uncompressed layer (equal to the blob digest for gpusnap's layers).
+    pub diff_id: Digest,
+    /// For GPU-extent layers: the extent's path relative to the checkpoint directory.
+    pub gpu_extent: Option<String>,
+}
