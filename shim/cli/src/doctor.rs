@@ -148,8 +148,10 @@ fn config_check(path: &Path) -> (Config, Check) {
         ),
         Err(e) => (
             Config::default(),
-            Check::new("config", Status::Fail, e.to_string())
-                .action(format!("fix {} (the message names the setting)", path.display())),
+            Check::new("config", Status::Fail, e.to_string()).action(format!(
+                "fix {} (the message names the setting)",
+                path.display()
+            )),
         ),
     }
 }
@@ -219,7 +221,10 @@ fn containerd_check(bin: &Path) -> Check {
         Some(r) => Check::new(
             "containerd",
             Status::Warn,
-            format!("{r} at {}: no CRI CheckpointContainer before 2.0", path.display()),
+            format!(
+                "{r} at {}: no CRI CheckpointContainer before 2.0",
+                path.display()
+            ),
         )
         .action("upgrade to containerd 2.x for kubelet checkpoints; `ctr` checkpoints still work"),
         None => Check::new(
@@ -276,7 +281,13 @@ fn criu_check_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Chec
     };
     match bridge::criu_check(info) {
         Ok(c) if c.passed => {
-            let first = c.output.lines().last().unwrap_or("passed").trim().to_owned();
+            let first = c
+                .output
+                .lines()
+                .last()
+                .unwrap_or("passed")
+                .trim()
+                .to_owned();
             Check::new("criu check", Status::Ok, first)
         }
         Ok(c) => {
@@ -363,7 +374,11 @@ fn gpu_checks(driver: &Result<Driver, LoadError>, config: &Config) -> Vec<Check>
     };
     out.push(api);
     if caps.devices.is_empty() {
-        out.push(Check::new("gpus", Status::Warn, "driver loaded but no GPU visible"));
+        out.push(Check::new(
+            "gpus",
+            Status::Warn,
+            "driver loaded but no GPU visible",
+        ));
     } else {
         let list: Vec<String> = caps
             .devices
@@ -414,10 +429,14 @@ mod tests {
     #[test]
     fn exit_code_follows_the_worst_check() {
         let mut r = Report {
-            checks: vec![Check::new("a", Status::Ok, "x"), Check::new("b", Status::Warn, "y")],
+            checks: vec![
+                Check::new("a", Status::Ok, "x"),
+                Check::new("b", Status::Warn, "y"),
+            ],
         };
         assert_eq!(r.exit_code(), 0);
-        r.checks.push(Check::new("c", Status::Fail, "z").action("fix it"));
+        r.checks
+            .push(Check::new("c", Status::Fail, "z").action("fix it"));
         assert_eq!(r.exit_code(), 1);
         let text = r.render(80);
         assert!(text.contains("FAIL  c  z\n"), "{text}");
@@ -432,7 +451,11 @@ mod tests {
         std::fs::write(&p, "[storage]\ntransfer_buffer_count = 99\n").unwrap();
         let (cfg, check) = config_check(&p);
         assert_eq!(check.status, Status::Fail);
-        assert!(check.summary.contains("storage.transfer_buffer_count"), "{}", check.summary);
+        assert!(
+            check.summary.contains("storage.transfer_buffer_count"),
+            "{}",
+            check.summary
+        );
         assert_eq!(cfg, Config::default());
     }
 

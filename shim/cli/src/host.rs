@@ -22,7 +22,9 @@ impl fmt::Display for CgroupLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             CgroupLayout::Unified => "cgroup v2 (unified)",
-            CgroupLayout::Hybrid => "cgroup v1 (hybrid: v1 controllers, v2 at /sys/fs/cgroup/unified)",
+            CgroupLayout::Hybrid => {
+                "cgroup v1 (hybrid: v1 controllers, v2 at /sys/fs/cgroup/unified)"
+            }
             CgroupLayout::Legacy => "cgroup v1 (legacy)",
             CgroupLayout::Unknown => "unknown (nothing mounted at /sys/fs/cgroup)",
         })
@@ -165,16 +167,34 @@ mod tests {
     #[test]
     fn containerd_versions() {
         assert_eq!(
-            parse_containerd_version("containerd github.com/containerd/containerd/v2 2.1.9+unknown \n"),
-            Some(Release { major: 2, minor: 1, patch: 9 })
+            parse_containerd_version(
+                "containerd github.com/containerd/containerd/v2 2.1.9+unknown \n"
+            ),
+            Some(Release {
+                major: 2,
+                minor: 1,
+                patch: 9
+            })
         );
         assert_eq!(
-            parse_containerd_version("containerd containerd.io 1.7.27 05044ec0a9a75232cad458027ca83437aae3f4da\n"),
-            Some(Release { major: 1, minor: 7, patch: 27 })
+            parse_containerd_version(
+                "containerd containerd.io 1.7.27 05044ec0a9a75232cad458027ca83437aae3f4da\n"
+            ),
+            Some(Release {
+                major: 1,
+                minor: 7,
+                patch: 27
+            })
         );
         assert_eq!(
-            parse_containerd_version("containerd github.com/containerd/containerd v1.6.20 2806fc1\n"),
-            Some(Release { major: 1, minor: 6, patch: 20 })
+            parse_containerd_version(
+                "containerd github.com/containerd/containerd v1.6.20 2806fc1\n"
+            ),
+            Some(Release {
+                major: 1,
+                minor: 6,
+                patch: 20
+            })
         );
         assert_eq!(parse_containerd_version("nonsense"), None);
     }

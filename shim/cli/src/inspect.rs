@@ -44,15 +44,19 @@ pub enum Validation {
     /// Restore would proceed.
     Complete,
     /// Restore would be refused before CRIU runs.
-    Refused { reason: String },
-    NotVerified { why: String },
+    Refused {
+        reason: String,
+    },
+    NotVerified {
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
     pub source: PathBuf,
     pub kind: SourceKind,
-    /// Directory holding the images and `gpusnap/` (inside the source for archives).
+    /// Directory holding the images and the gpusnap manifest (inside the source for archives).
     pub checkpoint_dir: String,
     /// `None` when the manifest itself is missing or unreadable (then `validation` says why).
     pub manifest: Option<Manifest>,
@@ -107,7 +111,7 @@ pub fn inspect_path(path: &Path, verify: Verify) -> Result<Inspection, InspectEr
     }
 }
 
-/// The extension point: a directory that holds the CRIU images and `gpusnap/manifest.json`.
+/// The extension point: a directory that holds the CRIU images and the gpusnap manifest.
 pub fn inspect_dir(dir: &Path, verify: Verify) -> Inspection {
     let mut insp = Inspection {
         source: dir.to_path_buf(),
@@ -160,7 +164,7 @@ fn normalise(entry_path: &Path) -> PathBuf {
 }
 
 /// A CRI checkpoint archive (`kubelet` / `crictl checkpoint --export`). The manifest is read
-/// from `checkpoint/gpusnap/manifest.json` by streaming the tar; nothing is extracted unless
+/// from `checkpoint/` by streaming the tar; nothing is extracted unless
 /// `verify` asks for digests or sizes, and then only `checkpoint/`, into a private temporary
 /// directory.
 pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, InspectError> {
@@ -173,10 +177,12 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
         .and_then(|mut f| f.read(&mut magic))
         .map_err(io_err)?;
     match &magic[..n] {
-        [0x1f, 0x8b, ..] => return Err(InspectError::Compressed {
+        [0x1f, 0x8b, ..] => {
+            return Err(InspectError::Compressed {
                 format: "gzip",
                 path: path.to_path_buf(),
-            }),
+            })
+        }
         [0x28, 0xb5, 0x2f, 0xfd] => {
             return Err(InspectError::Compressed {
                 format: "zstd",
@@ -185,9 +191,7 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
         }
         _ => {}
     }
-    let wanted = Path::new(ARCHIVE_CHECKPOINT_DIR)
-        .join(bridge::layout::GPUSNAP_DIR)
-        .join(bridge::layout::MANIFEST_FILE);
+    let wanted = Path::new(ARCHIVE_CHECKPOINT_DIR).join(bridge::layout::MANIFEST_FILE);
     let mut manifest_bytes = None;
     let mut archive = tar::Archive::new(File::open(path).map_err(io_err)?);
     for entry in archive.entries().map_err(io_err)? {
@@ -217,16 +221,20 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
     let scratch = tempfile::tempdir().map_err(io_err)?;
     let layout = CheckpointLayout::new(scratch.path());
     if let Some(bytes) = &manifest_bytes {
-        std::fs::create_dir_all(layout.gpusnap_dir()).map_err(io_err)?;
-        std::fs::write(layout.manifest_path(), bytes).map_err(io_err)?;
+        let manifest_path = layout.manifest_path();
+        if let Some(parent) = manifest_path.parent() {
+            std::fs::create_dir_all(parent).map_err(io_err)?;
+        }
+        std::fs::write(manifest_path, bytes).map_err(io_err)?;
     }
     match bridge::read_manifest(scratch.path()) {
         Ok(m) => insp.manifest = Some(m),
         Err(RestoreRefusal::ManifestMissing { .. }) => {
             insp.validation = Validation::Refused {
                 reason: format!(
-                    "not a complete gpusnap checkpoint: {inner}/gpusnap/manifest.json is missing \
-                     — the checkpoint was interrupted or made by another runtime"
+                    "not a complete gpusnap checkpoint: {inner}/{} is missing — the checkpoint \
+                     was interrupted or made by another runtime",
+                    bridge::layout::MANIFEST_FILE
                 ),
             };
             return Ok(insp);
@@ -563,7 +571,10 @@ mod tests {
         let Validation::Refused { reason } = &bad.validation else {
             panic!("{:?}", bad.validation)
         };
-        assert!(reason.contains("checkpoint.tar!/checkpoint/pages-1.img"), "{reason}");
+        assert!(
+            reason.contains("checkpoint.tar!/checkpoint/pages-1.img"),
+            "{reason}"
+        );
     }
 
     #[test]

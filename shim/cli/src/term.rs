@@ -72,6 +72,9 @@ mod tests {
         );
         let long = "/a/very/long/path/that/does/not/fit";
         assert_eq!(wrap("x ", long, 10, 2), format!("x {long}\n"));
-        assert_eq!(wrap("x ", &format!("a {long}"), 10, 2), format!("x a\n  {long}\n"));
+        assert_eq!(
+            wrap("x ", &format!("a {long}"), 10, 2),
+            format!("x a\n  {long}\n")
+        );
     }
 }

@@ -56,18 +56,34 @@ fn doctor_on_this_node_without_a_driver() {
     assert_eq!(driver["status"], "warn", "{v:#}");
     let summary = driver["summary"].as_str().unwrap();
     assert!(summary.contains("no NVIDIA driver found"), "{summary}");
-    assert!(summary.contains("CPU checkpoint/restore still works"), "{summary}");
+    assert!(
+        summary.contains("CPU checkpoint/restore still works"),
+        "{summary}"
+    );
     assert_eq!(check(&v, "gpus")["status"], "warn");
 
     let criu = check(&v, "criu");
     assert_eq!(criu["status"], "ok", "{v:#}");
-    assert!(criu["summary"].as_str().unwrap().starts_with("4.2.1 at /opt/gpusnap-rig/bin/criu"), "{criu}");
+    assert!(
+        criu["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("4.2.1 at /opt/gpusnap-rig/bin/criu"),
+        "{criu}"
+    );
     assert_eq!(check(&v, "criu check")["status"], "ok", "{v:#}");
     assert_eq!(check(&v, "runc")["status"], "ok", "{v:#}");
     let containerd = check(&v, "containerd");
     assert_eq!(containerd["status"], "ok", "{v:#}");
-    assert!(containerd["summary"].as_str().unwrap().starts_with("2."), "{containerd}");
-    assert_eq!(check(&v, "cgroups")["status"], expected_cgroup_status(), "{v:#}");
+    assert!(
+        containerd["summary"].as_str().unwrap().starts_with("2."),
+        "{containerd}"
+    );
+    assert_eq!(
+        check(&v, "cgroups")["status"],
+        expected_cgroup_status(),
+        "{v:#}"
+    );
     assert_eq!(check(&v, "config")["status"], "ok");
 
     // Exit code: 0 exactly when nothing failed.
@@ -84,10 +100,15 @@ fn doctor_on_this_node_without_a_driver() {
     ]);
     let text = text(&out.stdout);
     assert!(
-        text.lines().any(|l| l.starts_with("WARN  nvidia driver") && l.contains("no NVIDIA driver found")),
+        text.lines()
+            .any(|l| l.starts_with("WARN  nvidia driver") && l.contains("no NVIDIA driver found")),
         "{text}"
     );
-    assert!(text.lines().any(|l| l.starts_with("OK    criu ") && l.contains("4.2.1")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("OK    criu ") && l.contains("4.2.1")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -98,13 +119,22 @@ fn invalid_config_fails_and_names_the_setting() {
     let (code, v) = doctor_json(&config, &["--cuda-library", "/nonexistent/libcuda.so.1"]);
     let c = check(&v, "config");
     assert_eq!(c["status"], "fail");
-    assert!(c["summary"].as_str().unwrap().contains("cuda.max_operation_seconds"), "{c}");
+    assert!(
+        c["summary"]
+            .as_str()
+            .unwrap()
+            .contains("cuda.max_operation_seconds"),
+        "{c}"
+    );
     assert_eq!(code, 1, "a FAIL must make doctor exit non-zero");
 
     fs::write(&config, "[storage]\nengnie = \"posix\"\n").unwrap();
     let (code, v) = doctor_json(&config, &["--cuda-library", "/nonexistent/libcuda.so.1"]);
     let summary = check(&v, "config")["summary"].as_str().unwrap().to_owned();
-    assert!(summary.contains("storage.engnie") && summary.contains("storage.engine"), "{summary}");
+    assert!(
+        summary.contains("storage.engnie") && summary.contains("storage.engine"),
+        "{summary}"
+    );
     assert_eq!(code, 1);
 }
 
@@ -113,8 +143,16 @@ fn fake_driver_lists_gpus_and_api_level() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
     fake.set_devices(&[
-        FakeDevice::new("GPU-11111111-2222-3333-4444-555555555555", "NVIDIA H200", 141 << 30),
-        FakeDevice::new("GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "NVIDIA H200", 141 << 30),
+        FakeDevice::new(
+            "GPU-11111111-2222-3333-4444-555555555555",
+            "NVIDIA H200",
+            141 << 30,
+        ),
+        FakeDevice::new(
+            "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+            "NVIDIA H200",
+            141 << 30,
+        ),
     ])
     .unwrap();
     let lib = fake.library_path();
@@ -122,10 +160,19 @@ fn fake_driver_lists_gpus_and_api_level() {
     let (_, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
     let driver = check(&v, "nvidia driver");
     assert_eq!(driver["status"], "ok", "{v:#}");
-    assert!(driver["summary"].as_str().unwrap().starts_with("CUDA 13.0"), "{driver}");
+    assert!(
+        driver["summary"].as_str().unwrap().starts_with("CUDA 13.0"),
+        "{driver}"
+    );
     let api = check(&v, "checkpoint api");
     assert_eq!(api["status"], "ok", "{v:#}");
-    assert!(api["summary"].as_str().unwrap().contains("driver-managed: available"), "{api}");
+    assert!(
+        api["summary"]
+            .as_str()
+            .unwrap()
+            .contains("driver-managed: available"),
+        "{api}"
+    );
     let gpus = check(&v, "gpus")["summary"].as_str().unwrap().to_owned();
     assert!(
         gpus.contains("0: NVIDIA H200 GPU-11111111-2222-3333-4444-555555555555")
@@ -138,6 +185,12 @@ fn fake_driver_lists_gpus_and_api_level() {
     let (code, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
     let api = check(&v, "checkpoint api");
     assert_eq!(api["status"], "fail", "{v:#}");
-    assert!(api["action"].as_str().unwrap().contains("cuCheckpointProcessLock"), "{api}");
+    assert!(
+        api["action"]
+            .as_str()
+            .unwrap()
+            .contains("cuCheckpointProcessLock"),
+        "{api}"
+    );
     assert_eq!(code, 1);
 }

@@ -22,7 +22,9 @@ impl Scratch {
             .tempdir_in("/tmp")
             .unwrap();
         let template = fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(fixture),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(fixture),
         )
         .unwrap();
         let original = template.replace("@DIR@", dir.path().to_str().unwrap());
@@ -50,7 +52,9 @@ impl Scratch {
             "--config".into(),
             self.p("etc/gpusnap/config.toml").display().to_string(),
             "--state-file".into(),
-            self.p("var/lib/gpusnap/install-state.json").display().to_string(),
+            self.p("var/lib/gpusnap/install-state.json")
+                .display()
+                .to_string(),
         ];
         if cmd == "install" {
             a.extend(
@@ -102,7 +106,10 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
     let dropin = s.p("etc/containerd/conf.d/99-gpusnap.toml");
     assert_eq!(dropin.exists(), expect_dropin, "{}", describe(&out));
     let registration = if expect_dropin {
-        assert!(installed.contains(&format!("imports = [\"{}\"]", dropin.display())), "{installed}");
+        assert!(
+            installed.contains(&format!("imports = [\"{}\"]", dropin.display())),
+            "{installed}"
+        );
         // The main file only gained the imports line.
         let without: String = installed
             .lines()
@@ -116,8 +123,14 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
         installed.clone()
     };
     assert!(registration.contains("runtimes.gpusnap]"), "{registration}");
-    assert!(registration.contains("runtime_type = \"io.containerd.gpusnap.v2\""), "{registration}");
-    assert!(registration.contains("pod_annotations = [\"gpusnap.io/*\"]"), "{registration}");
+    assert!(
+        registration.contains("runtime_type = \"io.containerd.gpusnap.v2\""),
+        "{registration}"
+    );
+    assert!(
+        registration.contains("pod_annotations = [\"gpusnap.io/*\"]"),
+        "{registration}"
+    );
     let gpusnap_config = s.p("etc/gpusnap/config.toml");
     assert!(registration.contains(&format!("ConfigPath = \"{}\"", gpusnap_config.display())));
     // The gpusnap config was created with valid defaults.
@@ -127,8 +140,16 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
     let before = snapshot(s.dir.path());
     let again = s.gpusnap("install", &["--containerd-mode", mode]);
     assert!(again.status.success(), "{}", describe(&again));
-    assert!(text(&again.stdout).contains("nothing changed"), "{}", describe(&again));
-    assert_eq!(snapshot(s.dir.path()), before, "second install changed files");
+    assert!(
+        text(&again.stdout).contains("nothing changed"),
+        "{}",
+        describe(&again)
+    );
+    assert_eq!(
+        snapshot(s.dir.path()),
+        before,
+        "second install changed files"
+    );
 
     // A real containerd loads it: the CRI plugins are up and the handler is registered.
     {
@@ -139,7 +160,10 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
         );
         let plugins = cd.ctr(&["plugins", "ls"]);
         let plugins = text(&plugins.stdout);
-        for (ty, id) in [("io.containerd.cri.v1", "runtime"), ("io.containerd.grpc.v1", "cri")] {
+        for (ty, id) in [
+            ("io.containerd.cri.v1", "runtime"),
+            ("io.containerd.grpc.v1", "cri"),
+        ] {
             assert!(
                 plugins.lines().any(|l| {
                     let f: Vec<&str> = l.split_whitespace().collect();
@@ -160,10 +184,16 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
             r#"\"PodAnnotations\":[\"gpusnap.io/*\"]"#,
             r#"\"SystemdCgroup\":true"#,
         ] {
-            assert!(cri_line.contains(needle), "{needle} missing from {cri_line}");
+            assert!(
+                cri_line.contains(needle),
+                "{needle} missing from {cri_line}"
+            );
         }
         assert!(
-            cri_line.contains(&format!(r#"\"ConfigPath\":\"{}\""#, gpusnap_config.display())),
+            cri_line.contains(&format!(
+                r#"\"ConfigPath\":\"{}\""#,
+                gpusnap_config.display()
+            )),
             "{cri_line}"
         );
     }
@@ -171,7 +201,10 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
     // Uninstall: byte for byte, created files and directories gone.
     let out = s.gpusnap("uninstall", &[]);
     assert!(out.status.success(), "uninstall: {}", describe(&out));
-    assert_eq!(fs::read(s.containerd_config()).unwrap(), s.original.as_bytes());
+    assert_eq!(
+        fs::read(s.containerd_config()).unwrap(),
+        s.original.as_bytes()
+    );
     assert!(!dropin.exists() && !s.p("etc/containerd/conf.d").exists());
     assert!(!gpusnap_config.exists() && !s.p("etc/gpusnap").exists());
     assert!(!s.p("var/lib/gpusnap/install-state.json").exists());
@@ -203,14 +236,23 @@ fn dry_run_prints_a_diff_and_changes_nothing() {
     assert!(out.status.success(), "{}", describe(&out));
     let diff = text(&out.stdout);
     let dropin = s.p("etc/containerd/conf.d/99-gpusnap.toml");
-    assert!(diff.contains(&format!("--- /dev/null\n+++ {}\n", dropin.display())), "{diff}");
+    assert!(
+        diff.contains(&format!("--- /dev/null\n+++ {}\n", dropin.display())),
+        "{diff}"
+    );
     assert!(
         diff.contains("+[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpusnap]"),
         "{diff}"
     );
     let main = s.containerd_config().display().to_string();
-    assert!(diff.contains(&format!("--- {main}\n+++ {main}\n")), "{diff}");
-    assert!(diff.contains(&format!("+imports = [\"{}\"]", dropin.display())), "{diff}");
+    assert!(
+        diff.contains(&format!("--- {main}\n+++ {main}\n")),
+        "{diff}"
+    );
+    assert!(
+        diff.contains(&format!("+imports = [\"{}\"]", dropin.display())),
+        "{diff}"
+    );
     assert!(text(&out.stderr).contains("drop-in"), "{}", describe(&out));
     assert_eq!(snapshot(s.dir.path()), before, "--dry-run wrote something");
 }
@@ -225,17 +267,27 @@ fn edits_after_install_are_kept_unless_forced() {
     fs::write(s.containerd_config(), &edited).unwrap();
 
     let dry = s.gpusnap("uninstall", &["--dry-run"]);
-    assert!(text(&dry.stderr).contains("changed since gpusnap installed it"), "{}", describe(&dry));
+    assert!(
+        text(&dry.stderr).contains("changed since gpusnap installed it"),
+        "{}",
+        describe(&dry)
+    );
     let out = s.gpusnap("uninstall", &[]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert_eq!(fs::read_to_string(s.containerd_config()).unwrap(), edited);
     // The gpusnap config was ours and untouched: removed.
     assert!(!s.p("etc/gpusnap/config.toml").exists());
-    assert!(s.p("var/lib/gpusnap/install-state.json").exists(), "state kept for --force");
+    assert!(
+        s.p("var/lib/gpusnap/install-state.json").exists(),
+        "state kept for --force"
+    );
 
     let out = s.gpusnap("uninstall", &["--force"]);
     assert!(out.status.success(), "{}", describe(&out));
-    assert_eq!(fs::read(s.containerd_config()).unwrap(), s.original.as_bytes());
+    assert_eq!(
+        fs::read(s.containerd_config()).unwrap(),
+        s.original.as_bytes()
+    );
     assert!(!s.p("var/lib/gpusnap/install-state.json").exists());
 }
 
@@ -254,7 +306,11 @@ fn invalid_config_from_names_the_setting_and_writes_nothing() {
 
     // A valid one is installed verbatim, and uninstall removes it again.
     let good = s.p("good.toml");
-    fs::write(&good, "[storage]\nengine = \"posix\"\ntransfer_buffer_count = 2\n").unwrap();
+    fs::write(
+        &good,
+        "[storage]\nengine = \"posix\"\ntransfer_buffer_count = 2\n",
+    )
+    .unwrap();
     let out = s.gpusnap("install", &["--config-from", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(
@@ -294,20 +350,39 @@ fn crio_dropin_and_criu_network_lock() {
         doc["crio"]["runtime"]["runtimes"]["gpusnap"]["runtime_path"].as_str(),
         Some(wrapper.to_str().unwrap())
     );
-    assert_eq!(doc["crio"]["runtime"]["runtimes"]["gpusnap"]["runtime_type"].as_str(), Some("oci"));
+    assert_eq!(
+        doc["crio"]["runtime"]["runtimes"]["gpusnap"]["runtime_type"].as_str(),
+        Some("oci")
+    );
     assert_eq!(
         doc["crio"]["checkpoint_restore"]["container_level_enabled"].as_str(),
         Some("checkpoint_restore")
     );
     let criu = fs::read_to_string(&runc_conf).unwrap();
-    assert!(criu.starts_with("# site CRIU options\ntcp-established\n"), "{criu}");
+    assert!(
+        criu.starts_with("# site CRIU options\ntcp-established\n"),
+        "{criu}"
+    );
     assert!(criu.ends_with("network-lock nftables\n"), "{criu}");
-    assert!(text(&out.stdout).contains("restart CRI-O"), "{}", describe(&out));
+    assert!(
+        text(&out.stdout).contains("restart CRI-O"),
+        "{}",
+        describe(&out)
+    );
 
     let out = s.gpusnap("uninstall", &[]);
     assert!(out.status.success(), "{}", describe(&out));
-    assert_eq!(fs::read_to_string(&runc_conf).unwrap(), "# site CRIU options\ntcp-established\n");
+    assert_eq!(
+        fs::read_to_string(&runc_conf).unwrap(),
+        "# site CRIU options\ntcp-established\n"
+    );
     assert!(!crio_dir.join("90-gpusnap.conf").exists());
-    assert!(crio_dir.exists(), "CRI-O's own directory is not ours to remove");
-    assert_eq!(fs::read(s.containerd_config()).unwrap(), s.original.as_bytes());
+    assert!(
+        crio_dir.exists(),
+        "CRI-O's own directory is not ours to remove"
+    );
+    assert_eq!(
+        fs::read(s.containerd_config()).unwrap(),
+        s.original.as_bytes()
+    );
 }

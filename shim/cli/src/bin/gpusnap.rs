@@ -12,7 +12,11 @@ use gpusnap_cli::install::{
 use gpusnap_cli::{doctor, fsutil, host, term};
 
 #[derive(Parser)]
-#[command(name = "gpusnap", version, about = "GPU-aware container checkpoint/restore: node tools")]
+#[command(
+    name = "gpusnap",
+    version,
+    about = "GPU-aware container checkpoint/restore: node tools"
+)]
 struct Cli {
     /// gpusnap config file (read by the shim and gpusnap-runc).
     #[arg(long, global = true, value_name = "PATH", default_value = gpusnap_config::DEFAULT_CONFIG_PATH)]
@@ -196,10 +200,8 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
                 .unwrap_or_else(|| PathBuf::from("/etc/containerd/config.toml")),
         );
         let bin = fsutil::which(&a.containerd_bin.to_string_lossy());
-        let present = explicit
-            || cfg.exists()
-            || cfg.parent().is_some_and(Path::exists)
-            || bin.is_some();
+        let present =
+            explicit || cfg.exists() || cfg.parent().is_some_and(Path::exists) || bin.is_some();
         if present {
             let dropin = a.containerd_dropin.map(absolute).unwrap_or_else(|| {
                 cfg.parent()
@@ -213,7 +215,9 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
                 release: bin.as_deref().and_then(host::containerd_release),
             })
         } else {
-            notes.push("containerd not found: skipped (pass --containerd-config to force)".to_owned());
+            notes.push(
+                "containerd not found: skipped (pass --containerd-config to force)".to_owned(),
+            );
             None
         }
     };
@@ -222,9 +226,9 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
     } else {
         match a.crio_dropin_dir {
             Some(d) => Some(absolute(d).join(install::crio::DROPIN_NAME)),
-            None if Path::new("/etc/crio").exists() || fsutil::which("crio").is_some() => Some(
-                Path::new("/etc/crio/crio.conf.d").join(install::crio::DROPIN_NAME),
-            ),
+            None if Path::new("/etc/crio").exists() || fsutil::which("crio").is_some() => {
+                Some(Path::new("/etc/crio/crio.conf.d").join(install::crio::DROPIN_NAME))
+            }
             None => {
                 notes.push("CRI-O not found: skipped (pass --crio-dropin-dir to force)".to_owned());
                 None
@@ -298,7 +302,11 @@ fn restart(
             &args.restart_containerd_cmd,
             "systemctl restart containerd",
         ),
-        (install::Component::Crio, &args.restart_crio_cmd, "systemctl restart crio"),
+        (
+            install::Component::Crio,
+            &args.restart_crio_cmd,
+            "systemctl restart crio",
+        ),
     ] {
         if !components.contains(&component) {
             continue;
@@ -311,13 +319,13 @@ fn restart(
                     .status()
                     .with_context(|| format!("running `{cmd}`"))?;
                 if !status.success() {
-                    bail!("`{cmd}` failed ({status}); restart {} by hand", component.as_str());
+                    bail!(
+                        "`{cmd}` failed ({status}); restart {} by hand",
+                        component.as_str()
+                    );
                 }
             }
-            None => println!(
-                "restart {} to load the change: {hint}",
-                component.as_str()
-            ),
+            None => println!("restart {} to load the change: {hint}", component.as_str()),
         }
     }
     Ok(())

@@ -32,7 +32,7 @@ pub enum EditError {
     NotATable { path: String, key: String },
     #[error("{path}: `imports` must be an array of file paths, found {found}")]
     BadImports { path: String, found: String },
-    #[error("{path}: config version {version} is newer than this gpusnap understands (2 or 3)")]
+    #[error("{path}: config version {version} is newer than this gpusnap understands (1 to 4)")]
     UnsupportedVersion { path: String, version: i64 },
 }
 
@@ -128,7 +128,9 @@ fn set_str(table: &mut Table, key: &str, v: &str) {
 pub fn register_in_place(text: &str, file: &Path, reg: &Registration) -> Result<String, EditError> {
     let mut doc = parse(text, file)?;
     let version = config_version(&doc);
-    if version > 3 {
+    // Version 4 (containerd 2.2+) moved server settings into plugins; CRI's runtimes are
+    // where version 3 has them.
+    if version > 4 {
         return Err(EditError::UnsupportedVersion {
             path: file.display().to_string(),
             version,
@@ -188,12 +190,10 @@ fn ensure_strings(
             table.insert(key, value(arr));
         }
         Some(item) => {
-            let arr = item
-                .as_array_mut()
-                .ok_or_else(|| EditError::NotATable {
-                    path: file.display().to_string(),
-                    key: key.to_owned(),
-                })?;
+            let arr = item.as_array_mut().ok_or_else(|| EditError::NotATable {
+                path: file.display().to_string(),
+                key: key.to_owned(),
+            })?;
             for w in wanted {
                 if !arr.iter().any(|v| v.as_str() == Some(w)) {
                     arr.push(w.as_str());
@@ -332,15 +332,27 @@ root = "/var/lib/containerd"   # keep
     #[test]
     fn v2_in_place_appends_only() {
         let out = register_in_place(V2, Path::new("/etc/containerd/config.toml"), &reg()).unwrap();
-        assert!(out.starts_with(V2), "original text must be kept verbatim:\n{out}");
+        assert!(
+            out.starts_with(V2),
+            "original text must be kept verbatim:\n{out}"
+        );
         let added = &out[V2.len()..];
         assert!(
             added.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpusnap]"),
             "{added}"
         );
-        assert!(added.contains("runtime_type = \"io.containerd.gpusnap.v2\""), "{added}");
-        assert!(added.contains("pod_annotations = [\"gpusnap.io/*\"]"), "{added}");
-        assert!(added.contains("ConfigPath = \"/etc/gpusnap/config.toml\""), "{added}");
+        assert!(
+            added.contains("runtime_type = \"io.containerd.gpusnap.v2\""),
+            "{added}"
+        );
+        assert!(
+            added.contains("pod_annotations = [\"gpusnap.io/*\"]"),
+            "{added}"
+        );
+        assert!(
+            added.contains("ConfigPath = \"/etc/gpusnap/config.toml\""),
+            "{added}"
+        );
         // Idempotent.
         let again = register_in_place(&out, Path::new("/x"), &reg()).unwrap();
         assert_eq!(again, out);
@@ -349,12 +361,20 @@ root = "/var/lib/containerd"   # keep
     #[test]
     fn v3_uses_the_runtime_plugin_and_no_empty_headers() {
         let out = register_in_place("version = 3\n", Path::new("/c.toml"), &reg()).unwrap();
-        assert!(out.contains("[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpusnap]"), "{out}");
+        assert!(
+            out.contains("[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpusnap]"),
+            "{out}"
+        );
         assert!(!out.contains("[plugins]"), "{out}");
-        assert!(!out.contains("[plugins.\"io.containerd.cri.v1.runtime\"]\n"), "{out}");
+        assert!(
+            !out.contains("[plugins.\"io.containerd.cri.v1.runtime\"]\n"),
+            "{out}"
+        );
         let doc: DocumentMut = out.parse().unwrap();
         assert_eq!(
-            doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpusnap"]["options"]["ConfigPath"].as_str(),
+            doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpusnap"]
+                ["options"]["ConfigPath"]
+                .as_str(),
             Some("/etc/gpusnap/config.toml")
         );
     }
@@ -365,23 +385,41 @@ root = "/var/lib/containerd"   # keep
         let out = register_in_place(text, Path::new("/c"), &reg()).unwrap();
         assert_eq!(out.matches("runtimes.gpusnap]").count(), 1, "{out}");
         assert!(out.contains("snapshotter = \"overlayfs\" # mine"), "{out}");
-        assert!(out.contains("[\"example.com/x\", \"gpusnap.io/*\"]"), "{out}");
-        assert!(out.contains("runtime_type = \"io.containerd.gpusnap.v2\""), "{out}");
+        assert!(
+            out.contains("[\"example.com/x\", \"gpusnap.io/*\"]"),
+            "{out}"
+        );
+        assert!(
+            out.contains("runtime_type = \"io.containerd.gpusnap.v2\""),
+            "{out}"
+        );
     }
 
     #[test]
     fn v1_config_keeps_the_short_plugin_name() {
         let text = "[plugins.cri.containerd]\n  snapshotter = \"overlayfs\"\n";
         let out = register_in_place(text, Path::new("/c"), &reg()).unwrap();
-        assert!(out.contains("[plugins.cri.containerd.runtimes.gpusnap]"), "{out}");
+        assert!(
+            out.contains("[plugins.cri.containerd.runtimes.gpusnap]"),
+            "{out}"
+        );
     }
 
     #[test]
     fn non_table_is_reported_with_its_key() {
-        let err = register_in_place("version = 2\nplugins = 3\n", Path::new("/c"), &reg()).unwrap_err();
-        assert!(err.to_string().contains("`plugins` is not a table"), "{err}");
-        let err = register_in_place("version = 4\n", Path::new("/c"), &reg()).unwrap_err();
-        assert!(matches!(err, EditError::UnsupportedVersion { version: 4, .. }));
+        let err =
+            register_in_place("version = 2\nplugins = 3\n", Path::new("/c"), &reg()).unwrap_err();
+        assert!(
+            err.to_string().contains("`plugins` is not a table"),
+            "{err}"
+        );
+        let err = register_in_place("version = 5\n", Path::new("/c"), &reg()).unwrap_err();
+        assert!(matches!(
+            err,
+            EditError::UnsupportedVersion { version: 5, .. }
+        ));
+        let v4 = register_in_place("version = 4\n", Path::new("/c"), &reg()).unwrap();
+        assert!(v4.contains(CRI_RUNTIME_PLUGIN_V3), "{v4}");
         let err = register_in_place("version = [", Path::new("/c"), &reg()).unwrap_err();
         assert!(matches!(err, EditError::Parse { .. }), "{err}");
     }
@@ -390,7 +428,12 @@ root = "/var/lib/containerd"   # keep
     fn imports_added_once_and_globs_respected() {
         let main = Path::new("/etc/containerd/config.toml");
         let dropin = Path::new("/etc/containerd/conf.d/99-gpusnap.toml");
-        let out = ensure_import("version = 3\n# hi\n\n[debug]\n  level = \"info\"\n", main, dropin).unwrap();
+        let out = ensure_import(
+            "version = 3\n# hi\n\n[debug]\n  level = \"info\"\n",
+            main,
+            dropin,
+        )
+        .unwrap();
         assert_eq!(
             out,
             "version = 3\nimports = [\"/etc/containerd/conf.d/99-gpusnap.toml\"]\n# hi\n\n[debug]\n  level = \"info\"\n"
@@ -417,10 +460,21 @@ root = "/var/lib/containerd"   # keep
         assert!(import_matches(base, "./conf.d/99-gpusnap.toml", t));
         assert!(import_matches(base, "/etc/containerd/conf.d/9?-*.toml", t));
         // containerd globs only when the entry has a `*`; `?` alone is a literal name.
-        assert!(!import_matches(base, "/etc/containerd/conf.d/??-gpusnap.toml", t));
-        assert!(!import_matches(base, "/etc/containerd/*.toml", t), "* must not cross /");
+        assert!(!import_matches(
+            base,
+            "/etc/containerd/conf.d/??-gpusnap.toml",
+            t
+        ));
+        assert!(
+            !import_matches(base, "/etc/containerd/*.toml", t),
+            "* must not cross /"
+        );
         assert!(!import_matches(base, "/etc/containerd/conf.d/*.conf", t));
-        assert!(!import_matches(base, "/etc/containerd/conf.d/[0-9]*.toml", t));
+        assert!(!import_matches(
+            base,
+            "/etc/containerd/conf.d/[0-9]*.toml",
+            t
+        ));
     }
 
     #[test]
@@ -429,7 +483,10 @@ root = "/var/lib/containerd"   # keep
         assert!(d.contains("version = 2\n"), "{d}");
         assert!(d.contains("io.containerd.grpc.v1.cri"), "{d}");
         let d = dropin_text(3, &reg(), Path::new("/d.toml")).unwrap();
-        assert!(d.contains("version = 3\n") && d.contains(CRI_RUNTIME_PLUGIN_V3), "{d}");
+        assert!(
+            d.contains("version = 3\n") && d.contains(CRI_RUNTIME_PLUGIN_V3),
+            "{d}"
+        );
         assert!(d.starts_with("# Written by `gpusnap install`"), "{d}");
     }
 }

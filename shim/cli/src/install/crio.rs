@@ -49,7 +49,10 @@ mod tests {
         let rt = &doc["crio"]["runtime"]["runtimes"]["gpusnap"];
         assert_eq!(rt["runtime_path"].as_str(), Some("/usr/bin/gpusnap-runc"));
         assert_eq!(rt["runtime_type"].as_str(), Some("oci"));
-        assert_eq!(doc["crio"]["runtime"]["enable_criu_support"].as_bool(), Some(true));
+        assert_eq!(
+            doc["crio"]["runtime"]["enable_criu_support"].as_bool(),
+            Some(true)
+        );
         assert_eq!(
             doc["crio"]["checkpoint_restore"]["container_level_enabled"].as_str(),
             Some("checkpoint_restore")

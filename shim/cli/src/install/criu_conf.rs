@@ -98,9 +98,15 @@ mod tests {
             criu_nftables: n,
         };
         assert_eq!(decide(NetworkLock::Auto, f(true, true)), Ok(None));
-        assert_eq!(decide(NetworkLock::Auto, f(false, true)), Ok(Some("nftables")));
+        assert_eq!(
+            decide(NetworkLock::Auto, f(false, true)),
+            Ok(Some("nftables"))
+        );
         assert!(decide(NetworkLock::Auto, f(false, false)).is_err());
-        assert_eq!(decide(NetworkLock::Nftables, f(true, false)), Ok(Some("nftables")));
+        assert_eq!(
+            decide(NetworkLock::Nftables, f(true, false)),
+            Ok(Some("nftables"))
+        );
         assert_eq!(decide(NetworkLock::Skip, f(false, false)), Ok(None));
     }
 
@@ -113,7 +119,9 @@ mod tests {
         assert_eq!(with_network_lock(Some(admin), "nftables"), admin);
         let no_newline = "tcp-established";
         assert_eq!(
-            with_network_lock(Some(no_newline), "nftables").lines().next(),
+            with_network_lock(Some(no_newline), "nftables")
+                .lines()
+                .next(),
             Some("tcp-established")
         );
     }

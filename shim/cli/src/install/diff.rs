@@ -36,7 +36,10 @@ mod tests {
         let created = unified(Path::new("/n"), None, Some("x\n"));
         assert!(created.starts_with("--- /dev/null\n+++ /n\n"), "{created}");
         let removed = unified(Path::new("/n"), Some("x\n"), None);
-        assert!(removed.contains("+++ /dev/null") && removed.contains("-x"), "{removed}");
+        assert!(
+            removed.contains("+++ /dev/null") && removed.contains("-x"),
+            "{removed}"
+        );
         assert_eq!(unified(Path::new("/s"), Some("same\n"), Some("same\n")), "");
     }
 }

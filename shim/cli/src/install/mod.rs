@@ -206,7 +206,11 @@ pub fn default_config_text() -> String {
          # Directory holding the criu runc should run (prepended to runc's PATH).\n\
          # binary_dir = \"/usr/local/sbin\"\n\
          # Raise the minimum CRIU version (default: 3.16 for CPU, 4.1 for GPU containers).\n\
-         # min_version = \"4.1\"\n",
+         # min_version = \"4.1\"\n\
+         \n\
+         [restore]\n\
+         # Node-local checkpoints a pod may restore from (gpusnap.io/restore-from names one).\n\
+         checkpoint_root = {checkpoint_root}\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,
@@ -218,6 +222,7 @@ pub fn default_config_text() -> String {
         runc = q(&d.runc.binary.to_string_lossy()),
         root = q(&d.runc.root.to_string_lossy()),
         systemd = d.runc.systemd_cgroup,
+        checkpoint_root = q(&d.restore.checkpoint_root.to_string_lossy()),
     )
 }
 
@@ -430,7 +435,11 @@ fn plan_containerd(
                 after: Some(containerd::register_in_place(&main_text, &t.config, &reg)?),
                 before,
                 mode: Some(0o644),
-                summary: format!("containerd runtime `{}` (in {})", reg.handler, t.config.display()),
+                summary: format!(
+                    "containerd runtime `{}` (in {})",
+                    reg.handler,
+                    t.config.display()
+                ),
             });
             plan.notes.push(format!(
                 "{daemon}, config version {version}: registered in {} itself (containerd 1.x \
@@ -601,7 +610,8 @@ pub fn apply_uninstall(plan: &UninstallPlan, state_file: &Path) -> Result<(), In
         }
     } else {
         let mut left = state.clone();
-        left.files.retain(|f| plan.kept.iter().any(|(p, _)| *p == f.path));
+        left.files
+            .retain(|f| plan.kept.iter().any(|(p, _)| *p == f.path));
         left.save(state_file)?;
     }
     Ok(())
@@ -632,16 +642,34 @@ mod tests {
         assert_eq!(resolve_mode(InPlace, 3, rel(2)).unwrap(), InPlace);
     }
 
+    /// Every setting the config crate serialises appears in `text` (so a new setting cannot be
+    /// forgotten here).
+    pub(crate) fn assert_every_default_key_shown(text: &str) {
+        let defaults: toml_edit::DocumentMut = Config::default().to_toml_string().parse().unwrap();
+        for (table, item) in defaults.iter() {
+            let shown = format!("[{table}]");
+            assert!(text.contains(&shown), "{shown} missing from\n{text}");
+            for (key, _) in item.as_table().into_iter().flat_map(|t| t.iter()) {
+                assert!(
+                    text.contains(&format!("\n{key} = ")),
+                    "{table}.{key} missing from\n{text}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn default_config_is_valid_and_complete() {
         let text = default_config_text();
         let parsed = Config::from_toml_str(&text).unwrap();
         assert_eq!(parsed, Config::default());
+        assert_every_default_key_shown(&text);
         for key in [
             "[storage]",
             "[cuda]",
             "[runc]",
             "[criu]",
+            "[restore]",
             "restore_budget_seconds",
             "# directory = ",
             "# binary_dir = ",
@@ -655,6 +683,9 @@ mod tests {
             .replace("# binary_dir = ", "binary_dir = ")
             .replace("# min_version = ", "min_version = ");
         let c = Config::from_toml_str(&uncommented).unwrap();
-        assert_eq!(c.criu.min_version.map(|v| v.to_string()), Some("4.1.0".into()));
+        assert_eq!(
+            c.criu.min_version.map(|v| v.to_string()),
+            Some("4.1.0".into())
+        );
     }
 }

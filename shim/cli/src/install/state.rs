@@ -107,11 +107,10 @@ impl InstallState {
         let Some(text) = text else {
             return Ok(None);
         };
-        let state: InstallState =
-            serde_json::from_str(&text).map_err(|e| StateError::Corrupt {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let state: InstallState = serde_json::from_str(&text).map_err(|e| StateError::Corrupt {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         if state.format != FORMAT {
             return Err(StateError::Format {
                 path: path.to_path_buf(),

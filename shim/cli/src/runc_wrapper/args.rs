@@ -85,15 +85,21 @@ impl Parsed {
 
 /// Parses flags until the first positional (`stop_at_positional`) or through all arguments.
 /// Returns the parse and the index just after the last consumed argument.
-fn parse_level(args: &[OsString], value_flags: &[&str], stop_at_positional: bool) -> (Parsed, usize) {
+fn parse_level(
+    args: &[OsString],
+    value_flags: &[&str],
+    stop_at_positional: bool,
+) -> (Parsed, usize) {
     let mut parsed = Parsed::default();
     let mut i = 0;
     while i < args.len() {
         let arg = args[i].to_string_lossy();
         if arg == "--" {
-            parsed
-                .positionals
-                .extend(args[i + 1..].iter().map(|a| a.to_string_lossy().into_owned()));
+            parsed.positionals.extend(
+                args[i + 1..]
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned()),
+            );
             return (parsed, args.len());
         }
         if arg.len() > 1 && arg.starts_with('-') {
@@ -234,7 +240,17 @@ mod tests {
 
     #[test]
     fn single_dash_and_bool_values() {
-        let i = inv(&["-root", "/r", "--debug", "restore", "-d", "--leave-running=false", "-b", "/bundle", "x"]);
+        let i = inv(&[
+            "-root",
+            "/r",
+            "--debug",
+            "restore",
+            "-d",
+            "--leave-running=false",
+            "-b",
+            "/bundle",
+            "x",
+        ]);
         assert!(i.global.is_set(&["debug"]));
         assert_eq!(i.global.value(&["root"]), Some("/r"));
         let sub = i.command_parsed(RESTORE_VALUE_FLAGS);
@@ -246,8 +262,17 @@ mod tests {
 
     #[test]
     fn repeated_values_and_no_command() {
-        let i = inv(&["checkpoint", "--empty-ns", "network", "--empty-ns=ipc", "id"]);
-        assert_eq!(i.command_parsed(CHECKPOINT_VALUE_FLAGS).values("empty-ns"), ["network", "ipc"]);
+        let i = inv(&[
+            "checkpoint",
+            "--empty-ns",
+            "network",
+            "--empty-ns=ipc",
+            "id",
+        ]);
+        assert_eq!(
+            i.command_parsed(CHECKPOINT_VALUE_FLAGS).values("empty-ns"),
+            ["network", "ipc"]
+        );
         let v = inv(&["--version"]);
         assert_eq!(v.command(), None);
         assert!(v.global.is_set(&["version", "v"]));

@@ -128,13 +128,17 @@ fn checkpoint(ctx: &Context, req: &Request, bundle: &Path, init_pid: i32) -> Res
     if pids.is_empty() {
         pids.push(init_pid);
     }
-    let gpu_plan =
-        gpu::prepare_checkpoint(&ctx.config, &pids).map_err(|e| refuse(format!("{}: {e}", req.id)))?;
+    let gpu_plan = gpu::prepare_checkpoint(&ctx.config, &pids)
+        .map_err(|e| refuse(format!("{}: {e}", req.id)))?;
     let is_gpu = matches!(gpu_plan, CheckpointGpu::Cuda { .. });
 
     // Fail before touching anything when CRIU is missing or too old. runc's --criu names the
     // binary directly; otherwise runc runs `criu` from its PATH.
-    let search = match ctx.inv.criu_path().and_then(|p| p.parent().map(Path::to_path_buf)) {
+    let search = match ctx
+        .inv
+        .criu_path()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
         Some(dir) => dir.into_os_string(),
         None => ctx.path_env.clone(),
     };
@@ -155,12 +159,14 @@ fn checkpoint(ctx: &Context, req: &Request, bundle: &Path, init_pid: i32) -> Res
                 .ok()
                 .flatten()
                 .and_then(|p| u32::try_from(p).ok()),
-            command: std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|raw| {
-                raw.split(|b| *b == 0)
-                    .filter(|a| !a.is_empty())
-                    .map(|a| String::from_utf8_lossy(a).into_owned())
-                    .collect()
-            }),
+            command: std::fs::read(format!("/proc/{pid}/cmdline"))
+                .ok()
+                .map(|raw| {
+                    raw.split(|b| *b == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect()
+                }),
         })
         .collect();
 
@@ -186,7 +192,10 @@ fn checkpoint(ctx: &Context, req: &Request, bundle: &Path, init_pid: i32) -> Res
         Ok(section) => section,
         Err(e) => {
             abandon(&req.image_dir);
-            let criu_log = req.options.criu_log_dir(&req.image_dir).join(bridge::DUMP_LOG);
+            let criu_log = req
+                .options
+                .criu_log_dir(&req.image_dir)
+                .join(bridge::DUMP_LOG);
             let tail = bridge::criu_log_tail(&criu_log, bridge::runc_cmd::ERROR_LOG_LINES)
                 .map(|t| format!("\n{t}"))
                 .unwrap_or_default();
@@ -271,7 +280,10 @@ mod tests {
         assert_eq!(r.id, "ctr");
         assert_eq!(r.image_dir, Path::new("/var/lib/c/ctr/checkpoint"));
         assert!(!r.options.exit && r.options.file_locks && !r.options.open_tcp);
-        assert_eq!(r.options.work_path.as_deref(), Some(Path::new("/var/lib/c/ctr")));
+        assert_eq!(
+            r.options.work_path.as_deref(),
+            Some(Path::new("/var/lib/c/ctr"))
+        );
         assert!(!r.pre_dump && !r.remote_pages);
     }
 
@@ -281,7 +293,15 @@ mod tests {
         assert_eq!(r.image_dir, Path::new("/work/checkpoint"));
         assert!(r.options.exit && r.options.open_tcp);
         let r = request(
-            &parsed(&["--image-path", "img", "--manage-cgroups-mode", "soft", "--empty-ns", "network", "x"]),
+            &parsed(&[
+                "--image-path",
+                "img",
+                "--manage-cgroups-mode",
+                "soft",
+                "--empty-ns",
+                "network",
+                "x",
+            ]),
             Path::new("/w"),
         )
         .unwrap();
@@ -294,9 +314,21 @@ mod tests {
     fn bad_requests() {
         assert!(request(&parsed(&[]), Path::new("/")).is_err());
         assert!(request(&parsed(&["a", "b"]), Path::new("/")).is_err());
-        let err = request(&parsed(&["--manage-cgroups-mode", "sideways", "x"]), Path::new("/")).unwrap_err();
+        let err = request(
+            &parsed(&["--manage-cgroups-mode", "sideways", "x"]),
+            Path::new("/"),
+        )
+        .unwrap_err();
         assert!(err.contains("sideways"), "{err}");
-        assert!(request(&parsed(&["--lazy-pages", "x"]), Path::new("/")).unwrap().remote_pages);
-        assert!(request(&parsed(&["--pre-dump", "x"]), Path::new("/")).unwrap().pre_dump);
+        assert!(
+            request(&parsed(&["--lazy-pages", "x"]), Path::new("/"))
+                .unwrap()
+                .remote_pages
+        );
+        assert!(
+            request(&parsed(&["--pre-dump", "x"]), Path::new("/"))
+                .unwrap()
+                .pre_dump
+        );
     }
 }

@@ -1,13 +1,14 @@
 //! The GPU hook of the runc wrapper: CUDA lock → checkpoint around runc's dump, and CUDA
 //! restore → unlock after runc's restore, through the cuda crate's orchestrator.
 //!
-//! This is the one place the wrapper touches the GPU; everything it records goes into the
-//! manifest's `gpu` section:
+//! This is the one place the wrapper touches the GPU. The manifest's `gpu` section has the
+//! same shape the containerd shim writes (`shim/src/gpu.rs`), so either can restore what the
+//! other checkpointed and `gpusnap inspect` reads both:
 //!
-//! - `engine`, `processes[].host_pid`, `processes[].devices` (GPU UUIDs): the common fields;
-//! - `gpu.cuda_records`: the orchestrator's per-process records (container pid, restore
-//!   thread, driver version, engine details), which restore needs to find each process again;
-//! - `gpu.driver_version`, `gpu.timings`: for `gpusnap inspect`.
+//! - `engine`, `processes[].host_pid`, `processes[].devices` (GPU UUIDs);
+//! - `processes[].cuda`: the orchestrator's full record (container pid, restore thread, driver
+//!   version, engine details), which restore needs to find each process again;
+//! - `driver_version`, `timings`.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -21,8 +22,8 @@ use gpusnap_cuda::engine::DriverManaged;
 use gpusnap_cuda::orchestrate::{CheckpointReport, ProcessRecord, RestorePlan};
 use gpusnap_cuda::{Driver, DriverConfig, Orchestrator, OrchestratorOptions, PendingDriver};
 
-/// Key in `gpu.extra` holding the orchestrator's records.
-pub const CUDA_RECORDS: &str = "cuda_records";
+/// Key under which each GPU process record carries the cuda crate's full record (as the shim).
+pub const CUDA_RECORD: &str = "cuda";
 /// Character-device major of `/dev/nvidia*`.
 const NVIDIA_MAJOR: u32 = 195;
 
@@ -84,8 +85,13 @@ pub fn prepare_checkpoint(config: &Config, pids: &[i32]) -> Result<CheckpointGpu
             return Ok(CheckpointGpu::CpuOnly);
         }
     };
-    let processes = discovery::find_cuda_processes(&driver, pids, &DiscoveryOptions::default())
+    let mut processes = discovery::find_cuda_processes(&driver, pids, &DiscoveryOptions::default())
         .map_err(|e| e.to_string())?;
+    // As the shim does: GPUs not found among the open /dev/nvidia* files are recorded as every
+    // GPU the driver lists, so a restore is never placed on a node too small for the process.
+    for p in processes.iter_mut().filter(|p| p.gpus.is_empty()) {
+        p.gpus = driver.capabilities().devices.clone();
+    }
     if processes.is_empty() {
         return Ok(CheckpointGpu::CpuOnly);
     }
@@ -130,10 +136,6 @@ pub fn section(report: &CheckpointReport) -> GpuSection {
         "timings".into(),
         serde_json::to_value(&report.timings).unwrap_or_default(),
     );
-    extra.insert(
-        CUDA_RECORDS.into(),
-        serde_json::to_value(&report.processes).unwrap_or_default(),
-    );
     GpuSection {
         engine: report.engine.clone(),
         processes: report
@@ -141,9 +143,10 @@ pub fn section(report: &CheckpointReport) -> GpuSection {
             .iter()
             .map(|p| {
                 let mut e = serde_json::Map::new();
-                if let Some(c) = p.container_pid {
-                    e.insert("container_pid".into(), c.into());
-                }
+                e.insert(
+                    CUDA_RECORD.into(),
+                    serde_json::to_value(p).unwrap_or_default(),
+                );
                 GpuProcessRecord {
                     host_pid: p.host_pid as u32,
                     devices: p.gpus.iter().map(|d| d.uuid.to_string()).collect(),
@@ -164,15 +167,28 @@ pub fn restore_records(gpu: &GpuSection) -> Result<Vec<ProcessRecord>, String> {
             gpu.engine
         ));
     }
-    let raw = gpu.extra.get(CUDA_RECORDS).ok_or_else(|| {
-        format!("the manifest's gpu section has no `{CUDA_RECORDS}`: it was not written by gpusnap-runc")
-    })?;
-    serde_json::from_value(raw.clone()).map_err(|e| format!("gpu.{CUDA_RECORDS} is unreadable: {e}"))
+    gpu.processes
+        .iter()
+        .map(|p| {
+            let raw = p.extra.get(CUDA_RECORD).ok_or_else(|| {
+                format!(
+                    "GPU record of pid {} has no `{CUDA_RECORD}` entry: the manifest is damaged",
+                    p.host_pid
+                )
+            })?;
+            serde_json::from_value(raw.clone())
+                .map_err(|e| format!("GPU record of pid {}: {e}", p.host_pid))
+        })
+        .collect()
 }
 
 /// Starts the driver loading, runs `criu_restore` (runc restore; returns the restored pids),
 /// then restores and unlocks every CUDA process, within `cuda.restore_budget_seconds`.
-pub fn restore<F>(config: &Config, records: Vec<ProcessRecord>, criu_restore: F) -> Result<(), String>
+pub fn restore<F>(
+    config: &Config,
+    records: Vec<ProcessRecord>,
+    criu_restore: F,
+) -> Result<(), String>
 where
     F: FnOnce() -> Result<Vec<i32>, String>,
 {
@@ -214,8 +230,13 @@ mod tests {
         };
         assert!(restore_records(&gpu).unwrap_err().contains("posix"));
         gpu.engine = DriverManaged::NAME.into();
-        assert!(restore_records(&gpu).unwrap_err().contains(CUDA_RECORDS));
-        gpu.extra.insert(CUDA_RECORDS.into(), serde_json::json!([]));
         assert_eq!(restore_records(&gpu).unwrap(), vec![]);
+        gpu.processes.push(GpuProcessRecord {
+            host_pid: 7,
+            devices: vec![],
+            extra: serde_json::Map::new(),
+        });
+        let err = restore_records(&gpu).unwrap_err();
+        assert!(err.contains("pid 7") && err.contains("`cuda`"), "{err}");
     }
 }

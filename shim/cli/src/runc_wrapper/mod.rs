@@ -74,9 +74,7 @@ impl Context {
     pub fn runc_helper(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
         let mut full = self.inv.selection_args();
         full.extend(args.iter().map(OsString::from));
-        self.runc_command(full)
-            .stdin(Stdio::null())
-            .output()
+        self.runc_command(full).stdin(Stdio::null()).output()
     }
 
     /// `runc state <id>` → (bundle, init pid). `None` when runc does not know the container.
@@ -120,9 +118,16 @@ fn append_log(path: &Path, json: bool, message: &str) {
         serde_json::json!({"level": "error", "msg": format!("gpusnap-runc: {message}"), "time": time})
             .to_string()
     } else {
-        format!("time=\"{time}\" level=error msg=\"gpusnap-runc: {}\"", message.replace('"', "'"))
+        format!(
+            "time=\"{time}\" level=error msg=\"gpusnap-runc: {}\"",
+            message.replace('"', "'")
+        )
     };
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
         let _ = writeln!(f, "{line}");
     }
 }
@@ -203,7 +208,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
 
 /// `--version`: runc's own lines first (callers parse `runc version X`), then gpusnap's.
 fn version(ctx: &Context) -> i32 {
-    let out = match ctx.runc_command(&ctx.inv.args).stdin(Stdio::null()).output() {
+    let out = match ctx
+        .runc_command(&ctx.inv.args)
+        .stdin(Stdio::null())
+        .output()
+    {
         Ok(o) => o,
         Err(e) => {
             ctx.fail(&format!("cannot run {}: {e}", ctx.runc.display()));

@@ -156,7 +156,11 @@ impl Drop for Containerd {
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
-        if wait_for(Duration::from_secs(10), || self.child.try_wait().ok().flatten()).is_none() {
+        if wait_for(Duration::from_secs(10), || {
+            self.child.try_wait().ok().flatten()
+        })
+        .is_none()
+        {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
@@ -244,7 +248,12 @@ impl BusyboxContainer {
 
     /// `gpusnap-runc <root> <args...>` with stdio of its own (restore hands stdio to the
     /// container, which must not keep the test's pipes open).
-    pub fn wrapper(&self, args: &[&str], envs: &[(&str, &str)], out_dir: &Path) -> (i32, String, String) {
+    pub fn wrapper(
+        &self,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        out_dir: &Path,
+    ) -> (i32, String, String) {
         let stdout_path = out_dir.join(format!("{}.stdout", unique("w")));
         let stderr_path = out_dir.join(format!("{}.stderr", unique("w")));
         let mut cmd = Command::new(GPUSNAP_RUNC);
