@@ -112,10 +112,7 @@ impl TaskService {
         let opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
         let (settings, bundle, config, was_paused, init_pid) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             if !c.init.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {} cannot be checkpointed: it is {:?}, and only a running or paused \
@@ -302,17 +299,8 @@ impl TaskService {
         // Frozen processes only die once thawed.
         if was_paused {
             let _ = runc.resume(id).await;
-            self.set_state_if(id, ProcessState::Paused, ProcessState::Running)
+            self.set_init_state(id, ProcessState::Paused, ProcessState::Running)
                 .await;
-        }
-    }
-
-    async fn set_state_if(&self, id: &str, from: ProcessState, to: ProcessState) {
-        let mut state = self.state.lock().await;
-        if let Some(c) = state.containers.get_mut(id) {
-            if c.init.state == from {
-                c.init.state = to;
-            }
         }
     }
 
@@ -324,10 +312,7 @@ impl TaskService {
         let started = Instant::now();
         let (settings, bundle, config, stdio) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(id)
-                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            let c = state.container(id)?;
             (
                 c.settings.clone(),
                 c.bundle.clone(),

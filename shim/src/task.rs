@@ -42,6 +42,20 @@ pub struct ShimState {
     pub containers: HashMap<String, Container>,
 }
 
+impl ShimState {
+    pub fn container(&self, id: &str) -> TtrpcResult<&Container> {
+        self.containers
+            .get(id)
+            .ok_or_else(|| not_found(format!("container {id} not found")))
+    }
+
+    pub fn container_mut(&mut self, id: &str) -> TtrpcResult<&mut Container> {
+        self.containers
+            .get_mut(id)
+            .ok_or_else(|| not_found(format!("container {id} not found")))
+    }
+}
+
 #[derive(Clone)]
 pub struct TaskService {
     pub state: Arc<Mutex<ShimState>>,
@@ -149,12 +163,7 @@ impl TaskService {
     }
 
     pub async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
-        let state = self.state.lock().await;
-        state
-            .containers
-            .get(id)
-            .map(|c| c.runc.clone())
-            .ok_or_else(|| not_found(format!("container {id} not found")))
+        Ok(self.state.lock().await.container(id)?.runc.clone())
     }
 }
 
@@ -271,10 +280,7 @@ impl TaskService {
     async fn start_init(&self, id: &str) -> TtrpcResult<StartResponse> {
         let (runc, bundle, restore) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(id)
-                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            let c = state.container(id)?;
             if c.init.state != ProcessState::Created {
                 return Err(failed_precondition(format!(
                     "container {id} cannot be started: it is {:?}",
@@ -330,10 +336,7 @@ impl TaskService {
     async fn start_exec(&self, id: &str, exec_id: &str) -> TtrpcResult<StartResponse> {
         let (runc, bundle, spec, stdio) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(id)
-                .ok_or_else(|| not_found(format!("container {id} not found")))?;
+            let c = state.container(id)?;
             if !c.init.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {id} is not running"
@@ -408,10 +411,7 @@ impl TaskService {
 impl containerd_shim::Task for TaskService {
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
         let state = self.state.lock().await;
-        let c = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let c = state.container(&req.id)?;
         let p = c.process(&req.exec_id).ok_or_else(|| {
             not_found(format!(
                 "exec {} not found in container {}",
@@ -560,10 +560,7 @@ impl containerd_shim::Task for TaskService {
         if !req.exec_id.is_empty() {
             let p = {
                 let mut state = self.state.lock().await;
-                let c = state
-                    .containers
-                    .get_mut(&req.id)
-                    .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+                let c = state.container_mut(&req.id)?;
                 match c.execs.get(&req.exec_id) {
                     None => {
                         return Err(not_found(format!(
@@ -592,10 +589,7 @@ impl containerd_shim::Task for TaskService {
 
         let c = {
             let mut state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             if c.init.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {} is still running; kill it before deleting it",
@@ -645,10 +639,7 @@ impl containerd_shim::Task for TaskService {
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
         let (runc, bundle, execs) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             let execs: HashMap<i32, String> = c
                 .execs
                 .values()
@@ -743,10 +734,7 @@ impl containerd_shim::Task for TaskService {
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
         let (runc, bundle, target) = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             let p = c.process(&req.exec_id).ok_or_else(|| {
                 not_found(format!(
                     "exec {} not found in container {}",
@@ -795,10 +783,7 @@ impl containerd_shim::Task for TaskService {
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
         let spec: oci_spec::runtime::Process = decode_json("exec process spec", &req.spec)?;
         let mut state = self.state.lock().await;
-        let c = state
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let c = state.container_mut(&req.id)?;
         if !c.init.is_alive() {
             return Err(failed_precondition(format!(
                 "container {} is not running",
@@ -833,10 +818,7 @@ impl containerd_shim::Task for TaskService {
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         let state = self.state.lock().await;
-        let c = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let c = state.container(&req.id)?;
         let p = c
             .process(&req.exec_id)
             .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?;
@@ -851,10 +833,7 @@ impl containerd_shim::Task for TaskService {
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
         let state = self.state.lock().await;
-        let c = state
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+        let c = state.container(&req.id)?;
         let p = c
             .process(&req.exec_id)
             .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?;
@@ -880,10 +859,7 @@ impl containerd_shim::Task for TaskService {
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
         let mut rx = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             c.process(&req.exec_id)
                 .ok_or_else(|| not_found(format!("exec {} not found", req.exec_id)))?
                 .wait_handle()
@@ -909,10 +885,7 @@ impl containerd_shim::Task for TaskService {
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
         let pid = {
             let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(format!("container {} not found", req.id)))?;
+            let c = state.container(&req.id)?;
             if !c.init.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {} is not running",
@@ -961,15 +934,10 @@ impl containerd_shim::Task for TaskService {
 
 impl TaskService {
     async fn bundle_of(&self, id: &str) -> TtrpcResult<PathBuf> {
-        let state = self.state.lock().await;
-        state
-            .containers
-            .get(id)
-            .map(|c| c.bundle.clone())
-            .ok_or_else(|| not_found(format!("container {id} not found")))
+        Ok(self.state.lock().await.container(id)?.bundle.clone())
     }
 
-    async fn set_init_state(&self, id: &str, from: ProcessState, to: ProcessState) {
+    pub async fn set_init_state(&self, id: &str, from: ProcessState, to: ProcessState) {
         let mut state = self.state.lock().await;
         if let Some(c) = state.containers.get_mut(id) {
             if c.init.state == from {
