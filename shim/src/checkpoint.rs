@@ -27,9 +27,10 @@ use gpusnap_criu_bridge::{
 };
 
 use gpusnap_cuda::{
+    container_gpu::{self, CheckpointGpu},
     discovery::CudaProcess,
     orchestrate::{CheckpointReport, GpuMap, RestoreTarget},
-    DriverConfig, Orchestrator, Outcome, PendingDriver,
+    Orchestrator, Outcome, PendingDriver,
 };
 
 use crate::{
@@ -235,7 +236,7 @@ impl TaskService {
             }
         };
         if let Some(report) = &gpu_report {
-            manifest.gpu = Some(crate::gpu::section(report).map_err(internal)?);
+            manifest.gpu = Some(container_gpu::section(report));
         }
 
         let sealed = tokio::task::spawn_blocking({
@@ -328,7 +329,7 @@ impl TaskService {
             .and_then(|m| m.gpu);
         let pending = match &gpu_section {
             Some(section) if !section.processes.is_empty() => Some((
-                PendingDriver::spawn(DriverConfig::with_library(crate::gpu::library(&config))),
+                PendingDriver::spawn(container_gpu::driver_config(&config)),
                 section.clone(),
             )),
             _ => None,
@@ -344,20 +345,15 @@ impl TaskService {
         let gpu = match pending {
             None => None,
             Some((pending, section)) => {
-                let records = crate::gpu::records(&section).map_err(&refuse)?;
+                let records =
+                    container_gpu::restore_records(&section).map_err(|e| refuse(e.to_string()))?;
                 let budget = config.cuda.restore_budget();
                 let (driver, _waited) = tokio::task::spawn_blocking(move || pending.join(budget))
                     .await
                     .map_err(|e| internal(e.to_string()))?
                     .map_err(|e| refuse(format!("the checkpoint holds GPU state but the CUDA driver is not usable here: {e}")))?;
-                let map = crate::gpu::gate(driver.capabilities(), &section.engine, &records)
-                    .map_err(&refuse)?;
-                if section.engine != "driver-managed" {
-                    return Err(refuse(format!(
-                        "its device memory was saved by storage engine `{}`, which this gpusnap build cannot restore",
-                        section.engine
-                    )));
-                }
+                let map = container_gpu::gate(driver.capabilities(), &records)
+                    .map_err(|e| refuse(e.to_string()))?;
                 Some((driver, map, records))
             }
         };
@@ -501,22 +497,20 @@ impl DumpJob {
 type GpuPlan = Option<(Orchestrator, Vec<CudaProcess>)>;
 
 /// The container's CUDA processes and the orchestrator for the configured engine; `None` when
-/// no process uses CUDA (or no driver is installed, which means the same).
+/// no process uses CUDA (or no driver is installed and no NVIDIA device is open).
 async fn plan_gpu(config: &gpusnap_config::Config, pids: &[u32]) -> Result<GpuPlan, String> {
-    let library = config.cuda.library.clone();
     let config = config.clone();
-    let pids = pids.to_vec();
-    tokio::task::spawn_blocking(move || {
-        let Some(driver) = crate::gpu::load_driver(&library)? else {
-            return Ok(None);
-        };
-        let procs = crate::gpu::discover(&driver, &pids)?;
-        if procs.is_empty() {
-            return Ok(None);
-        }
-        let orch = crate::gpu::orchestrator(driver, &config)?;
-        Ok(Some((orch, procs)))
-    })
+    let pids: Vec<i32> = pids.iter().map(|&p| p as i32).collect();
+    tokio::task::spawn_blocking(
+        move || match container_gpu::prepare_checkpoint(&config, &pids) {
+            Ok(CheckpointGpu::CpuOnly) => Ok(None),
+            Ok(CheckpointGpu::Cuda {
+                orchestrator,
+                processes,
+            }) => Ok(Some((orchestrator, processes))),
+            Err(e) => Err(e.to_string()),
+        },
+    )
     .await
     .map_err(|e| e.to_string())?
 }
@@ -584,7 +578,7 @@ async fn gpu_restore(
     records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
     init_pid: u32,
 ) -> Result<gpusnap_cuda::orchestrate::RestoreReport, String> {
-    let options = crate::gpu::orchestrator_options(config);
+    let options = container_gpu::orchestrator_options(config);
     tokio::task::spawn_blocking(move || {
         let restored: Vec<i32> = crate::stats::cgroup_pids(init_pid)
             .unwrap_or_else(|| vec![init_pid])

@@ -6,7 +6,6 @@ mod console;
 mod container;
 mod errors;
 mod events;
-mod gpu;
 mod oom;
 mod options;
 mod process;

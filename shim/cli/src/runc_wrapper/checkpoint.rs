@@ -186,7 +186,10 @@ fn checkpoint(ctx: &Context, req: &Request, bundle: &Path, init_pid: i32) -> Res
     let leave_running = !req.options.exit;
     let dumped = match gpu_plan {
         CheckpointGpu::CpuOnly => dump().map(|()| None),
-        CheckpointGpu::Cuda(g) => g.checkpoint(leave_running, dump).map(Some),
+        CheckpointGpu::Cuda {
+            orchestrator,
+            processes,
+        } => gpu::checkpoint(orchestrator, &processes, leave_running, dump).map(Some),
     };
     let gpu_section = match dumped {
         Ok(section) => section,
