@@ -34,7 +34,7 @@ use gpusnap_cuda::{
 };
 
 use crate::{
-    container::{self, PendingRestore, StdioSetup},
+    container::{self, PendingCudaResume, PendingRestore, StdioSetup},
     errors::*,
     options::RuntimeSettings,
     process::ProcessState,
@@ -73,6 +73,16 @@ pub fn checkpoint_options(any: Option<&Any>) -> Result<CheckpointOptions, String
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)
+}
+
+/// The oldest CRIU accepted for this container: the CPU floor, raised by `criu.min_version`
+/// (as the gpusnap-runc wrapper's `criu_min` does).
+fn criu_floor(config: &gpusnap_config::Config) -> bridge::CriuVersion {
+    let floor = bridge::MIN_CRIU_CPU;
+    match config.criu.min_version {
+        Some(v) => floor.max(bridge::CriuVersion::new(v.major, v.minor, v.patch)),
+        None => floor,
+    }
 }
 
 fn runc_global(settings: &RuntimeSettings, bundle: &Path, criu_dir: Option<PathBuf>) -> RuncGlobal {
@@ -137,10 +147,27 @@ impl TaskService {
         // Fail before touching anything when CRIU is missing or too old.
         let criu = crate::tools::probe_criu(&global.effective_search_path())
             .await
-            .and_then(|info| info.require(bridge::MIN_CRIU_CPU).map(|_| info))
+            .and_then(|info| info.require(criu_floor(&config)).map(|_| info))
             .map_err(|e| failed_precondition(e.to_string()))?;
 
         let runc = self.runc_of(&req.id).await?;
+        // A previous checkpoint of this paused task left its CUDA processes checkpointed; bring
+        // them back (they must run for that) before taking a new one.
+        if self
+            .state
+            .lock()
+            .await
+            .container(&req.id)?
+            .pending_cuda_resume
+            .is_some()
+        {
+            runc.resume(&req.id)
+                .await
+                .map_err(|e| internal(format!("thaw {}: {}", req.id, runc_error_text(&e))))?;
+            let finished = self.finish_pending_cuda_resume(&req.id).await;
+            let _ = runc.pause(&req.id).await;
+            finished?;
+        }
         let pids = match crate::stats::cgroup_pids(init_pid) {
             Some(pids) => pids,
             None => runc
@@ -158,6 +185,11 @@ impl TaskService {
                 req.id
             ))
         })?;
+        if gpu.is_some() {
+            // GPU workloads need CRIU 4.1 (frozen-cgroup and restore-thread handling).
+            criu.require(criu_floor(&config).max(bridge::MIN_CRIU_GPU))
+                .map_err(|e| failed_precondition(e.to_string()))?;
+        }
 
         bridge::begin_checkpoint(&dir)
             .map_err(|e| internal(format!("prepare {}: {e}", dir.display())))?;
@@ -201,7 +233,11 @@ impl TaskService {
                 (None, None)
             }
             Some((orch, procs)) => {
-                // The driver works inside the target processes: they must not be frozen.
+                // The driver works inside the target processes: they must not be frozen while
+                // it locks and checkpoints them. A task the caller paused is thawed for that,
+                // frozen again before CRIU dumps it, and stays frozen with its CUDA state
+                // checkpointed until the caller resumes it: the caller takes the rootfs diff
+                // in between, which must match the images.
                 if was_paused {
                     runc.resume(&req.id).await.map_err(|e| {
                         internal(format!(
@@ -211,9 +247,20 @@ impl TaskService {
                         ))
                     })?;
                 }
-                let result = gpu_checkpoint(orch, procs, !opts.exit, dump).await;
-                if was_paused && (result.is_err() || !opts.exit) {
+                let refreeze = was_paused.then(|| (runc.clone(), req.id.clone()));
+                let leave_running = !opts.exit && !was_paused;
+                let result = gpu_checkpoint(orch, procs, leave_running, dump, refreeze).await;
+                if was_paused && result.is_err() {
                     let _ = runc.pause(&req.id).await;
+                }
+                if let (Ok((report, orch, _)), true) = (&result, was_paused && !opts.exit) {
+                    let mut state = self.state.lock().await;
+                    if let Ok(c) = state.container_mut(&req.id) {
+                        c.pending_cuda_resume = Some(PendingCudaResume {
+                            orchestrator: orch.clone(),
+                            records: report.processes.clone(),
+                        });
+                    }
                 }
                 match result {
                     Ok((report, orch, dump_elapsed)) => {
@@ -253,7 +300,20 @@ impl TaskService {
                 // them back, since the container is not going away after all.
                 let resumed = match (&gpu_report, orchestrator) {
                     (Some(report), Some(orch)) if !report.left_running => {
-                        resume_cuda(orch, report.processes.clone()).await
+                        self.state
+                            .lock()
+                            .await
+                            .container_mut(&req.id)?
+                            .pending_cuda_resume = None;
+                        // The driver needs the processes running to restore their memory.
+                        if was_paused {
+                            let _ = runc.resume(&req.id).await;
+                        }
+                        let r = resume_cuda(orch, report.processes.clone()).await;
+                        if was_paused {
+                            let _ = runc.pause(&req.id).await;
+                        }
+                        r
                     }
                     _ => Ok(()),
                 };
@@ -282,6 +342,35 @@ impl TaskService {
             "checkpoint complete"
         );
         Ok(Empty::new())
+    }
+
+    /// Restores and unlocks CUDA processes a checkpoint of the paused task left checkpointed;
+    /// the task must be running (thawed) when this is called.
+    pub async fn finish_pending_cuda_resume(&self, id: &str) -> TtrpcResult<()> {
+        let pending = self
+            .state
+            .lock()
+            .await
+            .container_mut(id)?
+            .pending_cuda_resume
+            .take();
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        resume_cuda(pending.orchestrator, pending.records)
+            .await
+            .map_err(|e| {
+                internal(format!(
+                    "{id} was resumed but its CUDA processes could not be: {e}"
+                ))
+            })?;
+        tracing::info!(
+            id,
+            cuda_resume_ms = started.elapsed().as_millis() as u64,
+            "CUDA processes resumed after checkpoint"
+        );
+        Ok(())
     }
 
     /// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis.
@@ -360,7 +449,14 @@ impl TaskService {
         let global = runc_global(&settings, &bundle, config.criu.binary_dir.clone());
         crate::tools::probe_criu(&global.effective_search_path())
             .await
-            .and_then(|info| info.require(bridge::MIN_CRIU_CPU))
+            .and_then(|info| {
+                let floor = criu_floor(&config);
+                info.require(if gpu.is_some() {
+                    floor.max(bridge::MIN_CRIU_GPU)
+                } else {
+                    floor
+                })
+            })
             .map_err(|e| failed_precondition(e.to_string()))?;
 
         if let Some(diff) = &restore.rootfs_diff {
@@ -522,6 +618,7 @@ async fn gpu_checkpoint(
     procs: Vec<CudaProcess>,
     leave_running: bool,
     dump: DumpJob,
+    refreeze: Option<(std::sync::Arc<runc::Runc>, String)>,
 ) -> Result<(CheckpointReport, Orchestrator, std::time::Duration), String> {
     let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
@@ -529,7 +626,20 @@ async fn gpu_checkpoint(
         let report = orch
             .checkpoint(&procs, leave_running, || {
                 let t = Instant::now();
-                let r = handle.block_on(dump.run());
+                let r = handle.block_on(async {
+                    if let Some((runc, id)) = &refreeze {
+                        runc.pause(id).await.map_err(|e| {
+                            format!("freeze {id} for the dump: {}", runc_error_text(&e))
+                        })?;
+                    }
+                    let r = dump.run().await;
+                    // A failed dump is rolled back by the driver, which needs the processes
+                    // running.
+                    if let (Err(_), Some((runc, id))) = (&r, &refreeze) {
+                        let _ = runc.resume(id).await;
+                    }
+                    r
+                });
                 dump_elapsed = t.elapsed();
                 r
             })

@@ -42,6 +42,17 @@ pub struct Container {
     /// containerd first.
     pub deferred_init_exit: Option<i32>,
     pub oom: Option<OomWatch>,
+    /// CUDA processes a checkpoint of a paused task left checkpointed (device memory in host
+    /// memory), to be restored and unlocked when the task is resumed.
+    pub pending_cuda_resume: Option<PendingCudaResume>,
+}
+
+/// See [`Container::pending_cuda_resume`]: the driver can only restore device memory while
+/// the processes run, and the caller (ctr, CRI) must find the task frozen exactly as CRIU
+/// dumped it so that the rootfs diff it takes next matches the images.
+pub struct PendingCudaResume {
+    pub orchestrator: gpusnap_cuda::Orchestrator,
+    pub records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
 }
 
 impl Container {

@@ -521,6 +521,7 @@ impl containerd_shim::Task for TaskService {
             restore,
             deferred_init_exit: None,
             oom: None,
+            pending_cuda_resume: None,
         };
         self.state.lock().await.containers.insert(req.id.clone(), c);
         self.events.send(
@@ -713,6 +714,7 @@ impl containerd_shim::Task for TaskService {
             .map_err(|e| runc_failure("runc resume", &e, &bundle))?;
         self.set_init_state(&req.id, ProcessState::Paused, ProcessState::Running)
             .await;
+        self.finish_pending_cuda_resume(&req.id).await?;
         self.events.send(
             TASK_RESUMED_EVENT_TOPIC,
             TaskResumed {

@@ -31,7 +31,9 @@
 //!    `CARGO_TARGET_DIR` and `--release`);
 //! 3. `<workspace>/target/debug/containerd-shim-gpusnap-v2`.
 
+pub mod checkpoint;
 pub mod cmd;
+pub mod cri;
 pub mod paths;
 pub mod pty;
 pub mod rig;

@@ -82,6 +82,25 @@ pub struct RigOptions {
     pub require_gpusnap: bool,
     /// containerd's log level (`$GPUSNAP_RIG_LOG_LEVEL`, default "info").
     pub log_level: String,
+    /// Whether `criu` is on containerd's PATH (default true). With false the rig links
+    /// containerd, ctr and containerd-shim-runc-v2 into `<rig>/bin` and leaves out of PATH
+    /// both the rig prefix's bin dir and every system PATH entry holding a `criu`, so that
+    /// neither shim (nor the runc they run) can find CRIU.
+    pub criu_on_path: bool,
+    /// Extra environment for containerd, inherited by the shims it starts (e.g.
+    /// `GPUSNAP_CONFIG`).
+    pub containerd_env: Vec<(String, String)>,
+    /// String entries of the CRI `gpusnap` runtime's `options` table (e.g. `ConfigPath`), which
+    /// CRI sends to the shim as `runtimeoptions.v1.Options`.
+    pub gpusnap_runtime_options: Vec<(String, String)>,
+    /// `pod_annotations` of the CRI `gpusnap` runtime (default `["gpusnap.io/*"]`, as
+    /// `gpusnap install` configures it).
+    pub gpusnap_pod_annotations: Vec<String>,
+    /// CRI registry `config_path` (a `hosts.toml` tree), e.g. for a plain-HTTP local registry.
+    pub cri_registry_config_path: Option<PathBuf>,
+    /// `enable_experimental_restore_via_create` in the CRI runtime plugin (containerd 2.2.7+
+    /// and 2.3.x only; 2.1 restores through CreateContainer unconditionally). `None`: not set.
+    pub cri_restore_via_create: Option<bool>,
 }
 
 impl Default for RigOptions {
@@ -91,6 +110,12 @@ impl Default for RigOptions {
             import_images: true,
             require_gpusnap: false,
             log_level: std::env::var("GPUSNAP_RIG_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            criu_on_path: true,
+            containerd_env: Vec::new(),
+            gpusnap_runtime_options: Vec::new(),
+            gpusnap_pod_annotations: vec!["gpusnap.io/*".into()],
+            cri_registry_config_path: None,
+            cri_restore_via_create: None,
         }
     }
 }
@@ -334,13 +359,25 @@ impl Rig {
             std::os::unix::fs::symlink(shim, dir.join("bin").join(GPUSNAP_SHIM_NAME))
                 .context("linking the gpusnap shim into the rig's bin dir")?;
         }
+        let system_path = std::env::var_os("PATH").unwrap_or_else(|| {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+        });
         let mut path_env = OsString::from(dir.join("bin"));
         path_env.push(":");
-        path_env.push(&bin);
-        path_env.push(":");
-        path_env.push(std::env::var_os("PATH").unwrap_or_else(|| {
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-        }));
+        if opts.criu_on_path {
+            path_env.push(&bin);
+            path_env.push(":");
+            path_env.push(system_path);
+        } else {
+            for b in ["containerd", "ctr", "containerd-shim-runc-v2"] {
+                std::os::unix::fs::symlink(bin.join(b), dir.join("bin").join(b))
+                    .with_context(|| format!("linking {b} into the rig's bin dir"))?;
+            }
+            let kept: Vec<PathBuf> = std::env::split_paths(&system_path)
+                .filter(|p| *p != bin && !paths::is_executable(&p.join("criu")))
+                .collect();
+            path_env.push(std::env::join_paths(kept).context("joining PATH without criu")?);
+        }
 
         let mut rig = Rig {
             dir,
@@ -447,6 +484,14 @@ impl Rig {
             "\n[plugins.'io.containerd.internal.v1.opt']\n  path = {}\n",
             toml_str(&d.join("opt"))
         ));
+        // CRI gives pause containers oom_score_adj -998; lowering it needs CAP_SYS_RESOURCE,
+        // which a test sandbox may lack: clamp to containerd's own value instead.
+        c.push_str("\n[plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = true\n");
+        if let Some(on) = self.opts.cri_restore_via_create {
+            c.push_str(&format!(
+                "  enable_experimental_restore_via_create = {on}\n"
+            ));
+        }
         // Runtimes for CRI. (Non-CRI clients such as `ctr run --runtime <type>` need no
         // registration: containerd maps the type to containerd-shim-<name>-<version> on PATH.)
         c.push_str("\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"runc\"\n");
@@ -456,6 +501,24 @@ impl Rig {
                 rt.cri_handler(),
                 rt.runtime_type()
             ));
+            if rt == Runtime::Gpusnap {
+                let globs: Vec<String> = self
+                    .opts
+                    .gpusnap_pod_annotations
+                    .iter()
+                    .map(|g| toml_str(Path::new(g)))
+                    .collect();
+                c.push_str(&format!("  pod_annotations = [{}]\n", globs.join(", ")));
+                if !self.opts.gpusnap_runtime_options.is_empty() {
+                    c.push_str(&format!(
+                        "\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{}.options]\n",
+                        rt.cri_handler()
+                    ));
+                    for (k, v) in &self.opts.gpusnap_runtime_options {
+                        c.push_str(&format!("  {k} = {}\n", toml_str(Path::new(v))));
+                    }
+                }
+            }
         }
         c.push_str(&format!(
             "\n[plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = [{}]\n  conf_dir = {}\n",
@@ -465,6 +528,12 @@ impl Rig {
         c.push_str(&format!(
             "\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"{PAUSE_IMAGE}\"\n"
         ));
+        if let Some(dir) = &self.opts.cri_registry_config_path {
+            c.push_str(&format!(
+                "\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = {}\n",
+                toml_str(dir)
+            ));
+        }
         // Random streaming port so that parallel CRI rigs do not collide on 10010.
         c.push_str(
             "\n[plugins.'io.containerd.grpc.v1.cri']\n  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n",
@@ -492,6 +561,7 @@ impl Rig {
         cmd.arg("--config")
             .arg(self.config_path())
             .env("PATH", &self.path_env)
+            .envs(self.opts.containerd_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -168,13 +168,10 @@ fn leave_running_checkpoint_locks_checkpoints_dumps_then_resumes_the_cuda_proces
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    for phase in [
-        "cuda-lock",
-        "cuda-checkpoint",
-        "criu-dump",
-        "cuda-resume",
-        "digest",
-    ] {
+    // ctr pauses the task around Checkpoint: the CUDA resume then happens at its Resume, after
+    // the manifest is sealed, so the manifest has no cuda-resume phase.
+    assert!(!phases.contains(&"cuda-resume"), "{phases:?}");
+    for phase in ["cuda-lock", "cuda-checkpoint", "criu-dump", "digest"] {
         assert!(
             phases.contains(&phase),
             "phase {phase} missing from {phases:?}"
@@ -404,5 +401,64 @@ fn restore_onto_another_gpu_type_is_refused_before_criu_runs() -> Result<()> {
         restore_log.display()
     );
     assert_ne!(g.rig.task_state("gt")?, Some(TaskState::Running));
+    Ok(())
+}
+
+/// ctr and CRI pause the task around Checkpoint and take the rootfs diff while it is paused
+/// (CRI after the checkpoint). The driver needs the CUDA processes running to checkpoint them,
+/// so gpusnap thaws the task for that, freezes it again before CRIU dumps it, and keeps it
+/// frozen — CUDA state still checkpointed — until the caller resumes it; then it restores and
+/// unlocks the CUDA processes. Nothing in the container may run between the dump and the resume.
+#[test]
+fn paused_gpu_task_stays_frozen_after_checkpoint_until_it_is_resumed() -> Result<()> {
+    let g = GpuRig::start("")?;
+    let pid = g.run_cuda_counter("fz")?;
+    g.rig.pause("fz")?;
+    let image = tempfile::tempdir()?;
+    let path = image.path().join("ck");
+    g.rig.ctr_ok(&[
+        "tasks",
+        "checkpoint",
+        "--image-path",
+        path.to_str().unwrap(),
+        "fz",
+    ])?;
+    assert_eq!(
+        g.rig.task_state("fz")?,
+        Some(TaskState::Paused),
+        "the caller's pause is kept"
+    );
+    assert_eq!(
+        g.calls(pid),
+        ["lock 0", "checkpoint 0"],
+        "no CUDA resume while paused"
+    );
+    assert_eq!(g.cuda_state("fz"), "checkpointed");
+    // Frozen since the dump: the counter file in the container's rootfs does not move.
+    let count_file = g.rig.bundle_dir("fz").join("rootfs/tmp/count");
+    let frozen = fs::read_to_string(&count_file)?;
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        fs::read_to_string(&count_file)?,
+        frozen,
+        "nothing ran after the dump"
+    );
+
+    g.rig.resume("fz")?;
+    assert_eq!(
+        g.calls(pid),
+        ["lock 0", "checkpoint 0", "restore 0", "unlock 0"],
+        "resume restored and unlocked the CUDA process"
+    );
+    assert_eq!(g.cuda_state("fz"), "running");
+    let after = g.count("fz").context("counter")?;
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        g.count("fz").context("counter")? > after,
+        "the workload runs again"
+    );
+    assert!(manifest(&path)?["gpu"]["processes"]
+        .as_array()
+        .is_some_and(|p| p.len() == 1));
     Ok(())
 }
