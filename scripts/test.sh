@@ -26,6 +26,9 @@ step() { printf '\n==> %s  [t+%ds]\n' "$*" "$((SECONDS - T0))"; }
 step "cargo build --workspace --all-targets"
 cargo build --workspace --all-targets
 
+step "packaging/check.sh (render and schema-check the Kubernetes manifests, build and inspect the .deb)"
+bash packaging/check.sh
+
 step "cargo test --workspace --no-fail-fast $*"
 cargo test --workspace --no-fail-fast "$@"
 
