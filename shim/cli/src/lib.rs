@@ -4,13 +4,15 @@
 //!
 //! - `gpusnap`: [`install`] (register the runtime with containerd and CRI-O, revertibly),
 //!   [`doctor`] (what this node can and cannot do) and [`inspect`] (what a checkpoint holds and
-//!   whether it would be restored).
+//!   whether it would be restored), and [`image_cmd`] (`gpusnap image build|push|pull`: OCI
+//!   checkpoint images in a registry).
 //! - `gpusnap-runc`: [`runc_wrapper`], a runc-compatible binary for CRI-O and Podman that adds
 //!   the gpusnap manifest to `runc checkpoint` and refuses bad images before `runc restore`.
 
 pub mod doctor;
 pub mod fsutil;
 pub mod host;
+pub mod image_cmd;
 pub mod inspect;
 pub mod install;
 pub mod logging;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
+use gpusnap_cli::image_cmd::{self, ImageCommand};
 use gpusnap_cli::inspect::{self, Verify};
 use gpusnap_cli::install::{
     self, ContainerdMode, ContainerdTarget, CriuTarget, InstallOptions, NetworkLock,
@@ -33,8 +34,12 @@ enum Command {
     Uninstall(UninstallArgs),
     /// Check this node: kernel, cgroups, runc, containerd, CRIU, NVIDIA driver, config.
     Doctor(DoctorArgs),
-    /// Summarise a checkpoint directory or CRI checkpoint archive and check it is restorable.
+    /// Summarise a checkpoint directory, CRI checkpoint archive or OCI checkpoint image and
+    /// check it is restorable.
     Inspect(InspectArgs),
+    /// Combined OCI checkpoint images: build, push to and pull from a registry.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// The gpusnap config file: print the defaults, or check a file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -133,7 +138,8 @@ struct DoctorArgs {
 
 #[derive(Args)]
 struct InspectArgs {
-    /// Checkpoint directory, extracted CRI archive, or CRI checkpoint archive (.tar).
+    /// Checkpoint directory, extracted CRI archive, CRI checkpoint archive (.tar), or OCI
+    /// checkpoint image (oci-archive .tar or layout directory).
     path: PathBuf,
     /// One JSON document instead of the summary.
     #[arg(long)]
@@ -154,6 +160,7 @@ fn main() -> ExitCode {
         Command::Uninstall(a) => cmd_uninstall(a),
         Command::Doctor(a) => cmd_doctor(&cli.config, a),
         Command::Inspect(a) => cmd_inspect(a),
+        Command::Image(c) => image_cmd::run(&cli.config, c),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", install::default_config_text());
             Ok(0)
@@ -394,6 +401,15 @@ fn cmd_inspect(a: InspectArgs) -> Result<u8> {
     } else {
         Verify::Full
     };
+    // An OCI checkpoint image: described from its metadata (layers are verified on extract).
+    if let Some(info) = image_cmd::try_inspect_image(&a.path)? {
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&info)?);
+        } else {
+            print!("{}", image_cmd::render_image(&info, term::width()));
+        }
+        return Ok(u8::from(info.gpusnap_manifest.is_none()));
+    }
     let insp = inspect::inspect_path(&a.path, verify)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&insp.to_json())?);
