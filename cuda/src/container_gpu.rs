@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     os::unix::fs::{FileTypeExt, MetadataExt},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
@@ -18,8 +18,9 @@ use gpusnap_criu_bridge::{GpuProcessRecord, GpuSection};
 use crate::{
     discovery::{self, CudaProcess, DiscoveryOptions},
     driver::{Capabilities, DeviceInfo},
-    engine::DriverManaged,
+    engine::{DriverManaged, StorageEngine},
     orchestrate::{CheckpointReport, GpuMap, ProcessRecord},
+    posix::Posix,
     Driver, DriverConfig, LoadError, Orchestrator, OrchestratorOptions,
 };
 
@@ -111,6 +112,17 @@ pub enum CheckpointGpu {
 /// `/dev/nvidiaN` files; when they cannot be determined, every GPU the driver lists is
 /// recorded, so the restore gate never places the process on a node too small for it.
 pub fn prepare_checkpoint(config: &Config, pids: &[i32]) -> Result<CheckpointGpu, GpuStateError> {
+    prepare_checkpoint_to(config, pids, None)
+}
+
+/// [`prepare_checkpoint`] for a checkpoint written to `storage_dir` (the checkpoint directory):
+/// the posix engine puts its extent files there (`gpusnap-gpu-*`, flat) and refuses to run
+/// without one.
+pub fn prepare_checkpoint_to(
+    config: &Config,
+    pids: &[i32],
+    storage_dir: Option<PathBuf>,
+) -> Result<CheckpointGpu, GpuStateError> {
     let driver = match load_driver(&config.cuda.library) {
         Ok(Some(d)) => d,
         result => {
@@ -148,6 +160,13 @@ pub fn prepare_checkpoint(config: &Config, pids: &[i32]) -> Result<CheckpointGpu
         EngineChoice::DriverManaged => {
             Orchestrator::driver_managed(driver.clone(), orchestrator_options(config))
         }
+        EngineChoice::Posix if storage_dir.is_none() => {
+            return Err(GpuStateError::EngineUnavailable(
+                "storage engine `posix` needs the checkpoint directory to write extent files to, \
+                 and none was given; nothing was locked"
+                    .to_string(),
+            ))
+        }
         EngineChoice::Posix if !caps.custom_storage => {
             return Err(GpuStateError::EngineUnavailable(format!(
                 "storage engine `posix` (device memory copied by gpusnap into files) needs a CUDA \
@@ -159,11 +178,14 @@ pub fn prepare_checkpoint(config: &Config, pids: &[i32]) -> Result<CheckpointGpu
             )))
         }
         EngineChoice::Posix => {
-            return Err(GpuStateError::EngineUnavailable(
-                "storage engine `posix` is not available in this gpusnap build; nothing was \
-                 locked; choose storage.engine = \"driver-managed\""
-                    .to_string(),
-            ))
+            let engine = Posix::from_config(&config.storage).map_err(|e| {
+                GpuStateError::EngineUnavailable(format!("{e}; nothing was locked"))
+            })?;
+            Orchestrator::new(
+                driver.clone(),
+                Arc::new(engine),
+                orchestrator_options(config),
+            )
         }
     };
     tracing::info!(
@@ -175,6 +197,48 @@ pub fn prepare_checkpoint(config: &Config, pids: &[i32]) -> Result<CheckpointGpu
         orchestrator,
         processes,
     })
+}
+
+/// The engine that restores a checkpoint taken with `engine` (the manifest's `gpu.engine`),
+/// refused before anything is touched when this driver cannot run it.
+pub fn restore_engine(
+    config: &Config,
+    caps: &Capabilities,
+    engine: &str,
+) -> Result<Arc<dyn StorageEngine>, GpuStateError> {
+    let chosen: Arc<dyn StorageEngine> = match engine {
+        DriverManaged::NAME => Arc::new(DriverManaged),
+        Posix::NAME => Arc::new(
+            Posix::from_config(&config.storage)
+                .map_err(|e| GpuStateError::EngineUnavailable(e.to_string()))?,
+        ),
+        other => {
+            return Err(GpuStateError::Incompatible(format!(
+                "the checkpoint's GPU state was taken with storage engine `{other}`, which this \
+                 gpusnap build cannot restore"
+            )))
+        }
+    };
+    chosen.admit(caps).map_err(|e| {
+        GpuStateError::Incompatible(format!("{e}; the checkpoint needs it to restore"))
+    })?;
+    Ok(chosen)
+}
+
+/// The orchestrator that restores a checkpoint whose manifest says `gpu.engine == engine`,
+/// reading extent files (posix) from `checkpoint_dir`.
+pub fn restore_orchestrator(
+    driver: Arc<Driver>,
+    config: &Config,
+    engine: &str,
+    checkpoint_dir: Option<PathBuf>,
+) -> Result<Orchestrator, GpuStateError> {
+    let chosen = restore_engine(config, driver.capabilities(), engine)?;
+    let options = OrchestratorOptions {
+        storage_dir: checkpoint_dir,
+        ..orchestrator_options(config)
+    };
+    Ok(Orchestrator::new(driver, chosen, options))
 }
 
 /// The manifest's `gpu` section for a finished checkpoint.
@@ -209,7 +273,7 @@ pub fn section(report: &CheckpointReport) -> GpuSection {
 
 /// The orchestrator records of a checkpoint, checked before any restore work.
 pub fn restore_records(gpu: &GpuSection) -> Result<Vec<ProcessRecord>, GpuStateError> {
-    if gpu.engine != DriverManaged::NAME {
+    if gpu.engine != DriverManaged::NAME && gpu.engine != Posix::NAME {
         return Err(GpuStateError::Incompatible(format!(
             "the checkpoint's GPU state was taken with storage engine `{}`, which this gpusnap \
              build cannot restore",
@@ -414,16 +478,43 @@ mod tests {
     }
 
     #[test]
+    fn restore_engines_follow_the_manifest_and_the_capability_gate() {
+        let config = Config::default();
+        let mut c = caps(vec![], 13000);
+        assert_eq!(
+            restore_engine(&config, &c, DriverManaged::NAME)
+                .unwrap()
+                .name(),
+            DriverManaged::NAME
+        );
+        let err = restore_engine(&config, &c, Posix::NAME)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("13.4"), "{err}");
+        c.custom_storage = true;
+        assert_eq!(
+            restore_engine(&config, &c, Posix::NAME).unwrap().name(),
+            Posix::NAME
+        );
+        let err = restore_engine(&config, &c, "pagebroker")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pagebroker"), "{err}");
+    }
+
+    #[test]
     fn foreign_engines_and_damaged_records_are_refused() {
         let mut gpu = GpuSection {
-            engine: "posix".into(),
+            engine: "pagebroker".into(),
             processes: vec![],
             extra: serde_json::Map::new(),
         };
         assert!(restore_records(&gpu)
             .unwrap_err()
             .to_string()
-            .contains("posix"));
+            .contains("pagebroker"));
+        gpu.engine = Posix::NAME.into();
+        assert!(restore_records(&gpu).unwrap().is_empty());
         gpu.engine = DriverManaged::NAME.into();
         assert!(restore_records(&gpu).unwrap().is_empty());
         gpu.processes.push(GpuProcessRecord {

@@ -7,7 +7,7 @@
 //!
 //! - [`DriverManaged`]: the driver copies device memory into host memory inside
 //!   the target, and CRIU dumps it with the target's other pages.
-//! - A CUDA 13.4 CustomStorage engine (`posix`, next) calls
+//! - [`Posix`] (CUDA 13.4 CustomStorage, module [`crate::posix`]) calls
 //!   [`Driver::checkpoint_process_with`] with `customStorageInfo_out`, copies
 //!   the mapped regions to files under [`EngineOp::storage_dir`] while checking
 //!   [`EngineOp::deadline`] in its copy loop (driver calls cannot be
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::driver::{CallError, Capabilities, DeviceInfo, Driver, GpuRemap};
+pub use crate::posix::Posix;
 
 /// One engine call for one process.
 #[derive(Debug, Clone)]

@@ -6,7 +6,8 @@
 //! - [`discovery`]: which pids of a container the driver treats as CUDA processes.
 //! - [`orchestrate`]: the checkpoint and restore sequences the shim and the
 //!   runc wrapper call, with watchdogs, rollback and serialisable records.
-//! - [`engine`]: where device memory goes ([`engine::DriverManaged`] today).
+//! - [`engine`]: where device memory goes ([`engine::DriverManaged`], or
+//!   [`posix::Posix`]: CUDA 13.4 CustomStorage into extent files).
 //!
 //! Tests drive all of it against the fake driver in `cuda/fake-libcuda`, loaded
 //! through the same path as the real one.
@@ -16,6 +17,7 @@ pub mod discovery;
 pub mod driver;
 pub mod engine;
 pub mod orchestrate;
+pub mod posix;
 mod watchdog;
 
 pub use driver::{

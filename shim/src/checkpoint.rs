@@ -179,7 +179,7 @@ impl TaskService {
 
         // Which of them use CUDA, and can the configured engine move their device memory?
         // Decided before anything is locked or written.
-        let gpu = plan_gpu(&config, &pids).await.map_err(|e| {
+        let gpu = plan_gpu(&config, &pids, &dir).await.map_err(|e| {
             failed_precondition(format!(
                 "checkpoint of {} refused before anything was touched: {e}",
                 req.id
@@ -441,9 +441,11 @@ impl TaskService {
                     .await
                     .map_err(|e| internal(e.to_string()))?
                     .map_err(|e| refuse(format!("the checkpoint holds GPU state but the CUDA driver is not usable here: {e}")))?;
+                container_gpu::restore_engine(&config, driver.capabilities(), &section.engine)
+                    .map_err(|e| refuse(e.to_string()))?;
                 let map = container_gpu::gate(driver.capabilities(), &records)
                     .map_err(|e| refuse(e.to_string()))?;
-                Some((driver, map, records))
+                Some((driver, map, records, section.engine.clone()))
             }
         };
         let global = runc_global(&settings, &bundle, config.criu.binary_dir.clone());
@@ -513,9 +515,19 @@ impl TaskService {
         setup.finish(&mut init).await.map_err(internal)?;
 
         let mut cuda_ms = 0;
-        if let Some((driver, map, records)) = gpu {
+        if let Some((driver, map, records, engine)) = gpu {
             let cuda_started = Instant::now();
-            if let Err(e) = gpu_restore(driver, &config, map, records, init.pid as u32).await {
+            if let Err(e) = gpu_restore(
+                driver,
+                &config,
+                &engine,
+                &restore.image,
+                map,
+                records,
+                init.pid as u32,
+            )
+            .await
+            {
                 // The restored processes cannot run without their device memory: stop them.
                 let runc = self.runc_of(id).await?;
                 let _ = runc
@@ -594,19 +606,25 @@ type GpuPlan = Option<(Orchestrator, Vec<CudaProcess>)>;
 
 /// The container's CUDA processes and the orchestrator for the configured engine; `None` when
 /// no process uses CUDA (or no driver is installed and no NVIDIA device is open).
-async fn plan_gpu(config: &gpusnap_config::Config, pids: &[u32]) -> Result<GpuPlan, String> {
+async fn plan_gpu(
+    config: &gpusnap_config::Config,
+    pids: &[u32],
+    checkpoint_dir: &Path,
+) -> Result<GpuPlan, String> {
     let config = config.clone();
+    // Engines that write files (posix) put their extents next to CRIU's images.
+    let storage_dir = checkpoint_dir.to_path_buf();
     let pids: Vec<i32> = pids.iter().map(|&p| p as i32).collect();
-    tokio::task::spawn_blocking(
-        move || match container_gpu::prepare_checkpoint(&config, &pids) {
+    tokio::task::spawn_blocking(move || {
+        match container_gpu::prepare_checkpoint_to(&config, &pids, Some(storage_dir)) {
             Ok(CheckpointGpu::CpuOnly) => Ok(None),
             Ok(CheckpointGpu::Cuda {
                 orchestrator,
                 processes,
             }) => Ok(Some((orchestrator, processes))),
             Err(e) => Err(e.to_string()),
-        },
-    )
+        }
+    })
     .await
     .map_err(|e| e.to_string())?
 }
@@ -684,11 +702,19 @@ async fn resume_cuda(
 async fn gpu_restore(
     driver: std::sync::Arc<gpusnap_cuda::Driver>,
     config: &gpusnap_config::Config,
+    engine: &str,
+    checkpoint_dir: &Path,
     map: GpuMap,
     records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
     init_pid: u32,
 ) -> Result<gpusnap_cuda::orchestrate::RestoreReport, String> {
-    let options = container_gpu::orchestrator_options(config);
+    let orchestrator = container_gpu::restore_orchestrator(
+        driver,
+        config,
+        engine,
+        Some(checkpoint_dir.to_path_buf()),
+    )
+    .map_err(|e| e.to_string())?;
     tokio::task::spawn_blocking(move || {
         let restored: Vec<i32> = crate::stats::cgroup_pids(init_pid)
             .unwrap_or_else(|| vec![init_pid])
@@ -703,7 +729,7 @@ async fn gpu_restore(
             .zip(host_pids)
             .map(|(record, host_pid)| RestoreTarget { record, host_pid })
             .collect();
-        Orchestrator::driver_managed(driver, options)
+        orchestrator
             .restore(&targets, &map)
             .map_err(|e| e.to_string())
     })

@@ -9,7 +9,7 @@
 #                        through gpusnap, a small raw CUDA+CRIU cycle); no GPU checkpoint
 #                        through the shim. full (default): scenarios + benchmark.
 #   --mib N              workload size of the functional scenarios (default 1024)
-#   --scenarios LIST     of run,a,b,c,x (default all; "none" for the benchmark alone):
+#   --scenarios LIST     of run,a,b,c,p,x (default all; p = posix engine refused on this driver; "none" for the benchmark alone):
 #                        a = checkpoint leaving it running, b = checkpoint, kill, restore,
 #                        c = checkpoint the restored one, kill, restore again (C->R->C),
 #                        x = `ctr t checkpoint --exit --image-path DIR` on it (the task must
@@ -34,7 +34,7 @@ set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 T_START=$(date +%s%3N)
 
-MODE=full MIB=1024 SCENARIOS=run,a,b,c,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
+MODE=full MIB=1024 SCENARIOS=run,a,b,c,p,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
 CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0
 while (($#)); do
     case $1 in
@@ -72,6 +72,7 @@ BB_IMAGE=docker.io/gpusnap/busybox:test
 RT=io.containerd.gpusnap.v2
 
 FAILS=()
+GPU_EXTRA=()
 NOTES=()
 ROWS=()      # timing table rows: phase|op|wall_ms|shim_ms|detail
 BENCH_ROWS=() # benchmark rows: size|what|gpusnap_ms|raw_ms
@@ -389,7 +390,7 @@ gpu_run() {
     ((NET_HOST)) && args+=(--net-host)
     args+=(--mount "type=bind,src=/usr,dst=/usr,options=bind:ro"
         --mount "type=bind,src=$WORK/gpu,dst=/gpu,options=bind:rw")
-    ctr run -d --null-io --runtime "${GPU_RT:-$RT}" "${args[@]}" "$GPU_IMAGE" "$id" \
+    ctr run -d --null-io --runtime "${GPU_RT:-$RT}" "${args[@]}" "${GPU_EXTRA[@]}" "$GPU_IMAGE" "$id" \
         /gpu/bin/gpu_verify "$mib" "/gpu/log/$id.log" "$INTERVAL"
 }
 
@@ -842,6 +843,42 @@ if has c && time_left 90; then
     else
         fail "c: $ID is not running (b failed?); C->R->C skipped"
     fi
+fi
+if has p && time_left 60; then
+    say "p: storage engine posix on a driver without the CUDA 13.4 API is refused, workload untouched"
+    PID_ID=gpu-posix
+    PLOG=$WORK/gpu/log/$PID_ID.log
+    pdir=$WORK/ramtmp/p-image
+    GPU_EXTRA=(--annotation gpusnap.io/storage-engine=posix)
+    gpu_run "$PID_ID" 512 >/dev/null
+    GPU_EXTRA=()
+    if wl_wait "$PLOG" 3 60; then
+        n=$(wl_count "$PLOG")
+        log_mark
+        t0=$(now_ms)
+        out=$(ctr tasks checkpoint --image-path "$pdir" "$PID_ID" 2>&1)
+        rc=$?
+        ms=$(($(now_ms) - t0))
+        printf '%s\n' "$out" | sed 's/^/  ctr: /'
+        if ((rc != 0)) && grep -q 'posix' <<<"$out" && grep -q '13.4' <<<"$out"; then
+            ok "p: checkpoint refused in $ms ms, naming the engine and the 13.4 requirement"
+        else
+            fail "p: expected a refusal naming posix and CUDA 13.4 (rc $rc)"
+        fi
+        grep -q 'Nothing was locked' <<<"$out" && ok "p: the error says nothing was locked" || fail "p: the error does not say nothing was locked"
+        [[ -f $pdir/gpusnap-manifest.json ]] && fail "p: a manifest was written" || ok "p: nothing that looks like a checkpoint in $pdir"
+        st=$(ctr t ls | awk -v i="$PID_ID" '$1 == i {print $3}')
+        [[ $st == RUNNING ]] && ok "p: task still RUNNING" || fail "p: task is $st"
+        if wl_wait "$PLOG" $((n + 4)) 30; then ok "p: workload kept stepping (unlocked)"; else fail "p: workload stalled after the refusal"; fi
+        check_clean "$PLOG" p
+        row p "checkpoint with storage engine posix (refused)" "$ms" "-" "rc=$rc"
+    else
+        fail "p: the posix-annotated workload did not start"
+    fi
+    ctr_stop "$PID_ID"
+    rm -rf "$pdir"
+    for im in $(ctr images ls -q | grep '^containerd.io/checkpoint/'); do ctr images rm --sync "$im" >/dev/null 2>&1; done
+    gpu_wait_free
 fi
 if has x && time_left 60; then
     say "x: checkpoint with exit to an image path (ctr t checkpoint --exit --image-path)"

@@ -49,6 +49,15 @@ where
             format!("the checkpoint holds GPU state but the CUDA driver is not usable here: {e}")
         })?;
     let map = container_gpu::gate(driver.capabilities(), &records).map_err(|e| e.to_string())?;
+    // gpusnap-runc restores driver-managed GPU state only (posix extents need the checkpoint
+    // directory wired through the wrapper); refuse before runc runs.
+    if let Some(r) = records.iter().find(|r| r.engine != "driver-managed") {
+        return Err(format!(
+            "pid {} was checkpointed with storage engine `{}`, which gpusnap-runc cannot restore \
+             yet; restore it through the containerd shim",
+            r.host_pid, r.engine
+        ));
+    }
     let restored = criu_restore()?;
     let host_pids = discovery::map_restored_pids(&records, &restored, Path::new("/proc"))
         .map_err(|e| e.to_string())?;

@@ -1,0 +1,376 @@
+//! Benchmark of the posix engine's slot pipeline on device memory this process
+//! allocates itself (no checkpoint API involved), next to the ceilings measured
+//! in the same run: pinned `cuMemcpy` DtoH/HtoD of the same size (PCIe) and a
+//! plain sequential write/read of the same bytes to the same directory (storage).
+//!
+//! ```text
+//! posix_bench --dir /mnt/nvme/bench [--size-mib 8192] [--device 0]
+//!             [--slots 1,2,4,8] [--chunks-mib 16,64,256] [--library libcuda.so.1]
+//!             [--buffered] [--fake]
+//! ```
+//! `--fake` runs everything against the test double (host memory stands in for
+//! device memory): checks the CPU side without a GPU. Exit 2: no GPU.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::exit;
+use std::time::Instant;
+
+use gpusnap_cuda::driver::{Driver, DriverConfig};
+use gpusnap_cuda::posix::{self, DeviceRegion, PinnedBuffer, PipelineOptions};
+
+const MIB: usize = 1 << 20;
+const PINNED_CAP: usize = 1 << 30;
+
+struct Args {
+    dir: PathBuf,
+    size: usize,
+    device: u32,
+    slots: Vec<usize>,
+    chunks: Vec<usize>,
+    library: String,
+    direct: bool,
+    fake: bool,
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("posix_bench: {msg}");
+    eprintln!(
+        "usage: posix_bench --dir DIR [--size-mib N] [--device I] [--slots 1,2,4,8] \
+         [--chunks-mib 16,64,256] [--library PATH] [--buffered] [--fake]"
+    );
+    exit(64)
+}
+
+fn list(v: &str) -> Vec<usize> {
+    v.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| usage(&format!("bad number {x:?}")))
+        })
+        .collect()
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        dir: PathBuf::new(),
+        size: 0,
+        device: 0,
+        slots: vec![1, 2, 4, 8],
+        chunks: vec![16 * MIB, 64 * MIB, 256 * MIB],
+        library: "libcuda.so.1".into(),
+        direct: true,
+        fake: false,
+    };
+    let mut it = std::env::args().skip(1);
+    let mut size_mib = None;
+    while let Some(k) = it.next() {
+        let mut val = || {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{k} needs a value")))
+        };
+        match k.as_str() {
+            "--dir" => a.dir = PathBuf::from(val()),
+            "--size-mib" => size_mib = Some(list(&val())[0]),
+            "--device" => a.device = list(&val())[0] as u32,
+            "--slots" => a.slots = list(&val()),
+            "--chunks-mib" => a.chunks = list(&val()).into_iter().map(|c| c * MIB).collect(),
+            "--library" => a.library = val(),
+            "--buffered" => a.direct = false,
+            "--fake" => a.fake = true,
+            "-h" | "--help" => usage("help"),
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    if a.dir.as_os_str().is_empty() {
+        usage("--dir is required");
+    }
+    a.size = size_mib.unwrap_or(if a.fake { 256 } else { 8192 }) * MIB;
+    a
+}
+
+fn gbps(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-9) / 1e9
+}
+
+type Res = u32;
+type FnAlloc = unsafe extern "C" fn(*mut u64, usize) -> Res;
+type FnFree = unsafe extern "C" fn(u64) -> Res;
+
+/// Device memory: cuMemAlloc on a GPU, a host Vec with the fake.
+enum Memory {
+    Device {
+        free: FnFree,
+        ptr: u64,
+        _lib: libloading::Library,
+    },
+    Host(Vec<u8>),
+}
+
+impl Memory {
+    fn ptr(&mut self) -> u64 {
+        match self {
+            Memory::Device { ptr, .. } => *ptr,
+            Memory::Host(v) => v.as_mut_ptr() as u64,
+        }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Memory::Device { free, ptr, .. } = self {
+            // SAFETY: allocated by cuMemAlloc_v2 below.
+            unsafe { free(*ptr) };
+        }
+    }
+}
+
+fn alloc_device(driver: &Driver, size: usize) -> Result<Memory, String> {
+    // SAFETY: the library is the driver already loaded by `Driver::load`.
+    let lib =
+        unsafe { libloading::Library::new(driver.library_path()) }.map_err(|e| e.to_string())?;
+    // SAFETY: the documented cuMemAlloc_v2 / cuMemFree_v2 prototypes.
+    let (alloc, free) = unsafe {
+        (
+            *lib.get::<FnAlloc>(b"cuMemAlloc_v2\0")
+                .map_err(|e| format!("cuMemAlloc_v2: {e}"))?,
+            *lib.get::<FnFree>(b"cuMemFree_v2\0")
+                .map_err(|e| format!("cuMemFree_v2: {e}"))?,
+        )
+    };
+    let mut ptr = 0u64;
+    // SAFETY: valid out-pointer; a context is current.
+    let rc = unsafe { alloc(&mut ptr, size) };
+    if rc != 0 {
+        return Err(format!(
+            "cuMemAlloc_v2({size}) failed: {}",
+            driver.cu_error(rc)
+        ));
+    }
+    Ok(Memory::Device {
+        free,
+        ptr,
+        _lib: lib,
+    })
+}
+
+/// Plain sequential write then read of `size` bytes through `buf` (O_DIRECT when allowed).
+fn storage_ceiling(
+    path: &Path,
+    buf: &mut [u8],
+    size: usize,
+    direct: bool,
+) -> std::io::Result<(f64, f64)> {
+    let open = |write: bool, flags: i32| {
+        let mut o = OpenOptions::new();
+        if write {
+            o.write(true).create(true).truncate(true);
+        } else {
+            o.read(true);
+        }
+        o.custom_flags(flags).open(path)
+    };
+    let aligned = (buf.as_ptr() as usize).is_multiple_of(4096)
+        && buf.len().is_multiple_of(4096)
+        && size.is_multiple_of(4096);
+    let flags = if direct && aligned { libc::O_DIRECT } else { 0 };
+    let mut f = open(true, flags).or_else(|_| open(true, 0))?;
+    let t = Instant::now();
+    let mut done = 0;
+    while done < size {
+        let n = buf.len().min(size - done);
+        f.write_all(&buf[..n])?;
+        done += n;
+    }
+    f.sync_all()?;
+    let w = t.elapsed().as_secs_f64();
+    drop(f);
+    let mut f = open(false, flags).or_else(|_| open(false, 0))?;
+    // Best effort: drop cached pages so buffered reads hit the device.
+    // SAFETY: plain fadvise on an fd we own.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let t = Instant::now();
+    let mut done = 0;
+    while done < size {
+        let n = buf.len().min(size - done);
+        f.read_exact(&mut buf[..n])?;
+        done += n;
+    }
+    let r = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(path);
+    Ok((gbps(size, w), gbps(size, r)))
+}
+
+fn main() {
+    let args = parse();
+    std::fs::create_dir_all(&args.dir)
+        .unwrap_or_else(|e| usage(&format!("{}: {e}", args.dir.display())));
+
+    let fake_dir = tempfile::tempdir().expect("tempdir");
+    let library: PathBuf = if args.fake {
+        let fake = gpusnap_fake_libcuda::FakeCuda::create(fake_dir.path()).expect("fake libcuda");
+        fake.set_driver_version(13040).expect("fake version");
+        fake.library_path()
+    } else {
+        PathBuf::from(&args.library)
+    };
+    let driver = match Driver::load(&DriverConfig::with_library(&library)) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("no GPU: {e}");
+            exit(2)
+        }
+    };
+    let Some(dev) = driver
+        .capabilities()
+        .devices
+        .iter()
+        .find(|d| d.index == args.device)
+        .cloned()
+    else {
+        eprintln!(
+            "no GPU: device {} not found ({} devices)",
+            args.device,
+            driver.capabilities().devices.len()
+        );
+        exit(2)
+    };
+    let ctx = match posix::retain_primary_context(&driver, dev.index) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("no GPU: {e}");
+            exit(2)
+        }
+    };
+    // SAFETY: `ctx` was just retained from this driver.
+    unsafe { posix::make_current(&driver, ctx) }.expect("cuCtxSetCurrent");
+    let mut mem = if args.fake {
+        Memory::Host(vec![0u8; args.size])
+    } else {
+        match alloc_device(&driver, args.size) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("no GPU: {e}");
+                exit(2)
+            }
+        }
+    };
+    let region = DeviceRegion {
+        ctx,
+        dev_ptr: mem.ptr(),
+        size: args.size,
+        stream: std::ptr::null_mut(), // the legacy default stream
+    };
+    println!(
+        "posix_bench: {} ({}) driver {} {}, {} MiB, dir {}{}",
+        dev.name,
+        dev.uuid,
+        driver.version(),
+        if args.fake { "FAKE" } else { "" },
+        args.size / MIB,
+        args.dir.display(),
+        if args.direct { "" } else { " (buffered)" }
+    );
+
+    // Fill the device and measure the PCIe ceilings with one 256 MiB pinned buffer.
+    let mut pinned = PinnedBuffer::new(&driver, 256 * MIB).expect("pinned buffer");
+    for (i, b) in pinned.as_mut_slice().iter_mut().enumerate() {
+        *b = (i.wrapping_mul(2654435761) >> 13) as u8;
+    }
+    let t = Instant::now();
+    pinned.sweep(&region, false).expect("HtoD fill");
+    let htod = gbps(args.size, t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    pinned.sweep(&region, true).expect("DtoH");
+    let dtoh = gbps(args.size, t.elapsed().as_secs_f64());
+    let (disk_w, disk_r) = storage_ceiling(
+        &args.dir.join("posix-bench-ceiling.bin"),
+        pinned.as_mut_slice(),
+        args.size,
+        args.direct,
+    )
+    .expect("storage ceiling");
+    drop(pinned);
+    println!("ceilings: PCIe DtoH {dtoh:.2} GB/s, HtoD {htod:.2} GB/s; storage write {disk_w:.2} GB/s, read {disk_r:.2} GB/s");
+    let ckpt_ceiling = dtoh.min(disk_w);
+    let rest_ceiling = htod.min(disk_r);
+    println!(
+        "{:>5} {:>9} {:>12} {:>7} {:>12} {:>7} {:>6}",
+        "slots", "chunk", "dev→file", "ratio", "file→dev", "ratio", "direct"
+    );
+
+    let path = args.dir.join("posix-bench-extent.bin");
+    let mut best = (0.0f64, 0.0f64);
+    for &chunk in &args.chunks {
+        for &slots in &args.slots {
+            if slots * chunk > PINNED_CAP {
+                println!(
+                    "{slots:>5} {:>6}MiB   skipped: {} MiB pinned exceeds the 1 GiB/GPU cap",
+                    chunk / MIB,
+                    slots * chunk / MIB
+                );
+                continue;
+            }
+            let mut opts = PipelineOptions::new(slots, chunk);
+            opts.direct_io = args.direct;
+            let w = match posix::device_to_file(&driver, &region, &path, &opts) {
+                Ok(w) => w,
+                Err(e) => {
+                    println!("{slots:>5} {:>6}MiB   device→file failed: {e}", chunk / MIB);
+                    continue;
+                }
+            };
+            if let Ok(f) = std::fs::File::open(&path) {
+                // SAFETY: plain fadvise on a fresh fd; evicts the extent from the page cache.
+                unsafe {
+                    libc::posix_fadvise(
+                        std::os::fd::AsRawFd::as_raw_fd(&f),
+                        0,
+                        0,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
+                };
+            }
+            let r = match posix::file_to_device(&driver, &region, &path, Some(&w.blake3), &opts) {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("{slots:>5} {:>6}MiB   file→device failed: {e}", chunk / MIB);
+                    continue;
+                }
+            };
+            let (wg, rg) = (w.gb_per_s(), r.gb_per_s());
+            best = (best.0.max(wg), best.1.max(rg));
+            println!(
+                "{slots:>5} {:>6}MiB {:>7.2} GB/s {:>6.0}% {:>7.2} GB/s {:>6.0}% {:>6}",
+                chunk / MIB,
+                wg,
+                100.0 * wg / ckpt_ceiling,
+                rg,
+                100.0 * rg / rest_ceiling,
+                w.direct_io && r.direct_io
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    println!(
+        "best: device→file {:.2} GB/s ({:.0}% of min(PCIe DtoH, storage write) = {:.2}); file→device {:.2} GB/s ({:.0}% of min(PCIe HtoD, storage read) = {:.2})",
+        best.0,
+        100.0 * best.0 / ckpt_ceiling,
+        ckpt_ceiling,
+        best.1,
+        100.0 * best.1 / rest_ceiling,
+        rest_ceiling
+    );
+    // Keep the sweep's device memory alive until here.
+    let _ = mem.ptr();
+}

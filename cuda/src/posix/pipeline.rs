@@ -1,0 +1,674 @@
+//! The slot pipeline: device memory ⇄ pinned host slots ⇄ one file, with the
+//! device copies of one slot overlapping the file I/O of another.
+//!
+//! It works on any device region (a CustomStorage mapping or memory a benchmark
+//! allocated itself): a device pointer, a size, a stream and the context the
+//! stream lives in. Per region there are two threads: the calling thread issues
+//! the copies on the stream, a second thread does the file I/O and the BLAKE3
+//! digest. Slots travel between them over channels, so with `N` slots up to
+//! `N - 1` chunks wait for (or come from) the file while one is being copied.
+//!
+//! The deadline is cooperative: both loops check it between chunks. Driver
+//! calls themselves cannot be interrupted.
+
+use std::ffi::c_void;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::driver::ffi::{CuContext, CuDevicePtr, CuStream};
+use crate::driver::{CuError, Driver, MemoryApi};
+
+/// Alignment `O_DIRECT` needs for buffers, offsets and lengths (bytes).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// How a transfer runs.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// Pinned slots (1–8).
+    pub buffer_count: usize,
+    /// Bytes per slot.
+    pub chunk_bytes: usize,
+    /// Stop between chunks once this has passed.
+    pub deadline: Option<Instant>,
+    /// Try `O_DIRECT`; falls back to buffered I/O where the filesystem refuses it.
+    pub direct_io: bool,
+    /// Test hook: the writer fails with `ENOSPC` once this many bytes were written.
+    #[doc(hidden)]
+    pub fail_write_after: Option<u64>,
+}
+
+impl PipelineOptions {
+    pub fn new(buffer_count: usize, chunk_bytes: usize) -> Self {
+        Self {
+            buffer_count,
+            chunk_bytes,
+            deadline: None,
+            direct_io: true,
+            fail_write_after: None,
+        }
+    }
+}
+
+/// A device region and the stream/context to copy it with.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceRegion {
+    /// Made current on the copying thread (null: leave the current context).
+    pub ctx: CuContext,
+    pub dev_ptr: CuDevicePtr,
+    pub size: usize,
+    pub stream: CuStream,
+}
+
+// SAFETY: the handles are plain driver tokens; the driver API is thread-safe
+// and the pipeline makes the context current on the thread that uses them.
+unsafe impl Send for DeviceRegion {}
+// SAFETY: as above; the struct is never mutated through a shared reference.
+unsafe impl Sync for DeviceRegion {}
+
+/// What one transfer did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransferStats {
+    pub bytes: u64,
+    /// BLAKE3 of the bytes, lowercase hex.
+    pub blake3: String,
+    pub elapsed: Duration,
+    /// Whether `O_DIRECT` moved at least one chunk (needs page-aligned slots,
+    /// which `cuMemHostAlloc` gives, and a filesystem that allows it).
+    pub direct_io: bool,
+}
+
+impl TransferStats {
+    /// Decimal gigabytes per second.
+    pub fn gb_per_s(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.bytes as f64 / s / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("{call} failed: {error}")]
+    Cuda { call: &'static str, error: CuError },
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the operation deadline passed after {done} of {total} bytes (max_operation watchdog)"
+    )]
+    Deadline { done: u64, total: u64 },
+    #[error(
+        "extent {} has BLAKE3 {actual}, but the checkpoint recorded {expected}: it was changed or damaged",
+        path.display()
+    )]
+    Digest {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("extent {} holds {actual} bytes, but the device region is {expected} bytes", path.display())]
+    Size {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl PipelineError {
+    pub fn is_deadline(&self) -> bool {
+        matches!(self, Self::Deadline { .. })
+    }
+}
+
+fn memory(driver: &Driver) -> Result<&MemoryApi, PipelineError> {
+    driver.memory_api().ok_or_else(|| {
+        PipelineError::Invalid(format!(
+            "driver {} lacks the context, stream or copy functions the posix pipeline needs",
+            driver.version()
+        ))
+    })
+}
+
+fn cuda(driver: &Driver, call: &'static str, rc: u32) -> Result<(), PipelineError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(PipelineError::Cuda {
+            call,
+            error: driver.cu_error(rc),
+        })
+    }
+}
+
+/// One pinned slot; ownership moves between the copy and the I/O thread.
+struct Slot {
+    ptr: *mut u8,
+}
+// SAFETY: exactly one thread owns a slot at a time (it travels through channels).
+unsafe impl Send for Slot {}
+
+/// Pinned allocations, freed on drop.
+struct PinnedSlots<'a> {
+    driver: &'a Driver,
+    mem: &'a MemoryApi,
+    ptrs: Vec<*mut c_void>,
+}
+
+impl<'a> PinnedSlots<'a> {
+    fn alloc(driver: &'a Driver, count: usize, bytes: usize) -> Result<Self, PipelineError> {
+        let mem = memory(driver)?;
+        let mut slots = Self {
+            driver,
+            mem,
+            ptrs: Vec::with_capacity(count),
+        };
+        for _ in 0..count {
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; flags 0 = page-locked for the current context.
+            let rc = unsafe { (mem.mem_host_alloc)(&mut p, bytes, 0) };
+            cuda(driver, "cuMemHostAlloc", rc)?;
+            slots.ptrs.push(p);
+        }
+        Ok(slots)
+    }
+
+    fn slots(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.ptrs.iter().map(|p| Slot { ptr: p.cast() })
+    }
+}
+
+impl Drop for PinnedSlots<'_> {
+    fn drop(&mut self) {
+        for p in self.ptrs.drain(..) {
+            // SAFETY: allocated by cuMemHostAlloc above; no slot outlives the
+            // transfer (both threads have joined when this runs).
+            let rc = unsafe { (self.mem.mem_free_host)(p) };
+            if rc != 0 {
+                tracing::warn!(error = %self.driver.cu_error(rc), "cuMemFreeHost failed");
+            }
+        }
+    }
+}
+
+fn check_options(opts: &PipelineOptions) -> Result<(), PipelineError> {
+    if !(1..=8).contains(&opts.buffer_count) {
+        return Err(PipelineError::Invalid(format!(
+            "transfer buffer count {} is outside 1–8",
+            opts.buffer_count
+        )));
+    }
+    if opts.chunk_bytes == 0 || !opts.chunk_bytes.is_multiple_of(DIRECT_ALIGN) {
+        return Err(PipelineError::Invalid(format!(
+            "transfer chunk of {} bytes is not a positive multiple of {DIRECT_ALIGN}",
+            opts.chunk_bytes
+        )));
+    }
+    Ok(())
+}
+
+fn set_current(driver: &Driver, ctx: CuContext) -> Result<(), PipelineError> {
+    if ctx.is_null() {
+        return Ok(());
+    }
+    let mem = memory(driver)?;
+    // SAFETY: `ctx` is a retained primary context.
+    cuda(driver, "cuCtxSetCurrent", unsafe {
+        (mem.ctx_set_current)(ctx)
+    })
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+fn wait_left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::from_secs(3600 * 24), |d| {
+        d.saturating_duration_since(Instant::now())
+    })
+}
+
+/// An open extent file, `O_DIRECT` when the filesystem allows it.
+struct Extent {
+    file: File,
+    path: PathBuf,
+    direct: bool,
+}
+
+impl Extent {
+    fn open(path: &Path, write: bool, direct: bool) -> Result<Self, PipelineError> {
+        let open = |flags: i32| {
+            let mut o = OpenOptions::new();
+            if write {
+                o.write(true).create(true).truncate(true).mode(0o600);
+            } else {
+                o.read(true);
+            }
+            o.custom_flags(flags).open(path)
+        };
+        let what = if write {
+            "creating extent"
+        } else {
+            "opening extent"
+        };
+        if direct {
+            match open(libc::O_DIRECT) {
+                Ok(file) => {
+                    return Ok(Self {
+                        file,
+                        path: path.to_owned(),
+                        direct: true,
+                    })
+                }
+                // tmpfs and some FUSE filesystems refuse O_DIRECT.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(source) => {
+                    return Err(PipelineError::Io {
+                        what,
+                        path: path.to_owned(),
+                        source,
+                    })
+                }
+            }
+        }
+        let file = open(0).map_err(|source| PipelineError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+            direct: false,
+        })
+    }
+
+    /// Drops `O_DIRECT` for the rest of the file (unaligned tail, or refused).
+    fn go_buffered(&mut self) {
+        if !self.direct {
+            return;
+        }
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fcntl on an fd this struct owns.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT);
+            }
+        }
+        self.direct = false;
+    }
+
+    fn aligned(&self, buf: *const u8, len: usize, offset: u64) -> bool {
+        (buf as usize).is_multiple_of(DIRECT_ALIGN)
+            && len.is_multiple_of(DIRECT_ALIGN)
+            && offset.is_multiple_of(DIRECT_ALIGN as u64)
+    }
+
+    fn err(&self, what: &'static str, source: io::Error) -> PipelineError {
+        PipelineError::Io {
+            what,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Whether `O_DIRECT` did the write.
+    fn write_at(&mut self, data: &[u8], offset: u64) -> Result<bool, PipelineError> {
+        if self.direct && !self.aligned(data.as_ptr(), data.len(), offset) {
+            self.go_buffered();
+        }
+        match self.file.write_all_at(data, offset) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.go_buffered();
+                self.file
+                    .write_all_at(data, offset)
+                    .map_err(|e| self.err("writing extent", e))?;
+                Ok(false)
+            }
+            r => r
+                .map(|()| self.direct)
+                .map_err(|e| self.err("writing extent", e)),
+        }
+    }
+
+    /// Whether `O_DIRECT` did the read.
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<bool, PipelineError> {
+        if self.direct && !self.aligned(buf.as_ptr(), buf.len(), offset) {
+            self.go_buffered();
+        }
+        match self.file.read_exact_at(buf, offset) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.go_buffered();
+                self.file
+                    .read_exact_at(buf, offset)
+                    .map_err(|e| self.err("reading extent", e))?;
+                Ok(false)
+            }
+            r => r
+                .map(|()| self.direct)
+                .map_err(|e| self.err("reading extent", e)),
+        }
+    }
+}
+
+/// Hashes slots in stream order on its own thread, then frees them, so that the
+/// digest overlaps the file I/O instead of adding to it.
+fn hash_slots(rx: mpsc::Receiver<(Slot, usize)>, free_tx: mpsc::Sender<Slot>) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for (slot, len) in rx {
+        // SAFETY: the slot holds `len` valid bytes and nobody writes it until
+        // it is freed below.
+        hasher.update(unsafe { std::slice::from_raw_parts(slot.ptr, len) });
+        // The other side may be done already.
+        let _ = free_tx.send(slot);
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+/// Device → pinned slots → `path` (created or truncated, fsynced), with the
+/// BLAKE3 of the bytes. On error the file is left for the caller to remove.
+pub fn device_to_file(
+    driver: &Driver,
+    region: &DeviceRegion,
+    path: &Path,
+    opts: &PipelineOptions,
+) -> Result<TransferStats, PipelineError> {
+    check_options(opts)?;
+    let started = Instant::now();
+    set_current(driver, region.ctx)?;
+    let mem = memory(driver)?;
+    let mut extent = Extent::open(path, true, opts.direct_io)?;
+    let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
+    let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
+    let total = region.size as u64;
+
+    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
+    let (free_tx, free_rx) = mpsc::channel::<Slot>();
+    for s in pinned.slots() {
+        let _ = free_tx.send(s);
+    }
+    let deadline = opts.deadline;
+    let fail_after = opts.fail_write_after;
+
+    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize)>();
+
+    let (copied, writer, digest) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
+        let writer = scope.spawn(move || -> Result<bool, PipelineError> {
+            let mut written = 0u64;
+            let mut used_direct = false;
+            for (slot, len, offset) in filled_rx {
+                // SAFETY: the copy thread filled `len` bytes of this slot and
+                // synchronised the stream before handing it over.
+                let data = unsafe { std::slice::from_raw_parts(slot.ptr, len) };
+                if fail_after.is_some_and(|limit| written + len as u64 > limit) {
+                    return Err(
+                        extent.err("writing extent", io::Error::from_raw_os_error(libc::ENOSPC))
+                    );
+                }
+                used_direct |= extent.write_at(data, offset)?;
+                written += len as u64;
+                let _ = hash_tx.send((slot, len));
+            }
+            drop(hash_tx);
+            extent
+                .file
+                .sync_all()
+                .map_err(|e| extent.err("syncing extent", e))?;
+            Ok(used_direct)
+        });
+
+        let mut offset = 0u64;
+        let copied = loop {
+            if offset >= total {
+                break Ok(offset);
+            }
+            if past(deadline) {
+                break Err(PipelineError::Deadline {
+                    done: offset,
+                    total,
+                });
+            }
+            let slot = match free_rx.recv_timeout(wait_left(deadline)) {
+                Ok(s) => s,
+                Err(RecvTimeoutError::Timeout) => {
+                    break Err(PipelineError::Deadline {
+                        done: offset,
+                        total,
+                    })
+                }
+                // The writer stopped; its error is the one to report.
+                Err(RecvTimeoutError::Disconnected) => break Ok(offset),
+            };
+            let len = chunk.min((total - offset) as usize);
+            // SAFETY: the slot holds `chunk >= len` bytes; the source range lies
+            // inside the region; the stream belongs to the current context.
+            let rc = unsafe {
+                (mem.memcpy_dtoh_async)(
+                    slot.ptr.cast(),
+                    region.dev_ptr + offset,
+                    len,
+                    region.stream,
+                )
+            };
+            if let Err(e) = cuda(driver, "cuMemcpyDtoHAsync", rc) {
+                break Err(e);
+            }
+            // SAFETY: a stream of the current context.
+            let rc = unsafe { (mem.stream_synchronize)(region.stream) };
+            if let Err(e) = cuda(driver, "cuStreamSynchronize", rc) {
+                break Err(e);
+            }
+            if filled_tx.send((slot, len, offset)).is_err() {
+                break Ok(offset);
+            }
+            offset += len as u64;
+        };
+        drop(filled_tx);
+        drop(free_rx);
+        let writer = writer.join();
+        (copied, writer, hasher.join())
+    });
+    drop(pinned);
+
+    let writer =
+        writer.map_err(|_| PipelineError::Invalid("the extent writer thread panicked".into()))?;
+    let digest =
+        digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
+    let copied = copied?;
+    let direct_io = writer?;
+    if copied != total {
+        return Err(PipelineError::Invalid(format!(
+            "copied {copied} of {total} bytes to {}",
+            path.display()
+        )));
+    }
+    Ok(TransferStats {
+        bytes: total,
+        blake3: digest,
+        elapsed: started.elapsed(),
+        direct_io,
+    })
+}
+
+/// `path` → pinned slots → device. The file must hold exactly `region.size`
+/// bytes; with `expected` its BLAKE3 (computed while reading) must match.
+pub fn file_to_device(
+    driver: &Driver,
+    region: &DeviceRegion,
+    path: &Path,
+    expected: Option<&str>,
+    opts: &PipelineOptions,
+) -> Result<TransferStats, PipelineError> {
+    check_options(opts)?;
+    let started = Instant::now();
+    set_current(driver, region.ctx)?;
+    let mem = memory(driver)?;
+    let mut extent = Extent::open(path, false, opts.direct_io)?;
+    let total = region.size as u64;
+    let actual = extent
+        .file
+        .metadata()
+        .map_err(|e| extent.err("inspecting extent", e))?
+        .len();
+    if actual != total {
+        return Err(PipelineError::Size {
+            path: path.to_owned(),
+            expected: total,
+            actual,
+        });
+    }
+    let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
+    let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
+    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
+    let (free_tx, free_rx) = mpsc::channel::<Slot>();
+    for s in pinned.slots() {
+        let _ = free_tx.send(s);
+    }
+    let deadline = opts.deadline;
+
+    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize)>();
+
+    let (copied, reader, digest) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
+        let reader = scope.spawn(move || -> Result<bool, PipelineError> {
+            let mut used_direct = false;
+            let mut offset = 0u64;
+            while offset < total {
+                if past(deadline) {
+                    return Err(PipelineError::Deadline {
+                        done: offset,
+                        total,
+                    });
+                }
+                let Ok(slot) = free_rx.recv() else {
+                    break; // the copy loop gave up
+                };
+                let len = chunk.min((total - offset) as usize);
+                // SAFETY: this thread owns the slot, which holds `chunk >= len` bytes.
+                let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, len) };
+                used_direct |= extent.read_at(buf, offset)?;
+                if filled_tx.send((slot, len, offset)).is_err() {
+                    break;
+                }
+                offset += len as u64;
+            }
+            Ok(used_direct)
+        });
+
+        let mut done = 0u64;
+        let copied = loop {
+            if done >= total {
+                break Ok(done);
+            }
+            if past(deadline) {
+                break Err(PipelineError::Deadline { done, total });
+            }
+            let (slot, len, offset) = match filled_rx.recv_timeout(wait_left(deadline)) {
+                Ok(v) => v,
+                Err(RecvTimeoutError::Timeout) => {
+                    break Err(PipelineError::Deadline { done, total })
+                }
+                Err(RecvTimeoutError::Disconnected) => break Ok(done),
+            };
+            // SAFETY: the reader filled `len` bytes; the destination range lies
+            // inside the region; the stream belongs to the current context.
+            let rc = unsafe {
+                (mem.memcpy_htod_async)(
+                    region.dev_ptr + offset,
+                    slot.ptr.cast_const().cast(),
+                    len,
+                    region.stream,
+                )
+            };
+            if let Err(e) = cuda(driver, "cuMemcpyHtoDAsync", rc) {
+                break Err(e);
+            }
+            // The slot may be refilled only once the copy out of it finished.
+            // SAFETY: a stream of the current context.
+            let rc = unsafe { (mem.stream_synchronize)(region.stream) };
+            if let Err(e) = cuda(driver, "cuStreamSynchronize", rc) {
+                break Err(e);
+            }
+            done += len as u64;
+            // Hashed after the copy (the slot is unchanged), then refilled.
+            let _ = hash_tx.send((slot, len));
+        };
+        drop(hash_tx);
+        drop(filled_rx);
+        let reader = reader.join();
+        (copied, reader, hasher.join())
+    });
+    drop(pinned);
+
+    let reader =
+        reader.map_err(|_| PipelineError::Invalid("the extent reader thread panicked".into()))?;
+    let digest =
+        digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
+    let copied = copied?;
+    let direct_io = reader?;
+    if copied != total {
+        return Err(PipelineError::Invalid(format!(
+            "copied {copied} of {total} bytes from {}",
+            path.display()
+        )));
+    }
+    if let Some(expected) = expected {
+        if !expected.eq_ignore_ascii_case(&digest) {
+            return Err(PipelineError::Digest {
+                path: path.to_owned(),
+                expected: expected.to_owned(),
+                actual: digest,
+            });
+        }
+    }
+    Ok(TransferStats {
+        bytes: total,
+        blake3: digest,
+        elapsed: started.elapsed(),
+        direct_io,
+    })
+}
+
+/// BLAKE3 of a whole file (8 MiB reads), checking the deadline between reads.
+pub fn digest_file(path: &Path, deadline: Option<Instant>) -> Result<(u64, String), PipelineError> {
+    use std::io::Read;
+    let io_err = |source| PipelineError::Io {
+        what: "reading extent",
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io_err)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut total = 0u64;
+    loop {
+        if past(deadline) {
+            return Err(PipelineError::Deadline {
+                done: total,
+                total: file.metadata().map(|m| m.len()).unwrap_or(0),
+            });
+        }
+        let n = file.read(&mut buf).map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, hasher.finalize().to_hex().to_string()))
+}
