@@ -171,7 +171,7 @@ pub fn prepare_checkpoint_to(
             return Err(GpuStateError::EngineUnavailable(format!(
                 "storage engine `posix` (device memory copied by gpusnap into files) needs a CUDA \
                  13.4 driver, where cuCheckpointOperationComplete resolves at version 13040; this \
-                 node's driver reports CUDA {} and does not provide it. Nothing was locked; \
+                 node's driver reports {} and does not provide it. Nothing was locked; \
                  choose storage.engine = \"driver-managed\" (gpusnap.io/storage-engine: \
                  driver-managed) or upgrade the driver",
                 caps.driver_version
