@@ -97,6 +97,24 @@ impl GpuRig {
         value
     }
 
+    /// `ctr tasks checkpoint --image-path DIR ID`.
+    fn task_checkpoint(&self, id: &str, dir: &Path) -> Result<std::process::Output> {
+        let dir = dir.to_str().context("image path is not UTF-8")?;
+        self.rig
+            .ctr(&["tasks", "checkpoint", "--image-path", dir, id])
+    }
+
+    /// A checkpoint that must fail; returns ctr's stderr.
+    fn refused_checkpoint(&self, id: &str, dir: &Path) -> Result<String> {
+        let out = self.task_checkpoint(id, dir)?;
+        ensure!(
+            !out.status.success(),
+            "checkpoint must fail: {}",
+            out.describe()
+        );
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
     /// The calls the double logged for `pid`, as "op rc".
     fn calls(&self, pid: u32) -> Vec<String> {
         self.fake
@@ -127,13 +145,12 @@ fn leave_running_checkpoint_locks_checkpoints_dumps_then_resumes_the_cuda_proces
     let pid = g.run_cuda_counter("lr")?;
     let image = tempfile::tempdir()?;
     let path = image.path().join("ck");
-    g.rig.ctr_ok(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        path.to_str().unwrap(),
-        "lr",
-    ])?;
+    let out = g.task_checkpoint("lr", &path)?;
+    ensure!(
+        out.status.success(),
+        "checkpoint failed: {}",
+        out.describe()
+    );
 
     assert_eq!(
         g.calls(pid),
@@ -238,19 +255,7 @@ fn failed_lock_leaves_the_workload_running_and_no_checkpoint() -> Result<()> {
     g.fake.inject(pid as i32, FakeOp::Lock, &Fault::fail(600))?;
     let image = tempfile::tempdir()?;
     let path = image.path().join("ck");
-    let out = g.rig.ctr(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        path.to_str().unwrap(),
-        "lk",
-    ])?;
-    ensure!(
-        !out.status.success(),
-        "checkpoint must fail: {}",
-        out.describe()
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = g.refused_checkpoint("lk", &path)?;
     assert!(
         err.contains("CUDA_ERROR_NOT_READY"),
         "error names the CUresult: {err}"
@@ -278,19 +283,7 @@ fn failed_cuda_checkpoint_is_rolled_back_to_running_and_unlocked() -> Result<()>
         .inject(pid as i32, FakeOp::Checkpoint, &Fault::fail(2))?;
     let image = tempfile::tempdir()?;
     let path = image.path().join("ck");
-    let out = g.rig.ctr(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        path.to_str().unwrap(),
-        "cf",
-    ])?;
-    ensure!(
-        !out.status.success(),
-        "checkpoint must fail: {}",
-        out.describe()
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = g.refused_checkpoint("cf", &path)?;
     assert!(
         err.contains("rolled back"),
         "error classifies the outcome: {err}"
@@ -323,19 +316,7 @@ fn posix_engine_without_the_13_4_api_is_refused_before_anything_is_locked() -> R
     let g = GpuRig::start("[storage]\nengine = \"posix\"\n")?;
     g.fake.hide_symbol("cuCheckpointOperationComplete")?;
     let pid = g.run_cuda_counter("px")?;
-    let out = g.rig.ctr(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        "/tmp/gpusnap-px-never",
-        "px",
-    ])?;
-    ensure!(
-        !out.status.success(),
-        "checkpoint must be refused: {}",
-        out.describe()
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = g.refused_checkpoint("px", Path::new("/tmp/gpusnap-px-never"))?;
     assert!(
         err.contains("posix") && err.contains("13.4"),
         "names the engine and what it needs: {err}"
@@ -416,13 +397,12 @@ fn paused_gpu_task_stays_frozen_after_checkpoint_until_it_is_resumed() -> Result
     g.rig.pause("fz")?;
     let image = tempfile::tempdir()?;
     let path = image.path().join("ck");
-    g.rig.ctr_ok(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        path.to_str().unwrap(),
-        "fz",
-    ])?;
+    let out = g.task_checkpoint("fz", &path)?;
+    ensure!(
+        out.status.success(),
+        "checkpoint failed: {}",
+        out.describe()
+    );
     assert_eq!(
         g.rig.task_state("fz")?,
         Some(TaskState::Paused),
