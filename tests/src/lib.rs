@@ -37,6 +37,7 @@ pub mod cri;
 pub mod paths;
 pub mod pty;
 pub mod rig;
+pub mod scenario;
 pub mod wait;
 
 pub use cmd::{OutputExt, Spawned};

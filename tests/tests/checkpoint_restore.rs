@@ -37,28 +37,7 @@ use gpusnap_tests::{wait_until, OutputExt, Rig, RigOptions, RunOpts, Runtime, Ta
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
 
-/// Runs `scenario` against `rt`, printing the whole error chain on failure.
-fn check(rt: Runtime, scenario: fn(Runtime) -> Result<()>) {
-    if let Err(e) = scenario(rt) {
-        panic!("scenario failed on {rt}: {e:#}");
-    }
-}
-
-/// Two #[test]s per scenario: `<scenario>_runc_v2` and `<scenario>_gpusnap`.
-macro_rules! scenario_tests {
-    ($($scenario:ident => $runc:ident, $gpusnap:ident;)*) => {
-        $(
-            #[test]
-            fn $runc() {
-                check(Runtime::RuncV2, $scenario);
-            }
-            #[test]
-            fn $gpusnap() {
-                check(Runtime::Gpusnap, $scenario);
-            }
-        )*
-    };
-}
+use gpusnap_tests::{scenario::check, scenario_tests};
 
 scenario_tests! {
     counter_resumes_after_kill_and_restore => counter_resumes_runc_v2, counter_resumes_gpusnap;
