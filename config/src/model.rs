@@ -29,52 +29,85 @@ pub struct RestoreConfig {
     /// --extract` lays them out). A pod annotation can only name a checkpoint under it, never
     /// an arbitrary host path.
     pub checkpoint_root: PathBuf,
+    /// CRIU permissions this node grants every restore, by runc's flag names
+    /// (`tcp-established`, `ext-unix-sk`, `shell-job`, `file-locks`). None by default, as
+    /// containerd-shim-runc-v2 passes none; never taken from the image, which could otherwise
+    /// widen what CRIU restores.
+    pub criu_flags: Vec<String>,
 }
 
 impl Default for RestoreConfig {
     fn default() -> Self {
         RestoreConfig {
             checkpoint_root: PathBuf::from("/var/lib/gpusnap/checkpoints"),
+            criu_flags: Vec::new(),
         }
     }
 }
 
-/// How GPU memory reaches the checkpoint.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StorageEngine {
-    /// The driver copies device memory into host memory and CRIU dumps it with the process.
-    #[default]
-    DriverManaged,
-    /// gpusnap streams device memory to files itself, through pinned transfer buffers.
-    Posix,
-}
+/// The storage engine that moves device memory (`driver-managed`, `posix`, ...), by name.
+///
+/// Which engines exist is the cuda crate's registry (`gpusnap_cuda::engine::ENGINES`); this
+/// type only checks the spelling, and whoever builds the engine refuses a name it does not know
+/// (the shim at container create, `gpusnap config check`, a checkpoint before anything is
+/// locked).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct StorageEngine(String);
 
 impl StorageEngine {
-    pub const NAMES: [&'static str; 2] = ["driver-managed", "posix"];
+    /// The default: the driver copies device memory into host memory and CRIU dumps it with
+    /// the process.
+    pub const DRIVER_MANAGED: &'static str = "driver-managed";
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StorageEngine::DriverManaged => "driver-managed",
-            StorageEngine::Posix => "posix",
-        }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for StorageEngine {
+    fn default() -> Self {
+        StorageEngine(Self::DRIVER_MANAGED.to_string())
     }
 }
 
 impl fmt::Display for StorageEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&self.0)
     }
 }
 
 impl FromStr for StorageEngine {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "driver-managed" => Ok(StorageEngine::DriverManaged),
-            "posix" => Ok(StorageEngine::Posix),
-            _ => Err(()),
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(StorageEngine(s.to_string()))
+        } else {
+            Err("an engine name of lowercase letters, digits and '-', such as driver-managed or posix".into())
         }
+    }
+}
+
+impl TryFrom<String> for StorageEngine {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<StorageEngine> for String {
+    fn from(e: StorageEngine) -> String {
+        e.0
+    }
+}
+
+impl PartialEq<&str> for StorageEngine {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
     }
 }
 
@@ -96,7 +129,7 @@ pub struct StorageConfig {
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
-            engine: StorageEngine::DriverManaged,
+            engine: StorageEngine::default(),
             transfer_buffer_count: 4,
             transfer_chunk_bytes: 64 * MIB,
             directory: None,

@@ -15,6 +15,8 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::RunTool;
+
 /// A CRIU release number. Missing components read as 0, so "4.2" == "4.2.0".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct CriuVersion {
@@ -183,14 +185,20 @@ fn is_executable(path: &Path) -> bool {
 
 /// Resolves `criu` on `search_path` and runs `criu --version`. Not cached.
 pub fn probe_criu(search_path: &OsStr) -> Result<CriuInfo, ProbeError> {
+    probe_criu_with(search_path, &crate::exec::Direct)
+}
+
+/// [`probe_criu`], running `criu --version` through `tool`.
+pub fn probe_criu_with(search_path: &OsStr, tool: &dyn RunTool) -> Result<CriuInfo, ProbeError> {
     let path = find_in_path("criu", search_path).ok_or_else(|| ProbeError::CriuNotFound {
         path_searched: search_path.to_owned(),
     })?;
-    let output = crate::exec::output(Command::new(&path).arg("--version").stdin(Stdio::null()))
-        .map_err(|e| ProbeError::Exec {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let mut cmd = Command::new(&path);
+    cmd.arg("--version");
+    let output = tool.output(cmd).map_err(|e| ProbeError::Exec {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
     if !output.status.success() {
         return Err(ProbeError::Exec {
             path,
@@ -215,17 +223,25 @@ pub fn probe_criu(search_path: &OsStr) -> Result<CriuInfo, ProbeError> {
     })
 }
 
-/// [`probe_criu`] once per process and search path. Installing CRIU while the shim runs needs a
-/// new shim process to be noticed; shims are per pod and short-lived enough for that.
-pub fn probe_criu_cached(search_path: &OsStr) -> Result<CriuInfo, ProbeError> {
-    type Cache = Mutex<HashMap<OsString, Result<CriuInfo, ProbeError>>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
+/// [`probe_criu_with`], remembering successes per search path for the life of the process
+/// (failures are not kept, so installing CRIU fixes a running shim).
+pub fn probe_criu_cached(search_path: &OsStr, tool: &dyn RunTool) -> Result<CriuInfo, ProbeError> {
+    static CACHE: OnceLock<Mutex<HashMap<OsString, CriuInfo>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     // A poisoned lock only means another thread panicked mid-probe; the map is still usable.
-    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
-    map.entry(search_path.to_owned())
-        .or_insert_with(|| probe_criu(search_path))
-        .clone()
+    if let Some(hit) = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(search_path)
+    {
+        return Ok(hit.clone());
+    }
+    let info = probe_criu_with(search_path, tool)?;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(search_path.to_owned(), info.clone());
+    Ok(info)
 }
 
 /// Result of `criu check`.
@@ -358,12 +374,17 @@ mod tests {
     fn cached_probe_returns_same_answer() {
         let dir = tempfile::tempdir().unwrap();
         fake_criu(dir.path(), "Version: 4.1\\n");
-        let first = probe_criu_cached(dir.path().as_os_str()).unwrap();
+        let first = probe_criu_cached(dir.path().as_os_str(), &crate::Direct).unwrap();
         // Replacing the binary is not noticed: the answer is cached per search path.
         fake_criu(dir.path(), "Version: 3.0\\n");
-        let second = probe_criu_cached(dir.path().as_os_str()).unwrap();
+        let second = probe_criu_cached(dir.path().as_os_str(), &crate::Direct).unwrap();
         assert_eq!(first, second);
         assert_eq!(second.version, MIN_CRIU_GPU);
+        // A failure is not kept: a missing CRIU is noticed once it is installed.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(probe_criu_cached(empty.path().as_os_str(), &crate::Direct).is_err());
+        fake_criu(empty.path(), "Version: 4.2\\n");
+        assert!(probe_criu_cached(empty.path().as_os_str(), &crate::Direct).is_ok());
     }
 
     /// The rig's real CRIU when it is installed; otherwise the not-found error on an empty

@@ -1,7 +1,8 @@
-//! Process spawning helpers.
+//! Running tools: how a caller runs a short-lived program to completion ([`RunTool`]), and
+//! spawning helpers that survive a just-written binary.
 
 use std::io;
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
@@ -42,4 +43,22 @@ pub(crate) fn output(cmd: &mut Command) -> io::Result<Output> {
 
 fn is_text_busy(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::ExecutableFileBusy
+}
+
+/// How a caller runs a short-lived program (runc, `criu --version`) to completion, with stdin
+/// closed and stdout/stderr captured. The containerd shim reaps every child itself, so it
+/// cannot use `Command::output` and supplies its own; everyone else uses [`Direct`].
+pub trait RunTool: Sync {
+    fn output(&self, cmd: Command) -> io::Result<Output>;
+}
+
+/// [`RunTool`] with `std::process`: spawn, wait, collect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Direct;
+
+impl RunTool for Direct {
+    fn output(&self, mut cmd: Command) -> io::Result<Output> {
+        cmd.stdin(Stdio::null());
+        output(&mut cmd)
+    }
 }

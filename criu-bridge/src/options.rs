@@ -1,16 +1,17 @@
-//! Plain Rust checkpoint/restore options.
+//! The CRIU flags of a checkpoint or a restore, in one place.
 //!
-//! `CheckpointOptions` mirrors `containerd.runc.v1.CheckpointOptions` field for field so the shim
-//! can convert the proto without losing anything; `RestoreOptions` mirrors what the Go runc shim
-//! passes to `runc restore` (reference §9). Neither type knows about protobuf or ttrpc.
+//! [`CriuFlags`] is the only type that knows runc's spelling of CRIU's permissions
+//! (`--tcp-established`, `--ext-unix-sk`, ...). Front ends convert their own requests into it
+//! (containerd's `CheckpointOptions` proto, runc's command line) and everything else — the
+//! runc command lines, the manifest, `gpusnap inspect` — reads it. Adding a CRIU switch is one
+//! field here, one entry in [`CriuFlags::switches`], and one line in each front end's converter.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// Errors found while validating options, before anything is run.
+/// Errors found while validating flags or ids, before anything is run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
     #[error("unknown cgroups mode {value:?}: valid modes are {}", CgroupsMode::NAMES.join(", "))]
@@ -21,7 +22,10 @@ pub enum OptionsError {
     )]
     UnsupportedEmptyNamespace { value: String },
     #[error("{field} must be an absolute path, got {path:?}")]
-    RelativePath { field: &'static str, path: PathBuf },
+    RelativePath {
+        field: &'static str,
+        path: std::path::PathBuf,
+    },
     #[error("{field} must not be empty")]
     Empty { field: &'static str },
     #[error(
@@ -29,6 +33,8 @@ pub enum OptionsError {
          not starting with '.' or '-'"
     )]
     InvalidContainerId { id: String },
+    #[error("unknown CRIU flag {value:?}: valid flags are {}", CriuFlags::SWITCH_NAMES.join(", "))]
+    UnknownFlag { value: String },
 }
 
 /// runc's `--manage-cgroups-mode` values (runc `checkpoint.go`, `criuOptions`).
@@ -54,7 +60,7 @@ impl CgroupsMode {
         }
     }
 
-    /// Parses the proto's free-form string: empty means "not set" (runc then uses soft).
+    /// Parses a free-form string where empty means "not set" (runc then uses soft).
     pub fn parse_optional(value: &str) -> Result<Option<Self>, OptionsError> {
         if value.is_empty() {
             Ok(None)
@@ -87,182 +93,123 @@ impl fmt::Display for CgroupsMode {
 }
 
 /// Namespaces runc accepts for `--empty-ns`. runc's own table has only the network namespace
-/// (runc `checkpoint.go`); we reject the rest up front so the error names the bad value instead
-/// of surfacing as a runc exit status.
+/// (runc `checkpoint.go`); the rest are refused up front so the error names the bad value.
 pub const SUPPORTED_EMPTY_NAMESPACES: [&str; 1] = ["network"];
 
-/// Mirror of `containerd.runc.v1.CheckpointOptions` (fields 1–9).
-///
-/// `Default` leaves the container running with no extra CRIU permissions: that is what a nil
-/// `options` Any from CRI means (CRI only fills options for `io.containerd.runc.v2`, reference
-/// §8), and what the Go shim does with nil options.
+/// CRIU's permissions and modes as runc spells them, shared by `runc checkpoint` and
+/// `runc restore`. `Default` grants nothing: what containerd's CRI asks for, and what
+/// containerd-shim-runc-v2 passes to every restore.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CheckpointOptions {
-    /// Stop the container after the dump (`false` → `--leave-running`).
-    pub exit: bool,
-    /// `--tcp-established`
-    pub open_tcp: bool,
-    /// `--ext-unix-sk`
-    pub external_unix_sockets: bool,
-    /// `--shell-job`
-    pub terminal: bool,
-    /// `--file-locks`
+#[serde(default, deny_unknown_fields)]
+pub struct CriuFlags {
+    /// `--tcp-established`: established TCP connections.
+    pub tcp_established: bool,
+    /// `--ext-unix-sk`: unix sockets connected outside the container.
+    pub ext_unix_sk: bool,
+    /// `--shell-job`: the container's terminal.
+    pub shell_job: bool,
+    /// `--file-locks`: file locks.
     pub file_locks: bool,
     /// Repeated `--empty-ns`.
-    pub empty_namespaces: Vec<String>,
+    pub empty_ns: Vec<String>,
     /// `--manage-cgroups-mode`; `None` lets runc pick (soft).
-    pub cgroups_mode: Option<CgroupsMode>,
-    /// Where the daemon asked the images to go. containerd already passes this as the
-    /// Checkpoint request's `path`, so it only matters when that path is empty.
-    pub image_path: Option<PathBuf>,
-    /// CRIU work directory (`--work-path`): dump.log lands here.
-    pub work_path: Option<PathBuf>,
+    pub manage_cgroups_mode: Option<CgroupsMode>,
 }
 
-impl CheckpointOptions {
+impl CriuFlags {
+    /// The boolean switches by runc's name, in go-runc's order.
+    pub const SWITCH_NAMES: [&'static str; 4] =
+        ["tcp-established", "ext-unix-sk", "shell-job", "file-locks"];
+
+    /// Every boolean switch with its state, in [`Self::SWITCH_NAMES`] order.
+    pub fn switches(&self) -> [(&'static str, bool); 4] {
+        [
+            ("tcp-established", self.tcp_established),
+            ("ext-unix-sk", self.ext_unix_sk),
+            ("shell-job", self.shell_job),
+            ("file-locks", self.file_locks),
+        ]
+    }
+
+    /// Turns the switch runc calls `name` on.
+    pub fn enable(&mut self, name: &str) -> Result<(), OptionsError> {
+        let slot = match name {
+            "tcp-established" => &mut self.tcp_established,
+            "ext-unix-sk" => &mut self.ext_unix_sk,
+            "shell-job" => &mut self.shell_job,
+            "file-locks" => &mut self.file_locks,
+            other => {
+                return Err(OptionsError::UnknownFlag {
+                    value: other.to_owned(),
+                })
+            }
+        };
+        *slot = true;
+        Ok(())
+    }
+
+    /// Flags from runc switch names (`["tcp-established", ...]`).
+    pub fn from_switch_names<S: AsRef<str>>(names: &[S]) -> Result<Self, OptionsError> {
+        let mut flags = CriuFlags::default();
+        for n in names {
+            flags.enable(n.as_ref())?;
+        }
+        Ok(flags)
+    }
+
     /// Checks everything that can be checked without touching the host.
     pub fn validate(&self) -> Result<(), OptionsError> {
-        validate_empty_namespaces(&self.empty_namespaces)?;
-        validate_optional_abs("image_path", self.image_path.as_deref())?;
-        validate_optional_abs("work_path", self.work_path.as_deref())?;
+        for ns in &self.empty_ns {
+            if !SUPPORTED_EMPTY_NAMESPACES.contains(&ns.as_str()) {
+                return Err(OptionsError::UnsupportedEmptyNamespace { value: ns.clone() });
+            }
+        }
         Ok(())
     }
 
-    /// The directory the images go to: the request's `path` when set (containerd always sets it,
-    /// reference §10), else `image_path`.
-    pub fn resolve_image_dir(&self, request_path: &Path) -> Result<PathBuf, OptionsError> {
-        let dir = if request_path.as_os_str().is_empty() {
-            self.image_path.clone().ok_or(OptionsError::Empty {
-                field: "checkpoint path (request path and image_path)",
-            })?
+    /// The command-line form, as runc takes it.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = self
+            .switches()
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| format!("--{name}"))
+            .collect();
+        if let Some(mode) = self.manage_cgroups_mode {
+            args.push("--manage-cgroups-mode".into());
+            args.push(mode.as_str().into());
+        }
+        for ns in &self.empty_ns {
+            args.push("--empty-ns".into());
+            args.push(ns.clone());
+        }
+        args
+    }
+
+    /// The switches turned on here and not in `granted`.
+    pub fn not_granted_by(&self, granted: &CriuFlags) -> Vec<&'static str> {
+        self.switches()
+            .iter()
+            .zip(granted.switches())
+            .filter(|((_, want), (_, have))| *want && !*have)
+            .map(|((name, _), _)| *name)
+            .collect()
+    }
+}
+
+impl fmt::Display for CriuFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let args = self.to_args();
+        if args.is_empty() {
+            f.write_str("none")
         } else {
-            request_path.to_path_buf()
-        };
-        validate_abs("checkpoint path", &dir)?;
-        Ok(dir)
-    }
-
-    /// Where CRIU writes `dump.log`: the work path if set, otherwise the image directory
-    /// (CRIU's default work dir is its images dir).
-    pub fn criu_log_dir<'a>(&'a self, image_dir: &'a Path) -> &'a Path {
-        self.work_path.as_deref().unwrap_or(image_dir)
-    }
-}
-
-/// What `runc restore` needs. There is no meaningful `Default` (image path and bundle are
-/// required), so [`RestoreOptions::new`] sets the same defaults as the Go runc shim:
-/// `--detach --no-subreaper` (the shim is the subreaper and reaps the restored init itself).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RestoreOptions {
-    /// Directory holding the CRIU images (`--image-path`).
-    pub image_path: PathBuf,
-    /// CRIU work directory (`--work-path`): restore.log lands here.
-    pub work_path: Option<PathBuf>,
-    /// OCI bundle (`--bundle`).
-    pub bundle: PathBuf,
-    /// `--pid-file`: runc writes the restored init's host pid here.
-    pub pid_file: Option<PathBuf>,
-    /// `--console-socket` for terminal containers.
-    pub console_socket: Option<PathBuf>,
-    /// `--detach`
-    pub detach: bool,
-    /// `--no-subreaper`
-    pub no_subreaper: bool,
-    /// `--no-pivot`
-    pub no_pivot: bool,
-    /// `--tcp-established`
-    pub open_tcp: bool,
-    /// `--ext-unix-sk`
-    pub external_unix_sockets: bool,
-    /// `--shell-job`
-    pub terminal: bool,
-    /// `--file-locks`
-    pub file_locks: bool,
-    /// Repeated `--empty-ns`.
-    pub empty_namespaces: Vec<String>,
-    /// `--manage-cgroups-mode`
-    pub cgroups_mode: Option<CgroupsMode>,
-}
-
-impl RestoreOptions {
-    pub fn new(image_path: impl Into<PathBuf>, bundle: impl Into<PathBuf>) -> Self {
-        RestoreOptions {
-            image_path: image_path.into(),
-            work_path: None,
-            bundle: bundle.into(),
-            pid_file: None,
-            console_socket: None,
-            detach: true,
-            no_subreaper: true,
-            no_pivot: false,
-            open_tcp: false,
-            external_unix_sockets: false,
-            terminal: false,
-            file_locks: false,
-            empty_namespaces: Vec::new(),
-            cgroups_mode: None,
+            f.write_str(&args.join(" "))
         }
     }
-
-    /// Carries the CRIU permissions a checkpoint was taken with over to its restore: CRIU
-    /// refuses to restore e.g. established TCP connections unless the same flag is given again.
-    pub fn with_checkpoint_flags(mut self, checkpoint: &CheckpointOptions) -> Self {
-        self.open_tcp = checkpoint.open_tcp;
-        self.external_unix_sockets = checkpoint.external_unix_sockets;
-        self.terminal = checkpoint.terminal;
-        self.file_locks = checkpoint.file_locks;
-        self.empty_namespaces = checkpoint.empty_namespaces.clone();
-        self.cgroups_mode = checkpoint.cgroups_mode;
-        self
-    }
-
-    pub fn validate(&self) -> Result<(), OptionsError> {
-        validate_abs("image_path", &self.image_path)?;
-        validate_abs("bundle", &self.bundle)?;
-        validate_optional_abs("work_path", self.work_path.as_deref())?;
-        validate_optional_abs("pid_file", self.pid_file.as_deref())?;
-        validate_optional_abs("console_socket", self.console_socket.as_deref())?;
-        validate_empty_namespaces(&self.empty_namespaces)?;
-        Ok(())
-    }
-
-    /// Where CRIU writes `restore.log`.
-    pub fn criu_log_dir(&self) -> &Path {
-        self.work_path.as_deref().unwrap_or(&self.image_path)
-    }
-}
-
-fn validate_empty_namespaces(namespaces: &[String]) -> Result<(), OptionsError> {
-    for ns in namespaces {
-        if !SUPPORTED_EMPTY_NAMESPACES.contains(&ns.as_str()) {
-            return Err(OptionsError::UnsupportedEmptyNamespace { value: ns.clone() });
-        }
-    }
-    Ok(())
-}
-
-// Relative paths would resolve against runc's cwd (the bundle), which is never what a caller
-// holding a containerd path meant.
-fn validate_abs(field: &'static str, path: &Path) -> Result<(), OptionsError> {
-    if path.as_os_str().is_empty() {
-        return Err(OptionsError::Empty { field });
-    }
-    if !path.is_absolute() {
-        return Err(OptionsError::RelativePath {
-            field,
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(())
-}
-
-fn validate_optional_abs(field: &'static str, path: Option<&Path>) -> Result<(), OptionsError> {
-    path.map_or(Ok(()), |p| validate_abs(field, p))
 }
 
 /// runc's container id rule (libcontainer `validateID`): `^[\w+-\.]+$`, and not `.`/`..`.
-/// We also refuse a leading `-` so an id can never be parsed as a flag.
+/// A leading `-` is refused too, so an id can never be parsed as a flag.
 pub fn validate_container_id(id: &str) -> Result<(), OptionsError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '-' | '.');
     let valid = !id.is_empty()
@@ -282,13 +229,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_checkpoint_leaves_running_with_no_permissions() {
-        let o = CheckpointOptions::default();
-        assert!(!o.exit);
-        assert!(!o.open_tcp && !o.external_unix_sockets && !o.terminal && !o.file_locks);
-        assert!(o.empty_namespaces.is_empty());
-        assert_eq!(o.cgroups_mode, None);
-        o.validate().unwrap();
+    fn default_grants_nothing() {
+        let f = CriuFlags::default();
+        assert!(f.to_args().is_empty());
+        assert_eq!(f.to_string(), "none");
+        f.validate().unwrap();
+    }
+
+    #[test]
+    fn args_in_go_runc_order() {
+        let f = CriuFlags {
+            tcp_established: true,
+            ext_unix_sk: true,
+            shell_job: true,
+            file_locks: true,
+            empty_ns: vec!["network".into()],
+            manage_cgroups_mode: Some(CgroupsMode::Soft),
+        };
+        assert_eq!(
+            f.to_args(),
+            [
+                "--tcp-established",
+                "--ext-unix-sk",
+                "--shell-job",
+                "--file-locks",
+                "--manage-cgroups-mode",
+                "soft",
+                "--empty-ns",
+                "network"
+            ]
+        );
+    }
+
+    #[test]
+    fn switch_names_round_trip_and_unknown_names_are_refused() {
+        for name in CriuFlags::SWITCH_NAMES {
+            let f = CriuFlags::from_switch_names(&[name]).unwrap();
+            assert_eq!(f.to_args(), [format!("--{name}")]);
+        }
+        let err = CriuFlags::from_switch_names(&["tcp"]).unwrap_err();
+        assert!(err.to_string().contains("\"tcp\""), "{err}");
+    }
+
+    #[test]
+    fn not_granted_lists_only_missing_switches() {
+        let want = CriuFlags::from_switch_names(&["tcp-established", "file-locks"]).unwrap();
+        let granted = CriuFlags::from_switch_names(&["file-locks"]).unwrap();
+        assert_eq!(want.not_granted_by(&granted), ["tcp-established"]);
+        assert!(granted.not_granted_by(&want).is_empty());
     }
 
     #[test]
@@ -306,80 +294,12 @@ mod tests {
 
     #[test]
     fn empty_namespace_other_than_network_is_refused() {
-        let o = CheckpointOptions {
-            empty_namespaces: vec!["network".into(), "pid".into()],
+        let f = CriuFlags {
+            empty_ns: vec!["network".into(), "pid".into()],
             ..Default::default()
         };
-        let msg = o.validate().unwrap_err().to_string();
+        let msg = f.validate().unwrap_err().to_string();
         assert!(msg.contains("\"pid\"") && msg.contains("network"), "{msg}");
-    }
-
-    #[test]
-    fn relative_paths_are_refused() {
-        let o = CheckpointOptions {
-            work_path: Some("work".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            o.validate().unwrap_err(),
-            OptionsError::RelativePath {
-                field: "work_path",
-                path: "work".into()
-            }
-        );
-        let mut r = RestoreOptions::new("/img", "bundle");
-        assert!(r.validate().unwrap_err().to_string().contains("bundle"));
-        r.bundle = "/b".into();
-        r.validate().unwrap();
-    }
-
-    #[test]
-    fn image_dir_prefers_request_path() {
-        let o = CheckpointOptions {
-            image_path: Some("/opt".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            o.resolve_image_dir(Path::new("/req")).unwrap(),
-            Path::new("/req")
-        );
-        assert_eq!(
-            o.resolve_image_dir(Path::new("")).unwrap(),
-            Path::new("/opt")
-        );
-        let none = CheckpointOptions::default();
-        assert!(matches!(
-            none.resolve_image_dir(Path::new("")),
-            Err(OptionsError::Empty { .. })
-        ));
-    }
-
-    #[test]
-    fn log_dir_falls_back_to_image_dir() {
-        let mut o = CheckpointOptions::default();
-        assert_eq!(o.criu_log_dir(Path::new("/img")), Path::new("/img"));
-        o.work_path = Some("/work".into());
-        assert_eq!(o.criu_log_dir(Path::new("/img")), Path::new("/work"));
-        let mut r = RestoreOptions::new("/img", "/b");
-        assert_eq!(r.criu_log_dir(), Path::new("/img"));
-        r.work_path = Some("/w".into());
-        assert_eq!(r.criu_log_dir(), Path::new("/w"));
-    }
-
-    #[test]
-    fn restore_defaults_match_go_shim_and_inherit_checkpoint_flags() {
-        let cp = CheckpointOptions {
-            open_tcp: true,
-            file_locks: true,
-            empty_namespaces: vec!["network".into()],
-            cgroups_mode: Some(CgroupsMode::Full),
-            ..Default::default()
-        };
-        let r = RestoreOptions::new("/img", "/b").with_checkpoint_flags(&cp);
-        assert!(r.detach && r.no_subreaper && !r.no_pivot);
-        assert!(r.open_tcp && r.file_locks && !r.terminal && !r.external_unix_sockets);
-        assert_eq!(r.empty_namespaces, vec!["network".to_string()]);
-        assert_eq!(r.cgroups_mode, Some(CgroupsMode::Full));
     }
 
     #[test]
@@ -393,18 +313,14 @@ mod tests {
     }
 
     #[test]
-    fn serde_round_trip_uses_lowercase_modes() {
-        let o = CheckpointOptions {
-            cgroups_mode: Some(CgroupsMode::Strict),
+    fn serde_uses_lowercase_modes_and_refuses_unknown_fields() {
+        let f = CriuFlags {
+            manage_cgroups_mode: Some(CgroupsMode::Strict),
             ..Default::default()
         };
-        let json = serde_json::to_string(&o).unwrap();
+        let json = serde_json::to_string(&f).unwrap();
         assert!(json.contains("\"strict\""), "{json}");
-        assert_eq!(serde_json::from_str::<CheckpointOptions>(&json).unwrap(), o);
-        // Missing fields read as defaults, so older manifests stay readable.
-        assert_eq!(
-            serde_json::from_str::<CheckpointOptions>("{}").unwrap(),
-            CheckpointOptions::default()
-        );
+        assert_eq!(serde_json::from_str::<CriuFlags>(&json).unwrap(), f);
+        assert!(serde_json::from_str::<CriuFlags>(r#"{"tcp":true}"#).is_err());
     }
 }

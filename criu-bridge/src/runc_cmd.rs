@@ -1,10 +1,9 @@
-//! `runc checkpoint` / `runc restore` command lines.
+//! runc command lines: checkpoint, restore and the helper calls (pause, resume, kill, state).
 //!
-//! The `runc` crate implements neither (reference §6), so we build the argument vectors here,
-//! following go-runc's flag mapping (reference §9). The result is a [`RuncCommand`] value rather
-//! than a spawned process: restore must run with the container's stdio, which only the shim
-//! owns, so stdio is never set here. The shim runs it with
-//! `tokio::process::Command::from(cmd.to_command())`.
+//! The `runc` crate implements neither checkpoint nor restore, so the argument vectors are built
+//! here, following go-runc's flag mapping. The result is a [`RuncCommand`] value rather than a
+//! spawned process: how runc runs is the front end's business (the shim runs it under its
+//! subreaper; restore needs the container's stdio, which only the front end owns).
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -15,23 +14,34 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::criu_log::{criu_log_tail, LogTail, DUMP_LOG};
-use crate::options::{validate_container_id, CheckpointOptions, OptionsError, RestoreOptions};
+use crate::criu_log::{criu_log_tail, LogTail};
+use crate::options::{validate_container_id, CriuFlags, OptionsError};
 
-/// runc's global flags, i.e. everything before the subcommand.
+/// runc's global flags (everything before the subcommand) and the environment runc and CRIU
+/// run with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuncGlobal {
     /// runc binary; a bare name is looked up on `PATH` by the OS.
     pub binary: PathBuf,
     /// `--root`: runc's state directory (containerd uses `/run/containerd/runc/<namespace>`).
     pub root: Option<PathBuf>,
-    /// `--log` (always paired with `--log-format json`, which is what containerd parses).
+    /// `--log`.
     pub log: Option<PathBuf>,
+    /// `--log-format` for `--log`; `None` means `json` (what containerd parses, and what
+    /// [`runc_log_error`] reads).
+    pub log_format: Option<String>,
     /// `--systemd-cgroup`
     pub systemd_cgroup: bool,
-    /// Directory holding the `criu` to use. runc execs `criu` from its own `PATH` (reference
-    /// §16), so this is prepended to the `PATH` runc gets.
+    /// `--criu`: the CRIU binary runc runs; `None` lets runc run `criu` from its `PATH`.
+    pub criu: Option<PathBuf>,
+    /// Directory holding the `criu` to use, put in front of runc's `PATH` (runc execs `criu`
+    /// from its own `PATH` unless `--criu` names it).
     pub criu_dir: Option<PathBuf>,
+    /// Environment for runc, which passes its whole environment on to CRIU (e.g. the plugin
+    /// directory, see [`crate::plugins`]).
+    pub env: Vec<(OsString, OsString)>,
+    /// Other global flags a caller gave runc (`--rootless`, `--debug`), passed on unchanged.
+    pub extra: Vec<OsString>,
 }
 
 impl Default for RuncGlobal {
@@ -40,31 +50,42 @@ impl Default for RuncGlobal {
             binary: PathBuf::from("runc"),
             root: None,
             log: None,
+            log_format: None,
             systemd_cgroup: false,
+            criu: None,
             criu_dir: None,
+            env: Vec::new(),
+            extra: Vec::new(),
         }
     }
 }
 
 impl RuncGlobal {
-    fn push_global_args(&self, args: &mut Vec<OsString>) {
+    fn global_args(&self, with_log: bool) -> Vec<OsString> {
+        let mut args = Vec::new();
         if let Some(root) = &self.root {
             args.push("--root".into());
             args.push(root.into());
         }
-        if let Some(log) = &self.log {
+        if let (Some(log), true) = (&self.log, with_log) {
             args.push("--log".into());
             args.push(log.into());
             args.push("--log-format".into());
-            args.push("json".into());
+            args.push(self.log_format.as_deref().unwrap_or("json").into());
         }
         if self.systemd_cgroup {
             args.push("--systemd-cgroup".into());
         }
+        if let Some(criu) = &self.criu {
+            args.push("--criu".into());
+            args.push(criu.into());
+        }
+        args.extend(self.extra.iter().cloned());
+        args
     }
 
     /// The `PATH` runc should run with: `criu_dir` in front of `base`. `None` when nothing
-    /// needs to change, so the child simply inherits the shim's environment.
+    /// needs to change, so the child simply inherits the caller's environment.
     pub fn path_env(&self, base: Option<&OsStr>) -> Option<OsString> {
         let dir = self.criu_dir.as_ref()?;
         let mut parts = vec![dir.clone()];
@@ -72,17 +93,188 @@ impl RuncGlobal {
             parts.extend(std::env::split_paths(base));
         }
         // join_paths fails only if a part contains ':'; fall back to the dir alone, which still
-        // finds criu (runc itself is exec'd by absolute path or from the shim's PATH).
+        // finds criu (runc itself is exec'd by absolute path or from the caller's PATH).
         Some(std::env::join_paths(parts).unwrap_or_else(|_| dir.clone().into_os_string()))
     }
 
     /// The search path CRIU probing should use so it finds the same `criu` runc will run.
     pub fn effective_search_path(&self) -> OsString {
+        if let Some(dir) = self.criu.as_deref().and_then(Path::parent) {
+            return dir.as_os_str().to_owned();
+        }
         let inherited = std::env::var_os("PATH");
         self.path_env(inherited.as_deref())
             .or(inherited)
             .unwrap_or_default()
     }
+
+    fn command(&self, with_log: bool, sub: Vec<OsString>) -> RuncCommand {
+        let mut args = self.global_args(with_log);
+        args.extend(sub);
+        let mut env = self.env.clone();
+        if let Some(path) = self.path_env(std::env::var_os("PATH").as_deref()) {
+            env.push(("PATH".into(), path));
+        }
+        RuncCommand {
+            program: self.binary.clone(),
+            args,
+            env,
+        }
+    }
+
+    /// `runc [global] checkpoint [--leave-running] --image-path DIR [...] ID`.
+    pub fn checkpoint(&self, id: &str, dump: &Dump) -> Result<RuncCommand, OptionsError> {
+        validate_container_id(id)?;
+        dump.flags.validate()?;
+        require_abs("checkpoint path", &dump.image_dir)?;
+        let mut sub: Vec<OsString> = vec!["checkpoint".into()];
+        // Without --leave-running runc destroys the container after the dump.
+        if dump.leave_running {
+            sub.push("--leave-running".into());
+        }
+        sub.push("--image-path".into());
+        sub.push((&dump.image_dir).into());
+        if let Some(work) = &dump.work_dir {
+            require_abs("work path", work)?;
+            sub.push("--work-path".into());
+            sub.push(work.into());
+        }
+        if let Some(parent) = &dump.parent {
+            sub.push("--parent-path".into());
+            sub.push(parent.into());
+        }
+        if dump.auto_dedup {
+            sub.push("--auto-dedup".into());
+        }
+        sub.extend(dump.flags.to_args().into_iter().map(OsString::from));
+        sub.push(id.into());
+        Ok(self.command(true, sub))
+    }
+
+    /// `runc [global] restore [--detach] [--no-subreaper] [--no-pivot] --bundle B --image-path I
+    /// [--work-path W] [--pid-file P] [--console-socket S] [flags] ID`.
+    pub fn restore(&self, id: &str, r: &Restore) -> Result<RuncCommand, OptionsError> {
+        validate_container_id(id)?;
+        r.flags.validate()?;
+        require_abs("image path", &r.image_dir)?;
+        require_abs("bundle", &r.bundle)?;
+        let mut sub: Vec<OsString> = vec!["restore".into()];
+        if r.detach {
+            sub.push("--detach".into());
+        }
+        if r.no_subreaper {
+            sub.push("--no-subreaper".into());
+        }
+        if r.no_pivot {
+            sub.push("--no-pivot".into());
+        }
+        sub.push("--bundle".into());
+        sub.push((&r.bundle).into());
+        sub.push("--image-path".into());
+        sub.push((&r.image_dir).into());
+        for (flag, path) in [
+            ("--work-path", &r.work_dir),
+            ("--pid-file", &r.pid_file),
+            ("--console-socket", &r.console_socket),
+        ] {
+            if let Some(p) = path {
+                require_abs(flag.trim_start_matches('-'), p)?;
+                sub.push(flag.into());
+                sub.push(p.into());
+            }
+        }
+        sub.extend(r.flags.to_args().into_iter().map(OsString::from));
+        sub.push(id.into());
+        Ok(self.command(true, sub))
+    }
+
+    /// A helper call (`pause`, `resume`, `state`, `ps`, `kill`, `delete`) on one container.
+    /// These leave `--log` out: their failures are reported by the caller, and they must not
+    /// interleave with the log of the command a caller is waiting for.
+    pub fn helper(&self, args: &[&str]) -> RuncCommand {
+        self.command(false, args.iter().map(OsString::from).collect())
+    }
+}
+
+/// What `runc checkpoint` is asked to do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dump {
+    pub image_dir: PathBuf,
+    /// CRIU's work directory (`--work-path`): dump.log lands here.
+    pub work_dir: Option<PathBuf>,
+    /// `--parent-path`: the pre-dump this dump builds on.
+    pub parent: Option<PathBuf>,
+    /// `--auto-dedup`
+    pub auto_dedup: bool,
+    pub leave_running: bool,
+    pub flags: CriuFlags,
+}
+
+impl Dump {
+    /// Where CRIU writes `dump.log`: the work directory if set, else the image directory.
+    pub fn criu_log(&self) -> PathBuf {
+        self.work_dir
+            .as_deref()
+            .unwrap_or(&self.image_dir)
+            .join(crate::DUMP_LOG)
+    }
+}
+
+/// What `runc restore` is asked to do. [`Restore::new`] sets the Go runc shim's defaults:
+/// `--detach --no-subreaper` (the front end reaps the restored init itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restore {
+    pub image_dir: PathBuf,
+    pub bundle: PathBuf,
+    /// CRIU's work directory (`--work-path`): restore.log lands here.
+    pub work_dir: Option<PathBuf>,
+    /// `--pid-file`: runc writes the restored init's host pid here.
+    pub pid_file: Option<PathBuf>,
+    /// `--console-socket` for terminal containers.
+    pub console_socket: Option<PathBuf>,
+    pub detach: bool,
+    pub no_subreaper: bool,
+    pub no_pivot: bool,
+    pub flags: CriuFlags,
+}
+
+impl Restore {
+    pub fn new(image_dir: impl Into<PathBuf>, bundle: impl Into<PathBuf>) -> Self {
+        Restore {
+            image_dir: image_dir.into(),
+            bundle: bundle.into(),
+            work_dir: None,
+            pid_file: None,
+            console_socket: None,
+            detach: true,
+            no_subreaper: true,
+            no_pivot: false,
+            flags: CriuFlags::default(),
+        }
+    }
+
+    /// Where CRIU writes `restore.log`.
+    pub fn criu_log(&self) -> PathBuf {
+        self.work_dir
+            .as_deref()
+            .unwrap_or(&self.image_dir)
+            .join(crate::RESTORE_LOG)
+    }
+}
+
+// Relative paths would resolve against runc's cwd (the bundle), which is never what a caller
+// holding a containerd path meant.
+fn require_abs(field: &'static str, path: &Path) -> Result<(), OptionsError> {
+    if path.as_os_str().is_empty() {
+        return Err(OptionsError::Empty { field });
+    }
+    if !path.is_absolute() {
+        return Err(OptionsError::RelativePath {
+            field,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// A fully built runc invocation, not yet spawned.
@@ -90,18 +282,17 @@ impl RuncGlobal {
 pub struct RuncCommand {
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    /// `PATH` override for the child; `None` inherits.
-    pub path_env: Option<OsString>,
+    /// Set on top of the inherited environment.
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl RuncCommand {
-    /// A `std::process::Command` with program, args and `PATH` set and stdio untouched.
-    /// Convert with `tokio::process::Command::from` for async use.
+    /// A `std::process::Command` with program, args and environment set and stdio untouched.
     pub fn to_command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args);
-        if let Some(path) = &self.path_env {
-            cmd.env("PATH", path);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
         }
         cmd
     }
@@ -125,140 +316,23 @@ impl fmt::Display for RuncCommand {
     }
 }
 
-// Flags shared by checkpoint and restore, in go-runc's order.
-struct CriuFlags<'a> {
-    open_tcp: bool,
-    external_unix_sockets: bool,
-    terminal: bool,
-    file_locks: bool,
-    empty_namespaces: &'a [String],
-    cgroups_mode: Option<crate::options::CgroupsMode>,
-}
-
-impl CriuFlags<'_> {
-    fn push(&self, args: &mut Vec<OsString>) {
-        if self.open_tcp {
-            args.push("--tcp-established".into());
-        }
-        if self.external_unix_sockets {
-            args.push("--ext-unix-sk".into());
-        }
-        if self.terminal {
-            args.push("--shell-job".into());
-        }
-        if self.file_locks {
-            args.push("--file-locks".into());
-        }
-        if let Some(mode) = self.cgroups_mode {
-            args.push("--manage-cgroups-mode".into());
-            args.push(mode.as_str().into());
-        }
-        for ns in self.empty_namespaces {
-            args.push("--empty-ns".into());
-            args.push(ns.into());
-        }
+/// The last error runc wrote to its JSON `--log`, which says what went wrong far better than
+/// its exit status.
+pub fn runc_log_error(log: &Path) -> Option<String> {
+    // runc's log of one container stays small; read only its tail all the same.
+    const TAIL: u64 = 64 * 1024;
+    let mut f = std::fs::File::open(log).ok()?;
+    let len = f.metadata().ok()?.len();
+    if len > TAIL {
+        use std::io::Seek;
+        f.seek(std::io::SeekFrom::Start(len - TAIL)).ok()?;
     }
-}
-
-/// `runc [global] checkpoint [--leave-running] --image-path DIR [--work-path W] [flags] ID`.
-///
-/// `image_dir` is the resolved destination (see [`CheckpointOptions::resolve_image_dir`]);
-/// `opts.image_path` is not consulted again here.
-pub fn checkpoint_command(
-    global: &RuncGlobal,
-    container_id: &str,
-    image_dir: &Path,
-    opts: &CheckpointOptions,
-) -> Result<RuncCommand, OptionsError> {
-    validate_container_id(container_id)?;
-    opts.validate()?;
-    if !image_dir.is_absolute() {
-        return Err(OptionsError::RelativePath {
-            field: "checkpoint path",
-            path: image_dir.to_path_buf(),
-        });
-    }
-    let mut args = Vec::new();
-    global.push_global_args(&mut args);
-    args.push("checkpoint".into());
-    // Without --leave-running runc destroys the container after the dump (reference §16).
-    if !opts.exit {
-        args.push("--leave-running".into());
-    }
-    args.push("--image-path".into());
-    args.push(image_dir.into());
-    if let Some(work) = &opts.work_path {
-        args.push("--work-path".into());
-        args.push(work.into());
-    }
-    CriuFlags {
-        open_tcp: opts.open_tcp,
-        external_unix_sockets: opts.external_unix_sockets,
-        terminal: opts.terminal,
-        file_locks: opts.file_locks,
-        empty_namespaces: &opts.empty_namespaces,
-        cgroups_mode: opts.cgroups_mode,
-    }
-    .push(&mut args);
-    args.push(container_id.into());
-    Ok(RuncCommand {
-        program: global.binary.clone(),
-        args,
-        path_env: global.path_env(std::env::var_os("PATH").as_deref()),
-    })
-}
-
-/// `runc [global] restore [--detach] [--no-subreaper] [--no-pivot] --bundle B --image-path I
-/// [--work-path W] [--pid-file P] [--console-socket S] [flags] ID`.
-pub fn restore_command(
-    global: &RuncGlobal,
-    container_id: &str,
-    opts: &RestoreOptions,
-) -> Result<RuncCommand, OptionsError> {
-    validate_container_id(container_id)?;
-    opts.validate()?;
-    let mut args = Vec::new();
-    global.push_global_args(&mut args);
-    args.push("restore".into());
-    if opts.detach {
-        args.push("--detach".into());
-    }
-    if opts.no_subreaper {
-        args.push("--no-subreaper".into());
-    }
-    if opts.no_pivot {
-        args.push("--no-pivot".into());
-    }
-    args.push("--bundle".into());
-    args.push((&opts.bundle).into());
-    args.push("--image-path".into());
-    args.push((&opts.image_path).into());
-    if let Some(work) = &opts.work_path {
-        args.push("--work-path".into());
-        args.push(work.into());
-    }
-    if let Some(pid_file) = &opts.pid_file {
-        args.push("--pid-file".into());
-        args.push(pid_file.into());
-    }
-    if let Some(sock) = &opts.console_socket {
-        args.push("--console-socket".into());
-        args.push(sock.into());
-    }
-    CriuFlags {
-        open_tcp: opts.open_tcp,
-        external_unix_sockets: opts.external_unix_sockets,
-        terminal: opts.terminal,
-        file_locks: opts.file_locks,
-        empty_namespaces: &opts.empty_namespaces,
-        cgroups_mode: opts.cgroups_mode,
-    }
-    .push(&mut args);
-    args.push(container_id.into());
-    Ok(RuncCommand {
-        program: global.binary.clone(),
-        args,
-        path_env: global.path_env(std::env::var_os("PATH").as_deref()),
+    let mut raw = Vec::new();
+    f.read_to_end(&mut raw).ok()?;
+    String::from_utf8_lossy(&raw).lines().rev().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        (v.get("level")?.as_str()? == "error")
+            .then(|| v.get("msg")?.as_str().map(str::to_string))?
     })
 }
 
@@ -316,20 +390,9 @@ pub struct RunOutput {
 /// How many CRIU log lines an error carries.
 pub const ERROR_LOG_LINES: usize = 10;
 
-/// Runs a checkpoint command to completion with stdin closed and output captured.
-///
-/// On failure the error carries runc's stderr and the tail of `<criu_log_dir>/dump.log`
-/// (see [`CheckpointOptions::criu_log_dir`]). `timeout` kills runc if CRIU hangs: a frozen
-/// container must not stay frozen forever.
-pub fn run_checkpoint(
-    cmd: &RuncCommand,
-    criu_log_dir: &Path,
-    timeout: Option<Duration>,
-) -> Result<RunOutput, RuncError> {
-    run_captured(cmd, &criu_log_dir.join(DUMP_LOG), timeout)
-}
-
-/// Like [`run_checkpoint`] for any runc command, reading `criu_log` on failure.
+/// Runs a runc command to completion with stdin closed and output captured; on failure the
+/// error carries runc's stderr and the tail of `criu_log`. `timeout` kills runc if CRIU hangs:
+/// a frozen container must not stay frozen forever.
 ///
 /// Not for `runc restore`: the restored container inherits runc's stdio, which must be the
 /// container's own pipes or FIFOs, not ours. Spawn restore from [`RuncCommand::to_command`]
@@ -479,28 +542,32 @@ mod tests {
         RuncGlobal {
             binary: "/usr/bin/runc".into(),
             root: Some("/run/containerd/runc/k8s.io".into()),
-            log: Some("/run/b/log.json".into()),
+            log: Some("/b/log.json".into()),
             systemd_cgroup: true,
-            criu_dir: None,
+            ..Default::default()
         }
     }
 
-    fn cp_args(g: &RuncGlobal, o: &CheckpointOptions) -> Vec<String> {
-        checkpoint_command(g, "ctr1", Path::new("/cp"), o)
-            .unwrap()
-            .args_lossy()
+    fn args(cmd: &RuncCommand) -> Vec<String> {
+        cmd.args_lossy()
     }
 
     #[test]
-    fn global_flags_precede_subcommand() {
-        let args = cp_args(&global(), &CheckpointOptions::default());
+    fn global_flags_precede_subcommand_and_helpers_leave_the_log_out() {
+        let dump = Dump {
+            image_dir: "/cp".into(),
+            leave_running: true,
+            ..Default::default()
+        };
+        let cmd = global().checkpoint("c1", &dump).unwrap();
+        assert_eq!(cmd.program, Path::new("/usr/bin/runc"));
         assert_eq!(
-            args,
+            args(&cmd),
             [
                 "--root",
                 "/run/containerd/runc/k8s.io",
                 "--log",
-                "/run/b/log.json",
+                "/b/log.json",
                 "--log-format",
                 "json",
                 "--systemd-cgroup",
@@ -508,219 +575,176 @@ mod tests {
                 "--leave-running",
                 "--image-path",
                 "/cp",
-                "ctr1"
+                "c1"
             ]
         );
-        let bare = cp_args(&RuncGlobal::default(), &CheckpointOptions::default());
         assert_eq!(
-            bare,
+            args(&global().helper(&["pause", "c1"])),
+            [
+                "--root",
+                "/run/containerd/runc/k8s.io",
+                "--systemd-cgroup",
+                "pause",
+                "c1"
+            ]
+        );
+    }
+
+    #[test]
+    fn checkpoint_with_every_option() {
+        let dump = Dump {
+            image_dir: "/cp".into(),
+            work_dir: Some("/w".into()),
+            parent: Some("../pre".into()),
+            auto_dedup: true,
+            leave_running: false,
+            flags: CriuFlags {
+                tcp_established: true,
+                file_locks: true,
+                manage_cgroups_mode: Some(CgroupsMode::Full),
+                empty_ns: vec!["network".into()],
+                ..Default::default()
+            },
+        };
+        let g = RuncGlobal::default();
+        assert_eq!(
+            args(&g.checkpoint("c", &dump).unwrap()),
             [
                 "checkpoint",
-                "--leave-running",
                 "--image-path",
                 "/cp",
-                "ctr1"
+                "--work-path",
+                "/w",
+                "--parent-path",
+                "../pre",
+                "--auto-dedup",
+                "--tcp-established",
+                "--file-locks",
+                "--manage-cgroups-mode",
+                "full",
+                "--empty-ns",
+                "network",
+                "c"
             ]
         );
-    }
-
-    /// Every combination of the boolean checkpoint options maps to exactly its flags.
-    #[test]
-    fn every_checkpoint_bool_combination() {
-        let flags = [
-            "--leave-running",
-            "--tcp-established",
-            "--ext-unix-sk",
-            "--shell-job",
-            "--file-locks",
-        ];
-        for bits in 0u32..32 {
-            let on = |i: u32| bits & (1 << i) != 0;
-            let o = CheckpointOptions {
-                exit: !on(0),
-                open_tcp: on(1),
-                external_unix_sockets: on(2),
-                terminal: on(3),
-                file_locks: on(4),
-                ..Default::default()
-            };
-            let args = cp_args(&RuncGlobal::default(), &o);
-            for (i, flag) in flags.iter().enumerate() {
-                assert_eq!(
-                    args.iter().any(|a| a == flag),
-                    on(i as u32),
-                    "bits {bits:05b} flag {flag}: {args:?}"
-                );
-            }
-            assert_eq!(args.first().unwrap(), "checkpoint");
-            assert_eq!(args.last().unwrap(), "ctr1");
-            assert_eq!(args.len(), 4 + bits.count_ones() as usize);
-        }
+        assert_eq!(dump.criu_log(), Path::new("/w/dump.log"));
     }
 
     #[test]
-    fn checkpoint_valued_options() {
-        for mode in CgroupsMode::NAMES {
-            let o = CheckpointOptions {
-                exit: true,
-                work_path: Some("/work".into()),
-                image_path: Some("/ignored".into()),
-                cgroups_mode: Some(mode.parse().unwrap()),
-                empty_namespaces: vec!["network".into(), "network".into()],
-                ..Default::default()
-            };
-            assert_eq!(
-                cp_args(&RuncGlobal::default(), &o),
-                [
-                    "checkpoint",
-                    "--image-path",
-                    "/cp",
-                    "--work-path",
-                    "/work",
-                    "--manage-cgroups-mode",
-                    mode,
-                    "--empty-ns",
-                    "network",
-                    "--empty-ns",
-                    "network",
-                    "ctr1"
-                ]
-            );
-        }
-    }
-
-    #[test]
-    fn checkpoint_rejects_bad_input_before_building() {
+    fn bad_input_is_refused_before_building() {
         let g = RuncGlobal::default();
-        let o = CheckpointOptions::default();
-        assert!(checkpoint_command(&g, "--root", Path::new("/cp"), &o).is_err());
-        assert!(checkpoint_command(&g, "c", Path::new("rel"), &o).is_err());
-        let bad_ns = CheckpointOptions {
-            empty_namespaces: vec!["ipc".into()],
+        let mut dump = Dump {
+            image_dir: "rel".into(),
             ..Default::default()
         };
-        assert!(checkpoint_command(&g, "c", Path::new("/cp"), &bad_ns).is_err());
+        assert!(matches!(
+            g.checkpoint("c", &dump),
+            Err(OptionsError::RelativePath { .. })
+        ));
+        dump.image_dir = "/cp".into();
+        assert!(matches!(
+            g.checkpoint("-c", &dump),
+            Err(OptionsError::InvalidContainerId { .. })
+        ));
+        dump.flags.empty_ns = vec!["pid".into()];
+        assert!(g.checkpoint("c", &dump).is_err());
+        let r = Restore::new("/cp", "bundle");
+        assert!(g
+            .restore("c", &r)
+            .unwrap_err()
+            .to_string()
+            .contains("bundle"));
     }
 
     #[test]
-    fn restore_defaults() {
-        let r = RestoreOptions::new("/img", "/bundle");
-        let cmd = restore_command(&RuncGlobal::default(), "ctr1", &r).unwrap();
+    fn restore_defaults_and_every_option() {
+        let g = RuncGlobal::default();
+        let mut r = Restore::new("/cp", "/b");
         assert_eq!(
-            cmd.args_lossy(),
+            args(&g.restore("c", &r).unwrap()),
             [
                 "restore",
                 "--detach",
                 "--no-subreaper",
                 "--bundle",
-                "/bundle",
+                "/b",
                 "--image-path",
-                "/img",
-                "ctr1"
+                "/cp",
+                "c"
             ]
         );
-    }
-
-    #[test]
-    fn restore_all_options() {
-        let mut r = RestoreOptions::new("/img", "/bundle");
-        r.work_path = Some("/work".into());
-        r.pid_file = Some("/bundle/init.pid".into());
-        r.console_socket = Some("/tmp/console.sock".into());
         r.no_pivot = true;
-        r.open_tcp = true;
-        r.external_unix_sockets = true;
-        r.terminal = true;
-        r.file_locks = true;
-        r.empty_namespaces = vec!["network".into()];
-        r.cgroups_mode = Some(CgroupsMode::Ignore);
-        let cmd = restore_command(&global(), "ctr1", &r).unwrap();
+        r.work_dir = Some("/w".into());
+        r.pid_file = Some("/b/init.pid".into());
+        r.console_socket = Some("/tmp/c.sock".into());
+        r.flags.shell_job = true;
         assert_eq!(
-            cmd.args_lossy()[7..],
+            args(&g.restore("c", &r).unwrap()),
             [
                 "restore",
                 "--detach",
                 "--no-subreaper",
                 "--no-pivot",
                 "--bundle",
-                "/bundle",
+                "/b",
                 "--image-path",
-                "/img",
+                "/cp",
                 "--work-path",
-                "/work",
+                "/w",
                 "--pid-file",
-                "/bundle/init.pid",
+                "/b/init.pid",
                 "--console-socket",
-                "/tmp/console.sock",
-                "--tcp-established",
-                "--ext-unix-sk",
+                "/tmp/c.sock",
                 "--shell-job",
-                "--file-locks",
-                "--manage-cgroups-mode",
-                "ignore",
-                "--empty-ns",
-                "network",
-                "ctr1"
+                "c"
             ]
         );
-    }
-
-    /// Every combination of restore booleans maps to exactly its flags.
-    #[test]
-    fn every_restore_bool_combination() {
-        let flags = [
-            "--detach",
-            "--no-subreaper",
-            "--no-pivot",
-            "--tcp-established",
-            "--ext-unix-sk",
-            "--shell-job",
-            "--file-locks",
-        ];
-        for bits in 0u32..128 {
-            let on = |i: u32| bits & (1 << i) != 0;
-            let mut r = RestoreOptions::new("/img", "/b");
-            r.detach = on(0);
-            r.no_subreaper = on(1);
-            r.no_pivot = on(2);
-            r.open_tcp = on(3);
-            r.external_unix_sockets = on(4);
-            r.terminal = on(5);
-            r.file_locks = on(6);
-            let args = restore_command(&RuncGlobal::default(), "c", &r)
-                .unwrap()
-                .args_lossy();
-            for (i, flag) in flags.iter().enumerate() {
-                assert_eq!(args.iter().any(|a| a == flag), on(i as u32), "{args:?}");
-            }
-            assert_eq!(args.len(), 6 + bits.count_ones() as usize);
-        }
+        assert_eq!(r.criu_log(), Path::new("/w/restore.log"));
     }
 
     #[test]
-    fn criu_dir_is_prepended_to_path() {
+    fn criu_dir_goes_in_front_of_path_and_env_is_passed_on() {
         let g = RuncGlobal {
             criu_dir: Some("/opt/gpusnap-rig/bin".into()),
+            env: vec![("CRIU_LIBS_DIR".into(), "/run/x".into())],
             ..Default::default()
         };
-        assert_eq!(
-            g.path_env(Some(OsStr::new("/usr/sbin:/usr/bin"))).unwrap(),
-            "/opt/gpusnap-rig/bin:/usr/sbin:/usr/bin"
-        );
-        assert_eq!(g.path_env(None).unwrap(), "/opt/gpusnap-rig/bin");
-        assert_eq!(RuncGlobal::default().path_env(Some(OsStr::new("/x"))), None);
-        let cmd =
-            checkpoint_command(&g, "c", Path::new("/cp"), &CheckpointOptions::default()).unwrap();
-        let path = cmd.path_env.clone().unwrap();
-        assert!(path.to_string_lossy().starts_with("/opt/gpusnap-rig/bin"));
-        let std_cmd = cmd.to_command();
-        assert!(std_cmd
-            .get_envs()
-            .any(|(k, v)| k == "PATH" && v == Some(path.as_os_str())));
+        let cmd = g.helper(&["state", "c"]);
+        let path = cmd
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .unwrap();
+        assert!(path.starts_with("/opt/gpusnap-rig/bin"), "{path}");
+        assert!(cmd.env.contains(&("CRIU_LIBS_DIR".into(), "/run/x".into())));
         assert!(g
             .effective_search_path()
             .to_string_lossy()
             .starts_with("/opt/gpusnap-rig/bin"));
+        let named = RuncGlobal {
+            criu: Some("/usr/local/sbin/criu".into()),
+            ..Default::default()
+        };
+        assert_eq!(named.effective_search_path(), "/usr/local/sbin");
+        assert!(args(&named.helper(&["ps", "c"]))
+            .starts_with(&["--criu".to_string(), "/usr/local/sbin/criu".to_string()]));
+    }
+
+    #[test]
+    fn runc_log_error_is_the_last_error_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.json");
+        std::fs::write(
+            &log,
+            "{\"level\":\"error\",\"msg\":\"first\"}\nnot json\n{\"level\":\"error\",\"msg\":\"criu failed: type NOTIFY errno 0\"}\n{\"level\":\"info\",\"msg\":\"x\"}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            runc_log_error(&log).as_deref(),
+            Some("criu failed: type NOTIFY errno 0")
+        );
+        assert_eq!(runc_log_error(&dir.path().join("none")), None);
     }
 
     fn script(dir: &Path, body: &str) -> RuncGlobal {
@@ -734,12 +758,21 @@ mod tests {
         }
     }
 
+    fn dump_of(dir: &Path) -> Dump {
+        Dump {
+            image_dir: dir.to_path_buf(),
+            leave_running: true,
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn run_checkpoint_success_captures_output() {
+    fn run_success_captures_output() {
         let dir = tempfile::tempdir().unwrap();
         let g = script(dir.path(), "echo \"$@\"");
-        let cmd = checkpoint_command(&g, "c", dir.path(), &CheckpointOptions::default()).unwrap();
-        let out = run_checkpoint(&cmd, dir.path(), Some(Duration::from_secs(30))).unwrap();
+        let dump = dump_of(dir.path());
+        let cmd = g.checkpoint("c", &dump).unwrap();
+        let out = run_captured(&cmd, &dump.criu_log(), Some(Duration::from_secs(30))).unwrap();
         assert!(
             out.stdout.starts_with("checkpoint --leave-running"),
             "{}",
@@ -748,10 +781,10 @@ mod tests {
     }
 
     #[test]
-    fn run_checkpoint_failure_includes_stderr_and_dump_log() {
+    fn run_failure_includes_stderr_and_dump_log() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
-            dir.path().join(DUMP_LOG),
+            dir.path().join(crate::DUMP_LOG),
             "(0.1) start\n(0.2) Error (criu/files-reg.c:1): Can't dump file\n(0.3) end\n",
         )
         .unwrap();
@@ -759,8 +792,9 @@ mod tests {
             dir.path(),
             "echo 'criu failed: type NOTIFY errno 0' >&2; exit 1",
         );
-        let cmd = checkpoint_command(&g, "c", dir.path(), &CheckpointOptions::default()).unwrap();
-        let err = run_checkpoint(&cmd, dir.path(), None).unwrap_err();
+        let dump = dump_of(dir.path());
+        let cmd = g.checkpoint("c", &dump).unwrap();
+        let err = run_captured(&cmd, &dump.criu_log(), None).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("criu failed: type NOTIFY"), "{msg}");
         assert!(msg.contains("Can't dump file"), "{msg}");
@@ -774,22 +808,14 @@ mod tests {
     }
 
     #[test]
-    fn run_checkpoint_failure_without_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let g = script(dir.path(), "echo 'container does not exist' >&2; exit 1");
-        let cmd = checkpoint_command(&g, "c", dir.path(), &CheckpointOptions::default()).unwrap();
-        let err = run_checkpoint(&cmd, dir.path(), None).unwrap_err();
-        assert!(matches!(err, RuncError::Failed { criu_log: None, .. }));
-        assert!(err.to_string().contains("container does not exist"));
-    }
-
-    #[test]
-    fn run_checkpoint_timeout_kills() {
+    fn run_timeout_kills() {
         let dir = tempfile::tempdir().unwrap();
         let g = script(dir.path(), "exec sleep 30");
-        let cmd = checkpoint_command(&g, "c", dir.path(), &CheckpointOptions::default()).unwrap();
+        let dump = dump_of(dir.path());
+        let cmd = g.checkpoint("c", &dump).unwrap();
         let started = Instant::now();
-        let err = run_checkpoint(&cmd, dir.path(), Some(Duration::from_millis(200))).unwrap_err();
+        let err =
+            run_captured(&cmd, &dump.criu_log(), Some(Duration::from_millis(200))).unwrap_err();
         assert!(matches!(err, RuncError::TimedOut { .. }), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10));
     }
@@ -798,9 +824,10 @@ mod tests {
     fn grandchild_holding_the_pipe_does_not_hang() {
         let dir = tempfile::tempdir().unwrap();
         let g = script(dir.path(), "sleep 5 & echo started; exit 0");
-        let cmd = checkpoint_command(&g, "c", dir.path(), &CheckpointOptions::default()).unwrap();
+        let dump = dump_of(dir.path());
+        let cmd = g.checkpoint("c", &dump).unwrap();
         let started = Instant::now();
-        let out = run_checkpoint(&cmd, dir.path(), None).unwrap();
+        let out = run_captured(&cmd, &dump.criu_log(), None).unwrap();
         assert_eq!(out.stdout.trim(), "started");
         assert!(
             started.elapsed() < Duration::from_secs(4),
@@ -815,9 +842,8 @@ mod tests {
             binary: "/nonexistent/runc".into(),
             ..Default::default()
         };
-        let cmd =
-            checkpoint_command(&g, "c", Path::new("/cp"), &CheckpointOptions::default()).unwrap();
-        let err = run_checkpoint(&cmd, Path::new("/cp"), None).unwrap_err();
+        let cmd = g.helper(&["state", "c"]);
+        let err = run_captured(&cmd, Path::new("/cp/dump.log"), None).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/runc"), "{err}");
     }
 }

@@ -1,9 +1,11 @@
 //! Host facts recorded in the manifest: runc version, kernel release, architecture.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde::{Deserialize, Serialize};
+
+use crate::exec::RunTool;
 
 /// Parsed `runc --version`:
 ///
@@ -66,12 +68,18 @@ pub fn parse_runc_version(output: &str) -> Result<RuncVersion, VersionError> {
 
 /// Runs `<binary> --version` and parses it.
 pub fn runc_version(binary: &Path) -> Result<RuncVersion, VersionError> {
+    runc_version_with(binary, &crate::exec::Direct)
+}
+
+/// [`runc_version`], running runc through `tool`.
+pub fn runc_version_with(binary: &Path, tool: &dyn RunTool) -> Result<RuncVersion, VersionError> {
     let exec_err = |reason: String| VersionError::Exec {
         binary: binary.to_path_buf(),
         reason,
     };
-    let out = crate::exec::output(Command::new(binary).arg("--version").stdin(Stdio::null()))
-        .map_err(|e| exec_err(e.to_string()))?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("--version");
+    let out = tool.output(cmd).map_err(|e| exec_err(e.to_string()))?;
     if !out.status.success() {
         return Err(exec_err(format!(
             "{}: {}",

@@ -12,7 +12,6 @@
 //! Tests drive all of it against the fake driver in `cuda/fake-libcuda`, loaded
 //! through the same path as the real one.
 
-pub mod container_gpu;
 pub mod discovery;
 pub mod driver;
 pub mod engine;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gpusnap_cuda::driver::{code, DriverConfig, DriverVersion, PendingDriver, ProcessState};
-use gpusnap_cuda::engine::DriverManaged;
+use gpusnap_cuda::discovery;
+use gpusnap_cuda::driver::{code, DriverVersion, ProcessState};
 use gpusnap_cuda::orchestrate::{
-    restore_with_criu, Cause, GpuMap, Orchestrator, OrchestratorOptions, Outcome, Phase,
-    PhaseTimings, ProcessRecord, RestorePlan, RestoreReport, RestoreTarget,
+    Cause, GpuMap, Orchestrator, OrchestratorOptions, Outcome, Phase, PhaseTimings, ProcessRecord,
+    RestoreReport, RestoreTarget,
 };
 
 fn record(env: &Env, host_pid: i32, container_pid: Option<i32>, gpus: &[&str]) -> ProcessRecord {
@@ -330,110 +330,23 @@ fn fake_proc(root: &Path, pids: &[(i32, i32)]) {
 }
 
 #[test]
-fn restore_with_criu_overlaps_driver_init_and_maps_pids_by_container_pid() {
+fn restored_processes_are_found_by_container_pid_and_a_missing_one_is_named() {
     let env = env();
     let proc_dir = tempfile::tempdir().unwrap();
-    // Checkpointed as host pids 101/102 (container pids 1/7); CRIU restores them as 5001/5002.
+    // Checkpointed as host pids 101/102 (container pids 1/7); CRIU restored them as 5001/5002.
     fake_proc(proc_dir.path(), &[(5001, 1), (5002, 7), (5003, 9)]);
-    env.register(&[5001, 5002], FakeState::Checkpointed);
-    let plan = RestorePlan {
-        records: vec![
-            record(&env, 101, Some(1), &[H200_A]),
-            record(&env, 102, Some(7), &[H200_A]),
-        ],
-        gpu_map: GpuMap::new(),
-        proc_root: proc_dir.path().to_owned(),
-    };
-
-    let pending = PendingDriver::spawn(DriverConfig::with_library(env.fake.library_path()));
-    let report = restore_with_criu(pending, Arc::new(DriverManaged), options(), &plan, || {
-        std::thread::sleep(Duration::from_millis(100));
-        Ok::<_, std::io::Error>(vec![5001, 5002, 5003])
-    })
-    .expect("restore succeeds");
-
-    assert_eq!(env.states(&[5001, 5002]), vec![FakeState::Running; 2]);
-    let pids: Vec<(i32, i32)> = report
-        .processes
-        .iter()
-        .map(|p| (p.checkpoint_host_pid, p.host_pid))
-        .collect();
-    assert_eq!(pids, vec![(101, 5001), (102, 5002)]);
-    assert!(report.timings.criu_restore_ms.unwrap() >= 100.0);
-    let waited = report.timings.driver_init_wait_ms.unwrap();
-    assert!(
-        waited < 100.0,
-        "driver init should have overlapped CRIU, waited {waited} ms"
+    let records = vec![
+        record(&env, 101, Some(1), &[H200_A]),
+        record(&env, 102, Some(7), &[H200_A]),
+    ];
+    assert_eq!(
+        discovery::map_restored_pids(&records, &[5001, 5002, 5003], proc_dir.path()).unwrap(),
+        vec![5001, 5002]
     );
-}
-
-#[test]
-fn restore_with_criu_reports_a_criu_failure_before_any_cuda_call() {
-    let env = env();
-    let plan = RestorePlan::new(vec![record(&env, 101, Some(1), &[H200_A])]);
-    let err = restore_with_criu(
-        Arc::clone(&env.driver),
-        Arc::new(DriverManaged),
-        options(),
-        &plan,
-        || Err::<Vec<i32>, _>(std::io::Error::other("criu restore: exit 1")),
-    )
-    .unwrap_err();
-    assert_eq!(err.phase, Phase::CriuRestore);
-    assert_eq!(err.outcome, Outcome::BeforeMutation);
-    assert!(
-        err.to_string()
-            .contains("CRIU restore failed: criu restore: exit 1"),
-        "{err}"
-    );
-    assert!(env.call_log().is_empty());
-}
-
-#[test]
-fn restore_with_criu_reports_a_missing_process() {
-    let env = env();
-    let proc_dir = tempfile::tempdir().unwrap();
-    fake_proc(proc_dir.path(), &[(5001, 1)]);
-    let plan = RestorePlan {
-        records: vec![
-            record(&env, 101, Some(1), &[H200_A]),
-            record(&env, 102, Some(7), &[H200_A]),
-        ],
-        gpu_map: GpuMap::new(),
-        proc_root: proc_dir.path().to_owned(),
-    };
-    let err = restore_with_criu(
-        Arc::clone(&env.driver),
-        Arc::new(DriverManaged),
-        options(),
-        &plan,
-        || Ok::<_, std::io::Error>(vec![5001]),
-    )
-    .unwrap_err();
-    assert_eq!(err.phase, Phase::PidMapping);
-    assert_eq!(err.outcome, Outcome::BeforeMutation);
+    let err = discovery::map_restored_pids(&records, &[5001, 5003], proc_dir.path()).unwrap_err();
     assert!(
         err.to_string()
             .contains("no restored process has container pid 7"),
-        "{err}"
-    );
-}
-
-#[test]
-fn restore_with_criu_reports_driver_init_failure() {
-    let env = env();
-    let dir = tempfile::tempdir().unwrap();
-    let pending = PendingDriver::spawn(DriverConfig::with_library(dir.path().join("nope.so")));
-    let plan = RestorePlan::new(vec![record(&env, 101, Some(1), &[H200_A])]);
-    let err = restore_with_criu(pending, Arc::new(DriverManaged), options(), &plan, || {
-        Ok::<_, std::io::Error>(vec![])
-    })
-    .unwrap_err();
-    assert_eq!(err.phase, Phase::DriverInit);
-    assert_eq!(err.outcome, Outcome::BeforeMutation);
-    assert!(
-        err.to_string()
-            .contains("cannot load the CUDA driver library"),
         "{err}"
     );
 }

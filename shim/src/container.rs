@@ -13,20 +13,8 @@ use containerd_shim::{
 
 use crate::{
     console::ConsoleSocket, oom::OomWatch, options::RuntimeSettings, process::Process,
-    stdio::ProcessPipes,
+    state::InitState, stdio::ProcessPipes,
 };
-
-/// What Create recorded for a task that Start must restore from a checkpoint.
-#[derive(Debug, Clone)]
-pub struct PendingRestore {
-    pub image: PathBuf,
-    /// containerd's parent checkpoint (pre-dump chains); runc restores from `image`, which
-    /// references its parent itself, so this is only logged.
-    pub parent: Option<PathBuf>,
-    /// Writable-layer changes to apply to the rootfs before CRIU runs (a pod restoring from a
-    /// CRI checkpoint archive; containerd applies it itself on its own restore paths).
-    pub rootfs_diff: Option<PathBuf>,
-}
 
 pub struct Container {
     pub id: String,
@@ -34,28 +22,35 @@ pub struct Container {
     pub settings: RuntimeSettings,
     pub config: gpusnap_config::Config,
     pub runc: Arc<runc::Runc>,
+    /// The init's lifecycle; [`InitState`] holds every transition.
+    pub state: InitState,
+    /// The init's pid, stdio and exit.
     pub init: Process,
     pub execs: HashMap<String, Process>,
     pub rootfs_mounted: bool,
-    pub restore: Option<PendingRestore>,
     /// Exit status of init, held back while execs still run so that their exits reach
     /// containerd first.
     pub deferred_init_exit: Option<i32>,
     pub oom: Option<OomWatch>,
-    /// CUDA processes a checkpoint of a paused task left checkpointed (device memory in host
-    /// memory), to be restored and unlocked when the task is resumed.
-    pub pending_cuda_resume: Option<PendingCudaResume>,
-}
-
-/// See [`Container::pending_cuda_resume`]: the driver can only restore device memory while
-/// the processes run, and the caller (ctr, CRI) must find the task frozen exactly as CRIU
-/// dumped it so that the rootfs diff it takes next matches the images.
-pub struct PendingCudaResume {
-    pub orchestrator: gpusnap_cuda::Orchestrator,
-    pub records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
+    /// The container shares a PID namespace (pod, host, another container): when its init
+    /// exits, its other processes are killed before the exit is reported.
+    pub kill_all_on_exit: bool,
 }
 
 impl Container {
+    /// The runc command line (global flags) this container's runc client uses, for the
+    /// checkpoint and restore transactions.
+    pub fn runc_global(&self) -> gpusnap_criu_bridge::RuncGlobal {
+        gpusnap_criu_bridge::RuncGlobal {
+            binary: PathBuf::from(&self.settings.runc_binary),
+            root: Some(self.settings.runc_root.clone()),
+            log: Some(RuntimeSettings::runc_log(&self.bundle)),
+            systemd_cgroup: self.settings.systemd_cgroup,
+            criu_dir: self.config.criu.binary_dir.clone(),
+            ..Default::default()
+        }
+    }
+
     pub fn process(&self, exec_id: &str) -> Option<&Process> {
         if exec_id.is_empty() {
             Some(&self.init)

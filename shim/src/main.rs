@@ -11,12 +11,11 @@ mod options;
 mod process;
 mod reaper;
 mod restore_from;
-mod rootfs_diff;
 mod service;
+mod state;
 mod stats;
 mod stdio;
 mod task;
-mod tools;
 
 /// The runtime type containerd uses to find this binary (`containerd-shim-gpusnap-v2`).
 pub const RUNTIME_ID: &str = "io.containerd.gpusnap.v2";

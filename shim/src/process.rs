@@ -15,11 +15,11 @@ pub struct ExitInfo {
     pub at: OffsetDateTime,
 }
 
+/// An exec's lifecycle (the init's is [`crate::state::InitState`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessState {
     Created,
     Running,
-    Paused,
     Stopped,
 }
 
@@ -70,14 +70,13 @@ impl Process {
     }
 
     pub fn is_alive(&self) -> bool {
-        matches!(self.state, ProcessState::Running | ProcessState::Paused)
+        self.state == ProcessState::Running
     }
 
     pub fn status(&self) -> Status {
         match self.state {
             ProcessState::Created => Status::CREATED,
             ProcessState::Running => Status::RUNNING,
-            ProcessState::Paused => Status::PAUSED,
             ProcessState::Stopped => Status::STOPPED,
         }
     }

@@ -13,7 +13,7 @@ use std::{collections::HashMap, path::Path};
 
 use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION};
 
-use crate::container::PendingRestore;
+use crate::state::PendingRestore;
 
 const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";

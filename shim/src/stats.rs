@@ -4,8 +4,6 @@
 //! On cgroup v1 the CPU and memory details are read here from cpuacct and memory.stat: the
 //! shim crate's v1 collector reads v2 key names for CPU and fills only a few memory fields.
 
-use std::path::PathBuf;
-
 use containerd_shim::{
     cgroup::{collect_metrics, collect_metrics_v2, get_cgroup},
     protos::{
@@ -14,6 +12,7 @@ use containerd_shim::{
     },
     util::convert_to_any,
 };
+use gpusnap_transaction::cgroup::v1_controller_dir;
 
 pub fn collect(pid: u32) -> Result<Any, String> {
     let cgroup = get_cgroup(pid).map_err(|e| format!("find cgroup of pid {pid}: {e}"))?;
@@ -28,25 +27,6 @@ pub fn collect(pid: u32) -> Result<Any, String> {
         convert_to_any(Box::new(m))
     };
     any.map_err(|e| format!("encode metrics: {e}"))
-}
-
-/// The directory of `pid`'s cgroup for a v1 controller, e.g. `cpuacct` or `memory`.
-pub fn v1_controller_dir(pid: u32, controller: &str) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if controllers.split(',').any(|c| c == controller) {
-            let path = path.trim_start_matches('/');
-            for mount in [controller.to_string(), controllers.to_string()] {
-                let dir = PathBuf::from("/sys/fs/cgroup").join(mount).join(path);
-                if dir.is_dir() {
-                    return Some(dir);
-                }
-            }
-        }
-    }
-    None
 }
 
 fn read_u64(dir: &std::path::Path, file: &str) -> Option<u64> {
@@ -160,23 +140,4 @@ fn clock_ticks() -> u64 {
     } else {
         100
     }
-}
-
-/// Every pid in the cgroup of `init_pid` (and its sub-cgroups), read from cgroupfs: cheaper
-/// than a `runc ps` on the checkpoint's critical path.
-pub fn cgroup_pids(init_pid: u32) -> Option<Vec<u32>> {
-    let dir = v1_controller_dir(init_pid, "pids")
-        .or_else(|| v1_controller_dir(init_pid, "freezer"))
-        .or_else(|| containerd_shim::cgroup::get_cgroups_v2_path_by_pid(init_pid).ok())?;
-    let mut pids = Vec::new();
-    let mut stack = vec![dir];
-    while let Some(d) = stack.pop() {
-        let text = std::fs::read_to_string(d.join("cgroup.procs")).ok()?;
-        pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-        if let Ok(entries) = std::fs::read_dir(&d) {
-            stack.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
-        }
-    }
-    pids.sort_unstable();
-    Some(pids)
 }

@@ -1,4 +1,8 @@
 //! The containerd Task service over runc.
+//!
+//! Each RPC is a thin edge: it calls one method of [`TaskService`] that works with the shim's
+//! own types and [`Error`], and converts the result once. Checkpoint and restore live in
+//! `checkpoint.rs`, on top of the `gpusnap-transaction` crate.
 
 use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
@@ -30,11 +34,12 @@ use containerd_shim::{
 use tokio::sync::Mutex;
 
 use crate::{
-    container::{self, Container, PendingRestore, StdioSetup},
+    container::{self, Container, StdioSetup},
     errors::*,
     events::EventSender,
     options::RuntimeSettings,
     process::{ExitInfo, Process, ProcessState},
+    state::{InitState, PendingRestore, StartKind},
 };
 
 #[derive(Default)]
@@ -43,13 +48,13 @@ pub struct ShimState {
 }
 
 impl ShimState {
-    pub fn container(&self, id: &str) -> TtrpcResult<&Container> {
+    pub fn container(&self, id: &str) -> Result<&Container> {
         self.containers
             .get(id)
             .ok_or_else(|| not_found(format!("container {id} not found")))
     }
 
-    pub fn container_mut(&mut self, id: &str) -> TtrpcResult<&mut Container> {
+    pub fn container_mut(&mut self, id: &str) -> Result<&mut Container> {
         self.containers
             .get_mut(id)
             .ok_or_else(|| not_found(format!("container {id} not found")))
@@ -121,23 +126,27 @@ impl TaskService {
         let _lifecycle = self.lifecycle.lock().await;
         let mut state = self.state.lock().await;
         for c in state.containers.values_mut() {
-            if c.init.pid == pid && c.init.state != ProcessState::Stopped {
-                if c.running_execs() > 0 {
-                    // Execs die with the init in its pid namespace; kill them in case the
-                    // namespace is shared, and report init last.
-                    c.deferred_init_exit = Some(code);
-                    for e in c.execs.values().filter(|p| p.is_alive()) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(e.pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
+            if c.init.pid == pid && c.state.is_alive() {
+                if c.kill_all_on_exit {
+                    // The container has no PID namespace of its own (shared with the pod, the
+                    // host, or another container), so its other processes outlive the init and
+                    // would keep its stdio open. Like containerd-shim-runc-v2: kill them all,
+                    // then report the exit.
+                    c.kill_all_on_exit = false;
+                    let (svc, id, runc) = (self.clone(), c.id.clone(), c.runc.clone());
+                    tokio::spawn(async move {
+                        let opts = runc::options::KillOpts { all: true };
+                        if let Err(e) = runc.kill(&id, libc::SIGKILL as u32, Some(&opts)).await {
+                            tracing::debug!(id, error = %runc_error_text(&e), "kill --all after the init exited");
+                        }
+                        let _lifecycle = svc.lifecycle.lock().await;
+                        if let Some(c) = svc.state.lock().await.containers.get_mut(&id) {
+                            svc.init_exited(c, code);
+                        }
+                    });
                     return;
                 }
-                let info = c.init.set_exited(code);
-                c.oom = None;
-                self.events
-                    .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                self.init_exited(c, code);
                 return;
             }
             if let Some(e) = c.execs.values_mut().find(|p| p.pid == pid && p.is_alive()) {
@@ -146,10 +155,7 @@ impl TaskService {
                     .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, e, info));
                 if c.running_execs() == 0 {
                     if let Some(code) = c.deferred_init_exit.take() {
-                        let info = c.init.set_exited(code);
-                        c.oom = None;
-                        self.events
-                            .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+                        self.report_init_exit(c, code);
                     }
                 }
                 return;
@@ -162,27 +168,53 @@ impl TaskService {
         );
     }
 
-    pub async fn runc_of(&self, id: &str) -> TtrpcResult<Arc<runc::Runc>> {
+    /// The init exited: report it once every exec has (execs die with the init in its pid
+    /// namespace; they are killed here in case the namespace is shared).
+    fn init_exited(&self, c: &mut Container, code: i32) {
+        if !c.state.is_alive() {
+            return;
+        }
+        if c.running_execs() > 0 {
+            c.deferred_init_exit = Some(code);
+            for e in c.execs.values().filter(|p| p.is_alive()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(e.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            return;
+        }
+        self.report_init_exit(c, code);
+    }
+
+    fn report_init_exit(&self, c: &mut Container, code: i32) {
+        // An OOM kill can be what ended the init: report it before the exit, as containerd
+        // expects (it marks the container OOMKilled only when TaskOOM came first).
+        if let Some(oom) = c.oom.take() {
+            oom.final_check();
+        }
+        c.state.exited();
+        let info = c.init.set_exited(code);
+        self.events
+            .send(TASK_EXIT_EVENT_TOPIC, exit_event(&c.id, &c.init, info));
+    }
+
+    pub async fn runc_of(&self, id: &str) -> Result<Arc<runc::Runc>> {
         Ok(self.state.lock().await.container(id)?.runc.clone())
+    }
+
+    async fn bundle_of(&self, id: &str) -> Result<PathBuf> {
+        Ok(self.state.lock().await.container(id)?.bundle.clone())
     }
 }
 
 /// The last error runc wrote to its JSON log, which says what went wrong far better than
 /// its exit status.
 pub fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(RuntimeSettings::runc_log(bundle)).ok()?;
-    text.lines().rev().find_map(|l| {
-        let v: serde_json::Value = serde_json::from_str(l).ok()?;
-        (v.get("level")?.as_str()? == "error")
-            .then(|| v.get("msg")?.as_str().map(str::to_string))?
-    })
+    gpusnap_criu_bridge::runc_log_error(&RuntimeSettings::runc_log(bundle))
 }
 
-fn runc_failure(
-    action: &str,
-    err: &runc::error::Error,
-    bundle: &std::path::Path,
-) -> ttrpc_error::Error {
+fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path) -> Error {
     let detail = runc_log_error(bundle).unwrap_or_else(|| runc_error_text(err));
     let msg = format!("{action}: {detail}");
     if detail.contains("does not exist") || detail.contains("not found") {
@@ -192,14 +224,37 @@ fn runc_failure(
     }
 }
 
-/// The OCI spec's annotations (CRI puts the pod's `pod_annotations` there).
-fn spec_annotations(bundle: &std::path::Path) -> HashMap<String, String> {
+/// The container's runtime spec (`<bundle>/config.json`), when readable.
+fn read_spec(bundle: &std::path::Path) -> Option<serde_json::Value> {
     std::fs::read(bundle.join("config.json"))
         .ok()
-        .and_then(|d| serde_json::from_slice::<serde_json::Value>(&d).ok())
-        .and_then(|spec| spec.get("annotations").cloned())
+        .and_then(|d| serde_json::from_slice(&d).ok())
+}
+
+/// The OCI spec's annotations (CRI puts the pod's `pod_annotations` there).
+fn spec_annotations(spec: Option<&serde_json::Value>) -> HashMap<String, String> {
+    spec.and_then(|s| s.get("annotations").cloned())
         .and_then(|a| serde_json::from_value(a).ok())
         .unwrap_or_default()
+}
+
+/// Whether the container's processes can outlive its init: true unless the spec gives it a
+/// PID namespace of its own (a `pid` namespace entry without a path), as
+/// containerd-shim-runc-v2 decides (`ShouldKillAllOnExit`).
+fn shares_pid_namespace(spec: Option<&serde_json::Value>) -> bool {
+    let Some(namespaces) = spec
+        .and_then(|s| s.pointer("/linux/namespaces"))
+        .and_then(|n| n.as_array())
+    else {
+        return true;
+    };
+    !namespaces.iter().any(|ns| {
+        ns.get("type").and_then(|t| t.as_str()) == Some("pid")
+            && ns
+                .get("path")
+                .and_then(|p| p.as_str())
+                .is_none_or(str::is_empty)
+    })
 }
 
 /// gpusnap's configuration for this container: the file (CRI's ConfigPath, else
@@ -208,24 +263,25 @@ fn spec_annotations(bundle: &std::path::Path) -> HashMap<String, String> {
 fn load_config(
     settings: &RuntimeSettings,
     annotations: &HashMap<String, String>,
-) -> TtrpcResult<gpusnap_config::Config> {
+) -> Result<gpusnap_config::Config> {
     let path = settings
         .config_path
         .clone()
         .or_else(|| std::env::var_os("GPUSNAP_CONFIG").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
-    gpusnap_config::Config::layered(&path, None, annotations)
-        .map_err(|e| invalid_argument(format!("gpusnap configuration ({}): {e}", path.display())))
+    let config = gpusnap_config::Config::layered(&path, None, annotations).map_err(|e| {
+        invalid_argument(format!("gpusnap configuration ({}): {e}", path.display()))
+    })?;
+    gpusnap_transaction::gpu::check_engine_name(config.storage.engine.as_str()).map_err(|e| {
+        invalid_argument(format!(
+            "gpusnap configuration ({}): storage.engine: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(config)
 }
 
-mod ttrpc_error {
-    pub use containerd_shim::protos::ttrpc::Error;
-}
-
-fn decode_json<T: serde::de::DeserializeOwned>(
-    what: &str,
-    any: &MessageField<Any>,
-) -> TtrpcResult<T> {
+fn decode_json<T: serde::de::DeserializeOwned>(what: &str, any: &MessageField<Any>) -> Result<T> {
     let any = any
         .as_ref()
         .ok_or_else(|| invalid_argument(format!("{what} is missing")))?;
@@ -245,7 +301,7 @@ impl TaskService {
         runc: &runc::Runc,
         settings: &RuntimeSettings,
         init: &mut Process,
-    ) -> TtrpcResult<()> {
+    ) -> Result<()> {
         let setup =
             StdioSetup::new(&init.stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
         init.stdin = setup
@@ -277,19 +333,125 @@ impl TaskService {
         Ok(())
     }
 
-    async fn start_init(&self, id: &str) -> TtrpcResult<StartResponse> {
-        let (runc, bundle, restore) = {
-            let state = self.state.lock().await;
-            let c = state.container(id)?;
-            if c.init.state != ProcessState::Created {
-                return Err(failed_precondition(format!(
-                    "container {id} cannot be started: it is {:?}",
-                    c.init.state
-                )));
+    async fn create_task(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.state.lock().await.containers.contains_key(&req.id) {
+            return Err(already_exists(format!(
+                "container {} already exists in this shim",
+                req.id
+            )));
+        }
+        if req.id.is_empty() || req.bundle.is_empty() {
+            return Err(invalid_argument(
+                "create needs a container id and a bundle path",
+            ));
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        let settings = RuntimeSettings::from_any(&self.namespace, req.options.as_ref())
+            .map_err(invalid_argument)?;
+        settings.save(&bundle).map_err(|e| {
+            internal(format!(
+                "write runtime settings into bundle {}: {e}",
+                bundle.display()
+            ))
+        })?;
+        let runc = Arc::new(settings.runc(&bundle).map_err(|e| {
+            failed_precondition(format!(
+                "runc binary {:?} is not usable ({e}); install runc or set BinaryName in the runtime options",
+                settings.runc_binary
+            ))
+        })?);
+        let spec = read_spec(&bundle);
+        let annotations = spec_annotations(spec.as_ref());
+        let config = load_config(&settings, &annotations)?;
+        let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
+        let unmount = || {
+            if mounted {
+                container::unmount_rootfs(&bundle);
             }
-            (c.runc.clone(), c.bundle.clone(), c.restore.clone())
         };
-        if let Some(restore) = restore {
+        let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
+        let mut init = Process::new("", stdio);
+        let restore = if req.checkpoint.is_empty() {
+            // A pod can ask to start from a node-local checkpoint (see restore_from.rs).
+            crate::restore_from::pending_restore(&annotations, &config).map_err(|e| {
+                unmount();
+                invalid_argument(e)
+            })?
+        } else {
+            Some(PendingRestore {
+                image: PathBuf::from(&req.checkpoint),
+                parent: (!req.parent_checkpoint.is_empty())
+                    .then(|| PathBuf::from(&req.parent_checkpoint)),
+                rootfs_diff: None,
+            })
+        };
+        let state = match restore {
+            Some(r) => InitState::CreatedFromCheckpoint(r),
+            None => {
+                if let Err(e) = self
+                    .create_init(&req.id, &bundle, &runc, &settings, &mut init)
+                    .await
+                {
+                    unmount();
+                    return Err(e);
+                }
+                InitState::Created
+            }
+        };
+        let pid = init.pid as u32;
+        let mut c = Container {
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            settings,
+            config,
+            runc,
+            state,
+            init,
+            execs: HashMap::new(),
+            rootfs_mounted: mounted,
+            deferred_init_exit: None,
+            oom: None,
+            kill_all_on_exit: shares_pid_namespace(spec.as_ref()),
+        };
+        if matches!(c.state, InitState::Created) {
+            // The cgroup exists from `runc create`: count OOM kills from now, so a workload
+            // killed right after start is reported too.
+            self.watch_oom(&mut c);
+        }
+        self.state.lock().await.containers.insert(req.id.clone(), c);
+        self.events.send(
+            TASK_CREATE_EVENT_TOPIC,
+            TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                checkpoint: req.checkpoint.clone(),
+                pid,
+                ..Default::default()
+            },
+        );
+        Ok(CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    async fn start_init(&self, id: &str) -> Result<StartResponse> {
+        let (runc, bundle, kind) = {
+            let mut state = self.state.lock().await;
+            let c = state.container_mut(id)?;
+            let kind = c.state.start(id)?;
+            (c.runc.clone(), c.bundle.clone(), kind)
+        };
+        if let StartKind::Restore(restore) = kind {
             return self.start_restore(id, restore).await;
         }
         runc.start(id)
@@ -300,11 +462,8 @@ impl TaskService {
             .containers
             .get_mut(id)
             .ok_or_else(|| not_found(format!("container {id} was deleted while starting")))?;
-        if c.init.state == ProcessState::Created {
-            c.init.state = ProcessState::Running;
-        }
+        c.state.started();
         let pid = c.init.pid;
-        self.watch_oom(c);
         self.events.send(
             TASK_START_EVENT_TOPIC,
             TaskStart {
@@ -333,11 +492,11 @@ impl TaskService {
         });
     }
 
-    async fn start_exec(&self, id: &str, exec_id: &str) -> TtrpcResult<StartResponse> {
+    async fn start_exec(&self, id: &str, exec_id: &str) -> Result<StartResponse> {
         let (runc, bundle, spec, stdio) = {
             let state = self.state.lock().await;
             let c = state.container(id)?;
-            if !c.init.is_alive() {
+            if !c.state.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {id} is not running"
                 )));
@@ -405,11 +564,8 @@ impl TaskService {
             ..Default::default()
         })
     }
-}
 
-#[async_trait]
-impl containerd_shim::Task for TaskService {
-    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+    async fn task_state(&self, req: StateRequest) -> Result<StateResponse> {
         let state = self.state.lock().await;
         let c = state.container(&req.id)?;
         let p = c.process(&req.exec_id).ok_or_else(|| {
@@ -433,7 +589,12 @@ impl containerd_shim::Task for TaskService {
             exec_id: p.exec_id.clone(),
             ..Default::default()
         };
-        resp.status = p.status().into();
+        resp.status = if req.exec_id.is_empty() {
+            c.state.status()
+        } else {
+            p.status()
+        }
+        .into();
         if let Some(exit) = p.exit {
             resp.exit_status = exit.status;
             resp.exited_at = MessageField::some(convert_to_timestamp(Some(exit.at)));
@@ -441,157 +602,42 @@ impl containerd_shim::Task for TaskService {
         Ok(resp)
     }
 
-    async fn create(
-        &self,
-        _ctx: &TtrpcContext,
-        req: CreateTaskRequest,
-    ) -> TtrpcResult<CreateTaskResponse> {
-        let _lifecycle = self.lifecycle.lock().await;
-        if self.state.lock().await.containers.contains_key(&req.id) {
-            return Err(already_exists(format!(
-                "container {} already exists in this shim",
-                req.id
-            )));
-        }
-        if req.id.is_empty() || req.bundle.is_empty() {
-            return Err(invalid_argument(
-                "create needs a container id and a bundle path",
-            ));
-        }
-        let bundle = PathBuf::from(&req.bundle);
-        let settings = RuntimeSettings::from_any(&self.namespace, req.options.as_ref())
-            .map_err(invalid_argument)?;
-        settings.save(&bundle).map_err(|e| {
-            internal(format!(
-                "write runtime settings into bundle {}: {e}",
-                bundle.display()
-            ))
-        })?;
-        let runc = Arc::new(settings.runc(&bundle).map_err(|e| {
-            failed_precondition(format!(
-                "runc binary {:?} is not usable ({e}); install runc or set BinaryName in the runtime options",
-                settings.runc_binary
-            ))
-        })?);
-        let annotations = spec_annotations(&bundle);
-        let config = load_config(&settings, &annotations)?;
-        let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
-        let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
-        let mut init = Process::new("", stdio);
-        let restore = if req.checkpoint.is_empty() {
-            // A pod can ask to start from a node-local checkpoint (see restore_from.rs).
-            match crate::restore_from::pending_restore(&annotations, &config) {
-                Ok(r) => r,
-                Err(e) => {
-                    if mounted {
-                        container::unmount_rootfs(&bundle);
-                    }
-                    return Err(invalid_argument(e));
+    async fn delete_exec(&self, id: &str, exec_id: &str) -> Result<DeleteResponse> {
+        let p = {
+            let mut state = self.state.lock().await;
+            let c = state.container_mut(id)?;
+            match c.execs.get(exec_id) {
+                None => {
+                    return Err(not_found(format!(
+                        "exec {exec_id} not found in container {id}"
+                    )))
                 }
-            }
-        } else {
-            Some(PendingRestore {
-                image: PathBuf::from(&req.checkpoint),
-                parent: (!req.parent_checkpoint.is_empty())
-                    .then(|| PathBuf::from(&req.parent_checkpoint)),
-                rootfs_diff: None,
-            })
-        };
-        if restore.is_none() {
-            if let Err(e) = self
-                .create_init(&req.id, &bundle, &runc, &settings, &mut init)
-                .await
-            {
-                if mounted {
-                    container::unmount_rootfs(&bundle);
+                Some(p) if p.is_alive() => {
+                    return Err(failed_precondition(format!(
+                        "exec {exec_id} is still running; kill it before deleting it"
+                    )))
                 }
-                return Err(e);
+                Some(_) => c.execs.remove(exec_id).expect("checked above"),
             }
-        }
-        let pid = init.pid as u32;
-        let c = Container {
-            id: req.id.clone(),
-            bundle: bundle.clone(),
-            settings,
-            config,
-            runc,
-            init,
-            execs: HashMap::new(),
-            rootfs_mounted: mounted,
-            restore,
-            deferred_init_exit: None,
-            oom: None,
-            pending_cuda_resume: None,
         };
-        self.state.lock().await.containers.insert(req.id.clone(), c);
-        self.events.send(
-            TASK_CREATE_EVENT_TOPIC,
-            TaskCreate {
-                container_id: req.id.clone(),
-                bundle: req.bundle.clone(),
-                rootfs: req.rootfs.clone(),
-                io: MessageField::some(TaskIO {
-                    stdin: req.stdin.clone(),
-                    stdout: req.stdout.clone(),
-                    stderr: req.stderr.clone(),
-                    terminal: req.terminal,
-                    ..Default::default()
-                }),
-                checkpoint: req.checkpoint.clone(),
-                pid,
-                ..Default::default()
-            },
-        );
-        Ok(CreateTaskResponse {
-            pid,
+        p.shutdown_io().await;
+        let exit = p.exit;
+        Ok(DeleteResponse {
+            pid: p.pid as u32,
+            exit_status: exit.map(|e| e.status).unwrap_or_default(),
+            exited_at: MessageField::some(convert_to_timestamp(exit.map(|e| e.at))),
             ..Default::default()
         })
     }
 
-    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
-        let _lifecycle = self.lifecycle.lock().await;
-        if req.exec_id.is_empty() {
-            self.start_init(&req.id).await
-        } else {
-            self.start_exec(&req.id, &req.exec_id).await
-        }
-    }
-
-    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+    async fn delete_task(&self, req: DeleteRequest) -> Result<DeleteResponse> {
         if !req.exec_id.is_empty() {
-            let p = {
-                let mut state = self.state.lock().await;
-                let c = state.container_mut(&req.id)?;
-                match c.execs.get(&req.exec_id) {
-                    None => {
-                        return Err(not_found(format!(
-                            "exec {} not found in container {}",
-                            req.exec_id, req.id
-                        )))
-                    }
-                    Some(p) if p.is_alive() => {
-                        return Err(failed_precondition(format!(
-                            "exec {} is still running; kill it before deleting it",
-                            req.exec_id
-                        )))
-                    }
-                    Some(_) => c.execs.remove(&req.exec_id).expect("checked above"),
-                }
-            };
-            p.shutdown_io().await;
-            let exit = p.exit;
-            return Ok(DeleteResponse {
-                pid: p.pid as u32,
-                exit_status: exit.map(|e| e.status).unwrap_or_default(),
-                exited_at: MessageField::some(convert_to_timestamp(exit.map(|e| e.at))),
-                ..Default::default()
-            });
+            return self.delete_exec(&req.id, &req.exec_id).await;
         }
-
         let c = {
             let mut state = self.state.lock().await;
             let c = state.container(&req.id)?;
-            if c.init.is_alive() {
+            if c.state.is_alive() || matches!(c.state, InitState::Restoring) {
                 return Err(failed_precondition(format!(
                     "container {} is still running; kill it before deleting it",
                     req.id
@@ -599,7 +645,7 @@ impl containerd_shim::Task for TaskService {
             }
             state.containers.remove(&req.id).expect("checked above")
         };
-        if c.restore.is_none() || c.init.pid != 0 {
+        if c.state.has_runc_container() {
             let opts = runc::options::DeleteOpts { force: true };
             if let Err(e) = c.runc.delete(&c.id, Some(&opts)).await {
                 let text = runc_log_error(&c.bundle).unwrap_or_else(|| runc_error_text(&e));
@@ -637,7 +683,7 @@ impl containerd_shim::Task for TaskService {
         })
     }
 
-    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+    async fn pids_of(&self, req: PidsRequest) -> Result<PidsResponse> {
         let (runc, bundle, execs) = {
             let state = self.state.lock().await;
             let c = state.container(&req.id)?;
@@ -675,65 +721,55 @@ impl containerd_shim::Task for TaskService {
         })
     }
 
-    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
-        let runc = self.runc_of(&req.id).await?;
-        {
-            let state = self.state.lock().await;
-            let c = state
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found("container gone"))?;
-            if c.init.state != ProcessState::Running {
-                return Err(failed_precondition(format!(
-                    "container {} cannot be paused: it is {:?}",
-                    req.id, c.init.state
-                )));
+    async fn pause_task(&self, id: &str) -> Result<()> {
+        let (runc, bundle) = {
+            let mut state = self.state.lock().await;
+            let c = state.container_mut(id)?;
+            // Claims the transition first, so a checkpoint cannot start in between.
+            c.state.pause(id)?;
+            (c.runc.clone(), c.bundle.clone())
+        };
+        if let Err(e) = runc.pause(id).await {
+            if let Ok(c) = self.state.lock().await.container_mut(id) {
+                c.state.resumed();
             }
+            return Err(runc_failure("runc pause", &e, &bundle));
         }
-        let bundle = self.bundle_of(&req.id).await?;
-        runc.pause(&req.id)
-            .await
-            .map_err(|e| runc_failure("runc pause", &e, &bundle))?;
-        self.set_init_state(&req.id, ProcessState::Running, ProcessState::Paused)
-            .await;
         self.events.send(
             TASK_PAUSED_EVENT_TOPIC,
             TaskPaused {
-                container_id: req.id.clone(),
+                container_id: id.to_string(),
                 ..Default::default()
             },
         );
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
-        let runc = self.runc_of(&req.id).await?;
-        let bundle = self.bundle_of(&req.id).await?;
-        runc.resume(&req.id)
+    async fn resume_task(&self, id: &str) -> Result<()> {
+        let (runc, bundle) = {
+            let state = self.state.lock().await;
+            let c = state.container(id)?;
+            c.state.check_resume(id)?;
+            (c.runc.clone(), c.bundle.clone())
+        };
+        runc.resume(id)
             .await
             .map_err(|e| runc_failure("runc resume", &e, &bundle))?;
-        self.set_init_state(&req.id, ProcessState::Paused, ProcessState::Running)
-            .await;
-        self.finish_pending_cuda_resume(&req.id).await?;
+        let pending = self.state.lock().await.container_mut(id)?.state.resumed();
+        if let Some(pending) = pending {
+            crate::checkpoint::resume_cuda(id, pending).await?;
+        }
         self.events.send(
             TASK_RESUMED_EVENT_TOPIC,
             TaskResumed {
-                container_id: req.id.clone(),
+                container_id: id.to_string(),
                 ..Default::default()
             },
         );
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn checkpoint(
-        &self,
-        _ctx: &TtrpcContext,
-        req: CheckpointTaskRequest,
-    ) -> TtrpcResult<Empty> {
-        self.checkpoint_task(req).await
-    }
-
-    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+    async fn kill_task(&self, req: KillRequest) -> Result<()> {
         let (runc, bundle, target) = {
             let state = self.state.lock().await;
             let c = state.container(&req.id)?;
@@ -743,10 +779,15 @@ impl containerd_shim::Task for TaskService {
                     req.exec_id, req.id
                 ))
             })?;
-            if p.state == ProcessState::Stopped {
+            let stopped = if req.exec_id.is_empty() {
+                matches!(c.state, InitState::Stopped)
+            } else {
+                p.state == ProcessState::Stopped
+            };
+            if stopped {
                 return Err(not_found(format!("process {} already finished", p.pid)));
             }
-            if c.restore.is_some() && c.init.pid == 0 {
+            if !c.state.has_runc_container() {
                 return Err(failed_precondition(format!(
                     "container {} is waiting to be restored; start or delete it",
                     req.id
@@ -779,14 +820,14 @@ impl containerd_shim::Task for TaskService {
                 }
             }
         }
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+    async fn add_exec(&self, req: ExecProcessRequest) -> Result<()> {
         let spec: oci_spec::runtime::Process = decode_json("exec process spec", &req.spec)?;
         let mut state = self.state.lock().await;
         let c = state.container_mut(&req.id)?;
-        if !c.init.is_alive() {
+        if !c.state.is_alive() {
             return Err(failed_precondition(format!(
                 "container {} is not running",
                 req.id
@@ -815,10 +856,10 @@ impl containerd_shim::Task for TaskService {
                 ..Default::default()
             },
         );
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+    async fn resize(&self, req: ResizePtyRequest) -> Result<()> {
         let state = self.state.lock().await;
         let c = state.container(&req.id)?;
         let p = c
@@ -829,11 +870,10 @@ impl containerd_shim::Task for TaskService {
             .as_ref()
             .ok_or_else(|| failed_precondition("the process has no terminal to resize"))?;
         crate::console::resize(pty, req.width, req.height)
-            .map_err(|e| internal(format!("resize terminal: {e}")))?;
-        Ok(Empty::new())
+            .map_err(|e| internal(format!("resize terminal: {e}")))
     }
 
-    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+    async fn close_stdin(&self, req: CloseIORequest) -> Result<()> {
         let state = self.state.lock().await;
         let c = state.container(&req.id)?;
         let p = c
@@ -844,21 +884,20 @@ impl containerd_shim::Task for TaskService {
                 stdin.close();
             }
         }
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+    async fn update_task(&self, req: UpdateTaskRequest) -> Result<()> {
         let resources: oci_spec::runtime::LinuxResources =
             decode_json("resources", &req.resources)?;
         let runc = self.runc_of(&req.id).await?;
         let bundle = self.bundle_of(&req.id).await?;
         runc.update(&req.id, &resources)
             .await
-            .map_err(|e| runc_failure("runc update", &e, &bundle))?;
-        Ok(Empty::new())
+            .map_err(|e| runc_failure("runc update", &e, &bundle))
     }
 
-    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+    async fn wait_task(&self, req: WaitRequest) -> Result<WaitResponse> {
         let mut rx = {
             let state = self.state.lock().await;
             let c = state.container(&req.id)?;
@@ -884,11 +923,11 @@ impl containerd_shim::Task for TaskService {
         })
     }
 
-    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+    async fn task_stats(&self, req: StatsRequest) -> Result<StatsResponse> {
         let pid = {
             let state = self.state.lock().await;
             let c = state.container(&req.id)?;
-            if !c.init.is_alive() {
+            if !c.state.is_alive() {
                 return Err(failed_precondition(format!(
                     "container {} is not running",
                     req.id
@@ -904,6 +943,90 @@ impl containerd_shim::Task for TaskService {
             stats: MessageField::some(any),
             ..Default::default()
         })
+    }
+}
+
+#[async_trait]
+impl containerd_shim::Task for TaskService {
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        Ok(self.task_state(req).await?)
+    }
+
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
+        Ok(self.create_task(req).await?)
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let _lifecycle = self.lifecycle.lock().await;
+        Ok(if req.exec_id.is_empty() {
+            self.start_init(&req.id).await?
+        } else {
+            self.start_exec(&req.id, &req.exec_id).await?
+        })
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        Ok(self.delete_task(req).await?)
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        Ok(self.pids_of(req).await?)
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        self.pause_task(&req.id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        self.resume_task(&req.id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        self.checkpoint_task(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        self.kill_task(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.add_exec(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        self.resize(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        self.close_stdin(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        self.update_task(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        Ok(self.wait_task(req).await?)
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        Ok(self.task_stats(req).await?)
     }
 
     async fn connect(
@@ -934,17 +1057,19 @@ impl containerd_shim::Task for TaskService {
     }
 }
 
-impl TaskService {
-    async fn bundle_of(&self, id: &str) -> TtrpcResult<PathBuf> {
-        Ok(self.state.lock().await.container(id)?.bundle.clone())
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub async fn set_init_state(&self, id: &str, from: ProcessState, to: ProcessState) {
-        let mut state = self.state.lock().await;
-        if let Some(c) = state.containers.get_mut(id) {
-            if c.init.state == from {
-                c.init.state = to;
-            }
-        }
+    #[test]
+    fn kill_all_on_exit_unless_the_container_has_its_own_pid_namespace() {
+        let own =
+            serde_json::json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]}});
+        assert!(!shares_pid_namespace(Some(&own)));
+        let joined = serde_json::json!({"linux": {"namespaces": [{"type": "pid", "path": "/proc/1/ns/pid"}]}});
+        assert!(shares_pid_namespace(Some(&joined)));
+        let host = serde_json::json!({"linux": {"namespaces": [{"type": "mount"}]}});
+        assert!(shares_pid_namespace(Some(&host)));
+        assert!(shares_pid_namespace(None));
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Node A checkpoints a running pod's container with `CheckpointContainer` (the kubelet
 //! checkpoint API's CRI call); the archive becomes a gpusnap checkpoint image
-//! (`gpusnap_criu_bridge::image::build`), is pushed to the registry and pulled again; node B —
+//! (`gpusnap_oci_image::build`), is pushed to the registry and pulled again; node B —
 //! a second containerd with its own root, state and gpusnap config — restores it:
 //!
 //! - (b) by pod annotation `gpusnap.io/restore-from: NAME` on a checkpoint extracted under its
@@ -20,13 +20,13 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use gpusnap_criu_bridge::image::{self, BuildOptions, RegistryOptions};
 use gpusnap_fake_libcuda::FakeCuda;
-use gpusnap_tests::cri::{
+use gpusnap_oci_image::{self as image, BuildOptions, RegistryOptions};
+use gpusnap_testkit::cri::{
     gpusnap_handler, wait_for_state, ConfigVia, ContainerSpec, CriNode, CriNodeOptions, Pod,
     Registry,
 };
-use gpusnap_tests::paths;
+use gpusnap_testkit::paths;
 use k8s_cri::v1::ContainerState;
 
 /// The workload: a random token kept in shell memory and a counter, reported every 100 ms.
@@ -318,7 +318,7 @@ fn assert_archive_layout(
     // The gpusnap manifest: this container, its processes, every image file with its digests.
     let m = read_json(&root.join("checkpoint/gpusnap-manifest.json"))?;
     ensure!(
-        m["kind"] == "gpusnap-checkpoint" && m["format_version"] == 1,
+        m["kind"] == "gpusnap-checkpoint" && m["format_version"] == 2,
         "{m}"
     );
     ensure!(
@@ -331,12 +331,14 @@ fn assert_archive_layout(
     ensure!(
         procs
             .iter()
-            .any(|p| p["host_pid"] == init_pid && p["container_pid"] == 1),
-        "init (host pid {init_pid}, container pid 1) not among {procs:?}"
+            .any(|p| p["container_pid"] == 1 && p.get("host_pid").is_none()),
+        "init (container pid 1, no host pid {init_pid}) not among {procs:?}"
     );
     ensure!(
-        m["options"]["exit"] == false,
-        "CRI checkpoints leave running"
+        m["criu"]
+            == serde_json::json!({"tcp_established": false, "ext_unix_sk": false, "shell_job": false, "file_locks": false, "empty_ns": [], "manage_cgroups_mode": null}),
+        "CRI asks for no CRIU flags: {}",
+        m["criu"]
     );
     let files = m["images"]["files"]
         .as_array()
@@ -617,7 +619,7 @@ fn checkpoint_image_restores_on_another_node_by_pod_annotation() {
             &ck,
         )?;
         // The shim read the checkpoint without writing into it: it can be restored again.
-        gpusnap_criu_bridge::validate_for_restore(&dir.join("checkpoint"))
+        gpusnap_checkpoint::validate_for_restore(&dir.join("checkpoint"))
             .context("checkpoint still intact after the restore")?;
         Ok(())
     })

@@ -14,7 +14,7 @@ use std::{fs, path::Path, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_fake_libcuda::{FakeCuda, FakeDevice, FakeOp, Fault};
-use gpusnap_tests::{wait_until, OutputExt, Rig, RunOpts, Runtime, TaskState};
+use gpusnap_testkit::{wait_until, OutputExt, Rig, RunOpts, Runtime, TaskState};
 
 const COUNTER: &[&str] = &[
     "sh",

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use gpusnap_tests::rig::{BUSYBOX_IMAGE, PAUSE_IMAGE};
-use gpusnap_tests::{paths, OutputExt, Rig, RigOptions, Runtime, TaskState};
+use gpusnap_testkit::rig::{BUSYBOX_IMAGE, PAUSE_IMAGE};
+use gpusnap_testkit::{paths, OutputExt, Rig, RigOptions, Runtime, TaskState};
 
 fn check(f: fn() -> Result<()>) {
     if let Err(e) = f() {

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use gpusnap_tests::{wait_for, wait_until, OutputExt, Rig, Runtime, TaskState};
+use gpusnap_testkit::{wait_for, wait_until, OutputExt, Rig, Runtime, TaskState};
 
 const SECS_10: Duration = Duration::from_secs(10);
 const SECS_30: Duration = Duration::from_secs(30);
 
-use gpusnap_tests::scenario_tests;
+use gpusnap_testkit::scenario_tests;
 
 scenario_tests! {
     exit_codes => exit_codes_runc_v2, exit_codes_gpusnap;
@@ -249,7 +249,7 @@ fn stdout_stderr_capture(rt: Runtime) -> Result<()> {
 fn stdin_pipe(rt: Runtime) -> Result<()> {
     let rig = Rig::start_for(rt)?;
     let data = pattern(256 * 1024);
-    let opts = gpusnap_tests::RunOpts {
+    let opts = gpusnap_testkit::RunOpts {
         stdin: Some(data.clone()),
         ..Default::default()
     };
@@ -263,7 +263,7 @@ fn stdin_pipe(rt: Runtime) -> Result<()> {
     );
     ensure!(out.stdout == data, "cat echoed different bytes");
 
-    let opts = gpusnap_tests::RunOpts {
+    let opts = gpusnap_testkit::RunOpts {
         stdin: Some(b"first line\nsecond\n".to_vec()),
         ..Default::default()
     };
@@ -399,7 +399,7 @@ fn exec(rt: Runtime) -> Result<()> {
         out.describe()
     );
 
-    let opts = gpusnap_tests::ExecOpts {
+    let opts = gpusnap_testkit::ExecOpts {
         stdin: Some(b"to-exec-stdin\n".to_vec()),
         ..Default::default()
     };
@@ -606,7 +606,7 @@ fn ps_pids(rt: Runtime) -> Result<()> {
         );
     }
 
-    let opts = gpusnap_tests::ExecOpts {
+    let opts = gpusnap_testkit::ExecOpts {
         detach: true,
         ..Default::default()
     };

@@ -1,12 +1,12 @@
-//! The engine logic the shim and the runc wrapper both call.
+//! The CUDA side of a checkpoint or restore transaction.
 //!
 //! Checkpoint: lock every CUDA process (in order, with a lock timeout) →
 //! checkpoint all (concurrently by default) → the caller's CRIU dump → with
 //! leave-running, restore all and unlock all.
 //!
-//! Restore: the caller's CRIU restore (while the driver initialises on another
-//! thread) → map container pids to the new host pids → restore each process,
-//! onto the same or remapped GPUs → unlock all.
+//! Restore (after the caller's CRIU restore, with the restored processes found
+//! by container pid): restore each process, onto the same or remapped GPUs →
+//! unlock all.
 //!
 //! Every driver operation runs under a watchdog (`max_operation`). On any
 //! checkpoint-side failure the workload is rolled back to running and
@@ -34,7 +34,7 @@ pub use record::{
     CheckpointReport, CheckpointTimings, PhaseTimings, ProcessRecord, RestoreReport,
     RestoreTimings, RestoredProcess,
 };
-pub use restore::{restore_with_criu, RestorePlan, RestoreTarget};
+pub use restore::RestoreTarget;
 
 /// How the checkpoint and restore transitions of several processes run.
 /// Locks and unlocks are always sequential, in the order given.

@@ -5,107 +5,21 @@
 //! them. The outcome is `BeforeMutation` only when no process was touched.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use crate::discovery;
-use crate::driver::{GpuRemap, ProcessState, ReadyOrPending};
-use crate::engine::StorageEngine;
+use crate::driver::{GpuRemap, ProcessState};
 
-use super::error::{BoxError, Cause, Operation, OrchestrateError, Phase};
+use super::error::{Cause, Operation, OrchestrateError, Phase};
 use super::gpu_map::GpuMap;
 use super::record::{ms, ProcessRecord, RestoreReport, RestoreTimings, RestoredProcess};
 use super::tracker::{classify, states, Action, StepFailure, StepMode, Tracked};
-use super::{Orchestrator, OrchestratorOptions};
+use super::Orchestrator;
 
 /// A checkpointed process and its host pid after CRIU restored it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RestoreTarget {
     pub record: ProcessRecord,
     pub host_pid: i32,
-}
-
-/// Everything the restore needs from the manifest and the caller.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RestorePlan {
-    /// From the checkpoint's manifest. Must not be empty: with no CUDA
-    /// processes, run CRIU alone.
-    pub records: Vec<ProcessRecord>,
-    pub gpu_map: GpuMap,
-    /// `/proc` for NSpid lookups.
-    pub proc_root: PathBuf,
-}
-
-impl RestorePlan {
-    pub fn new(records: Vec<ProcessRecord>) -> Self {
-        Self {
-            records,
-            gpu_map: GpuMap::new(),
-            proc_root: PathBuf::from("/proc"),
-        }
-    }
-}
-
-/// CRIU restore and driver initialisation overlapped, then CUDA restore.
-///
-/// `driver` is usually a [`crate::driver::PendingDriver`] spawned before CRIU
-/// started. `criu_restore` runs on the calling thread and returns the host
-/// pids of the restored tree (for example from the container's cgroup);
-/// records are matched to them by container pid. The whole call is bounded
-/// by `options.restore_budget`.
-pub fn restore_with_criu<F, E>(
-    driver: impl Into<ReadyOrPending>,
-    engine: Arc<dyn StorageEngine>,
-    options: OrchestratorOptions,
-    plan: &RestorePlan,
-    criu_restore: F,
-) -> Result<RestoreReport, OrchestrateError>
-where
-    F: FnOnce() -> Result<Vec<i32>, E>,
-    E: Into<BoxError>,
-{
-    let started = Instant::now();
-    let budget = started + options.restore_budget;
-    let refuse = |phase, cause| OrchestrateError::before_mutation(Operation::Restore, phase, cause);
-    let mut timings = RestoreTimings::default();
-
-    let phase_start = Instant::now();
-    let restored =
-        criu_restore().map_err(|e| refuse(Phase::CriuRestore, Cause::CriuRestore(e.into())))?;
-    timings.criu_restore_ms = Some(ms(phase_start.elapsed()));
-    tracing::info!(
-        criu_restore_ms = timings.criu_restore_ms,
-        restored = restored.len(),
-        "CRIU restore callback returned"
-    );
-
-    let remaining = budget.saturating_duration_since(Instant::now());
-    let (driver, waited) = driver
-        .into()
-        .join(remaining)
-        .map_err(|e| refuse(Phase::DriverInit, Cause::DriverInit(e)))?;
-    timings.driver_init_wait_ms = Some(ms(waited));
-
-    let host_pids = discovery::map_restored_pids(&plan.records, &restored, &plan.proc_root)
-        .map_err(|e| refuse(Phase::PidMapping, Cause::Discovery(e)))?;
-    let targets: Vec<RestoreTarget> = plan
-        .records
-        .iter()
-        .zip(host_pids)
-        .map(|(record, host_pid)| RestoreTarget {
-            record: record.clone(),
-            host_pid,
-        })
-        .collect();
-
-    Orchestrator::new(driver, engine, options).restore_until(
-        &targets,
-        &plan.gpu_map,
-        budget,
-        timings,
-        started,
-    )
 }
 
 impl Orchestrator {

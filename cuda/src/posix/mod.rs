@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
+use gpusnap_checkpoint::CheckpointLayout;
 use gpusnap_config::{StorageConfig, PINNED_BYTES_PER_GPU_MAX};
-use gpusnap_criu_bridge::CheckpointLayout;
 use serde::{Deserialize, Serialize};
 
 use crate::driver::ffi::{

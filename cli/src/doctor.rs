@@ -1,0 +1,473 @@
+//! `gpusnap doctor`: one line per fact about this node that decides whether checkpoint/restore
+//! works, each OK, WARN (works with a limitation) or FAIL (will not work), with what to do.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use gpusnap_config::Config;
+use gpusnap_criu_bridge::{self as bridge, MIN_CRIU_CPU, MIN_CRIU_GPU};
+use gpusnap_cuda::engine::engine_by_name;
+use gpusnap_cuda::{Driver, DriverConfig, LoadError};
+use serde::Serialize;
+
+use crate::host::{self, CgroupLayout, Release};
+use crate::term;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+}
+
+impl Check {
+    fn new(name: &'static str, status: Status, summary: impl Into<String>) -> Self {
+        Check {
+            name,
+            status,
+            summary: summary.into(),
+            action: None,
+        }
+    }
+
+    fn action(mut self, action: impl Into<String>) -> Self {
+        self.action = Some(action.into());
+        self
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn worst(&self) -> Status {
+        self.checks
+            .iter()
+            .map(|c| c.status)
+            .max()
+            .unwrap_or(Status::Ok)
+    }
+
+    pub fn count(&self, status: Status) -> usize {
+        self.checks.iter().filter(|c| c.status == status).count()
+    }
+
+    /// The process exit code: non-zero exactly when a check failed.
+    pub fn exit_code(&self) -> i32 {
+        i32::from(self.worst() == Status::Fail)
+    }
+
+    pub fn render(&self, width: usize) -> String {
+        let name_w = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        let indent = 6 + name_w + 2;
+        for c in &self.checks {
+            let prefix = format!("{:<4}  {:<name_w$}  ", c.status.label(), c.name);
+            out.push_str(&term::wrap(&prefix, &c.summary, width, indent));
+            if let Some(a) = &c.action {
+                let prefix = format!("{}→ ", " ".repeat(indent));
+                out.push_str(&term::wrap(&prefix, a, width, indent + 2));
+            }
+        }
+        out.push_str(&format!(
+            "\n{} OK, {} WARN, {} FAIL\n",
+            self.count(Status::Ok),
+            self.count(Status::Warn),
+            self.count(Status::Fail)
+        ));
+        out
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DoctorOptions {
+    pub config_path: PathBuf,
+    /// Overrides `cuda.library` from the config.
+    pub cuda_library: Option<PathBuf>,
+    /// containerd binary to ask for its version.
+    pub containerd_bin: PathBuf,
+}
+
+pub fn run(opts: &DoctorOptions) -> Report {
+    let mut checks = Vec::new();
+    let (config, config_check) = config_check(&opts.config_path);
+    checks.push(kernel_check());
+    checks.push(cgroup_check(host::cgroup_layout()));
+    checks.push(runc_check(&config));
+    checks.push(containerd_check(&opts.containerd_bin));
+    let search = criu_search_path(&config);
+    let criu = bridge::probe_criu(&search);
+    checks.push(criu_version_check(&criu));
+    checks.push(criu_check_check(&criu));
+    let library = opts
+        .cuda_library
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&config.cuda.library));
+    let driver = Driver::load(&DriverConfig::with_library(&library));
+    checks.extend(gpu_checks(&driver, &config));
+    checks.push(binaries_check());
+    checks.push(config_check);
+    Report { checks }
+}
+
+/// The config (defaults when invalid, so the other checks still run) and its check.
+fn config_check(path: &Path) -> (Config, Check) {
+    match Config::load(path) {
+        Ok(c) if path.exists() => (
+            c,
+            Check::new("config", Status::Ok, format!("{} is valid", path.display())),
+        ),
+        Ok(c) => (
+            c,
+            Check::new(
+                "config",
+                Status::Ok,
+                format!("{} absent: built-in defaults apply", path.display()),
+            ),
+        ),
+        Err(e) => (
+            Config::default(),
+            Check::new("config", Status::Fail, e.to_string()).action(format!(
+                "fix {} (the message names the setting)",
+                path.display()
+            )),
+        ),
+    }
+}
+
+fn kernel_check() -> Check {
+    match bridge::kernel_release() {
+        Ok(k) => {
+            let major = Release::parse(&k).map(|r| r.major).unwrap_or(0);
+            let c = Check::new(
+                "kernel",
+                if major >= 5 { Status::Ok } else { Status::Warn },
+                format!("{k} ({})", bridge::host_arch()),
+            );
+            if major >= 5 {
+                c
+            } else {
+                c.action("CRIU and the CUDA checkpoint API are tested on kernel 5.x and newer")
+            }
+        }
+        Err(e) => Check::new("kernel", Status::Warn, format!("release unreadable: {e}")),
+    }
+}
+
+fn cgroup_check(layout: CgroupLayout) -> Check {
+    match layout {
+        CgroupLayout::Unified => Check::new("cgroups", Status::Ok, layout.to_string()),
+        CgroupLayout::Hybrid | CgroupLayout::Legacy => {
+            Check::new("cgroups", Status::Warn, layout.to_string()).action(
+                "checkpoint/restore works on cgroup v1, but Kubernetes ≥ 1.31 keeps v1 in \
+                 maintenance only; boot with systemd.unified_cgroup_hierarchy=1 for v2",
+            )
+        }
+        CgroupLayout::Unknown => Check::new("cgroups", Status::Fail, layout.to_string())
+            .action("mount cgroup2 at /sys/fs/cgroup; runc cannot run containers without cgroups"),
+    }
+}
+
+fn runc_check(config: &Config) -> Check {
+    let name = config.runc.binary.to_string_lossy().into_owned();
+    let Some(path) = crate::fsutil::which(&name) else {
+        return Check::new("runc", Status::Fail, format!("`{name}` not found on PATH"))
+            .action("install runc (apt install runc) or set runc.binary in the gpusnap config");
+    };
+    match bridge::runc_version(&path) {
+        Ok(v) => Check::new(
+            "runc",
+            Status::Ok,
+            format!("{} at {}", v.version, path.display()),
+        ),
+        Err(e) => Check::new("runc", Status::Fail, e.to_string())
+            .action("runc.binary must name a working runc"),
+    }
+}
+
+fn containerd_check(bin: &Path) -> Check {
+    let Some(path) = crate::fsutil::which(&bin.to_string_lossy()) else {
+        return Check::new("containerd", Status::Warn, "not found on PATH").action(
+            "nothing to do on CRI-O or Podman nodes; on containerd nodes put containerd on PATH",
+        );
+    };
+    match host::containerd_release(&path) {
+        Some(r) if r.major >= 2 => Check::new(
+            "containerd",
+            Status::Ok,
+            format!("{r} at {} (CRI checkpoint supported)", path.display()),
+        ),
+        Some(r) => Check::new(
+            "containerd",
+            Status::Warn,
+            format!(
+                "{r} at {}: no CRI CheckpointContainer before 2.0",
+                path.display()
+            ),
+        )
+        .action("upgrade to containerd 2.x for kubelet checkpoints; `ctr` checkpoints still work"),
+        None => Check::new(
+            "containerd",
+            Status::Warn,
+            format!("{} --version printed no release", path.display()),
+        ),
+    }
+}
+
+/// runc runs `criu` from its PATH; probe the same one the wrapper and shim will use.
+fn criu_search_path(config: &Config) -> OsString {
+    bridge::RuncGlobal {
+        criu_dir: config.criu.binary_dir.clone(),
+        ..Default::default()
+    }
+    .effective_search_path()
+}
+
+fn criu_version_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Check {
+    match criu {
+        Ok(info) if info.version >= MIN_CRIU_GPU => Check::new(
+            "criu",
+            Status::Ok,
+            format!("{} at {}", info.version, info.path.display()),
+        ),
+        Ok(info) if info.version >= MIN_CRIU_CPU => Check::new(
+            "criu",
+            Status::Warn,
+            format!(
+                "{} at {}: enough for CPU containers, GPU containers need ≥ {MIN_CRIU_GPU}",
+                info.version,
+                info.path.display()
+            ),
+        )
+        .action("install CRIU ≥ 4.1 or point criu.binary_dir at one"),
+        Ok(info) => Check::new(
+            "criu",
+            Status::Fail,
+            format!(
+                "{} at {} is older than {MIN_CRIU_CPU}",
+                info.version,
+                info.path.display()
+            ),
+        )
+        .action("install CRIU ≥ 4.1 or point criu.binary_dir at one"),
+        Err(e) => Check::new("criu", Status::Fail, e.to_string()),
+    }
+}
+
+fn criu_check_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Check {
+    let Ok(info) = criu else {
+        return Check::new("criu check", Status::Fail, "not run: no usable CRIU");
+    };
+    match bridge::criu_check(info) {
+        Ok(c) if c.passed => {
+            let first = c
+                .output
+                .lines()
+                .last()
+                .unwrap_or("passed")
+                .trim()
+                .to_owned();
+            Check::new("criu check", Status::Ok, first)
+        }
+        Ok(c) => {
+            let errors: Vec<&str> = c
+                .output
+                .lines()
+                .filter(|l| l.starts_with("Error") || l.starts_with("Warn"))
+                .take(2)
+                .collect();
+            Check::new(
+                "criu check",
+                Status::Warn,
+                format!("kernel features missing: {}", errors.join("; ")),
+            )
+            .action(format!(
+                "run `{} check` as root; containers that need these features cannot be dumped",
+                info.path.display()
+            ))
+        }
+        Err(e) => Check::new("criu check", Status::Warn, format!("could not run: {e}"))
+            .action("run doctor as root"),
+    }
+}
+
+fn gpu_checks(driver: &Result<Driver, LoadError>, config: &Config) -> Vec<Check> {
+    let driver = match driver {
+        Ok(d) => d,
+        Err(e) => {
+            let summary = match e {
+                LoadError::Library { path, .. } => format!(
+                    "no NVIDIA driver found ({} cannot be loaded): GPU checkpoint is unavailable; \
+                     CPU checkpoint/restore still works",
+                    path.display()
+                ),
+                other => format!(
+                    "NVIDIA driver unusable: {other}; GPU checkpoint is unavailable, CPU \
+                     checkpoint/restore still works"
+                ),
+            };
+            return vec![
+                Check::new("nvidia driver", Status::Warn, summary).action(
+                    "nothing to do on CPU-only nodes; on GPU nodes install driver r570+ (or set \
+                     cuda.library)",
+                ),
+                Check::new(
+                    "checkpoint api",
+                    Status::Warn,
+                    "not checked: no NVIDIA driver",
+                ),
+                Check::new("gpus", Status::Warn, "none visible: no NVIDIA driver"),
+            ];
+        }
+    };
+    let caps = driver.capabilities();
+    let mut out = vec![Check::new(
+        "nvidia driver",
+        Status::Ok,
+        format!("{} at {}", caps.driver_version, caps.library_path.display()),
+    )];
+    let posix = if caps.custom_storage {
+        "available"
+    } else {
+        "not available (needs CUDA 13.4)"
+    };
+    let summary = format!(
+        "driver-managed: {}; posix (CustomStorage): {posix}; GPU remap on restore: {}",
+        if caps.checkpoint_api {
+            "available"
+        } else {
+            "not available"
+        },
+        if caps.gpu_remap { "yes" } else { "no" }
+    );
+    let api = if !caps.checkpoint_api {
+        Check::new("checkpoint api", Status::Fail, summary).action(format!(
+            "upgrade the NVIDIA driver to r570 (CUDA 12.8) or newer; missing: {}",
+            caps.missing_symbols.join(", ")
+        ))
+    } else if let Some(Err(e)) = engine_by_name(config.storage.engine.as_str(), &config.storage)
+        .map(|engine| engine.and_then(|engine| engine.admit(caps)))
+    {
+        Check::new("checkpoint api", Status::Fail, summary).action(format!(
+            "storage.engine = \"{}\" cannot run here: {e}",
+            config.storage.engine
+        ))
+    } else {
+        Check::new("checkpoint api", Status::Ok, summary)
+    };
+    out.push(api);
+    if caps.devices.is_empty() {
+        out.push(Check::new(
+            "gpus",
+            Status::Warn,
+            "driver loaded but no GPU visible",
+        ));
+    } else {
+        let list: Vec<String> = caps
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}: {} {} ({} GiB)",
+                    d.index,
+                    d.name,
+                    d.uuid,
+                    d.total_memory_bytes >> 30
+                )
+            })
+            .collect();
+        out.push(Check::new("gpus", Status::Ok, list.join("; ")));
+    }
+    out
+}
+
+fn binaries_check() -> Check {
+    let shim = crate::fsutil::which(crate::SHIM_BINARY);
+    let wrapper = crate::fsutil::which(crate::RUNC_WRAPPER_BINARY);
+    let show = |p: &Option<PathBuf>, name: &str| {
+        p.as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| format!("{name} not on PATH"))
+    };
+    let summary = format!(
+        "{}; {}",
+        show(&shim, crate::SHIM_BINARY),
+        show(&wrapper, crate::RUNC_WRAPPER_BINARY)
+    );
+    if shim.is_some() {
+        Check::new("binaries", Status::Ok, summary)
+    } else {
+        Check::new("binaries", Status::Warn, summary).action(format!(
+            "containerd finds {} on its PATH when restoring through CRI; install it in \
+             /usr/local/bin or /usr/bin",
+            crate::SHIM_BINARY
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_follows_the_worst_check() {
+        let mut r = Report {
+            checks: vec![
+                Check::new("a", Status::Ok, "x"),
+                Check::new("b", Status::Warn, "y"),
+            ],
+        };
+        assert_eq!(r.exit_code(), 0);
+        r.checks
+            .push(Check::new("c", Status::Fail, "z").action("fix it"));
+        assert_eq!(r.exit_code(), 1);
+        let text = r.render(80);
+        assert!(text.contains("FAIL  c  z\n"), "{text}");
+        assert!(text.contains("→ fix it"), "{text}");
+        assert!(text.ends_with("1 OK, 1 WARN, 1 FAIL\n"), "{text}");
+    }
+
+    #[test]
+    fn invalid_config_fails_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.toml");
+        std::fs::write(&p, "[storage]\ntransfer_buffer_count = 99\n").unwrap();
+        let (cfg, check) = config_check(&p);
+        assert_eq!(check.status, Status::Fail);
+        assert!(
+            check.summary.contains("storage.transfer_buffer_count"),
+            "{}",
+            check.summary
+        );
+        assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn cgroup_statuses() {
+        assert_eq!(cgroup_check(CgroupLayout::Unified).status, Status::Ok);
+        assert_eq!(cgroup_check(CgroupLayout::Hybrid).status, Status::Warn);
+        assert_eq!(cgroup_check(CgroupLayout::Unknown).status, Status::Fail);
+    }
+}

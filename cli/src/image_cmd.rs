@@ -1,0 +1,568 @@
+//! `gpusnap image build|push|pull`: thin wrappers around [`gpusnap_criu_bridge::image`].
+//!
+//! Each subcommand prints a short summary (or, with `--json`, one JSON document on stdout) and
+//! fails with the library's error, which names the file, blob or URL involved; integrity
+//! failures (a blob whose digest or size does not match) name the blob's digest.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{ArgGroup, Args, Subcommand};
+use gpusnap_oci_image::{
+    self as image, BuildOptions, BuiltImage, Extracted, ImageInfo, LayerRole, PullReport,
+    PushReport, RegistryOptions,
+};
+use serde::Serialize;
+
+use crate::inspect::human_bytes;
+use crate::term;
+
+#[derive(Subcommand)]
+pub enum ImageCommand {
+    /// Build a combined OCI checkpoint image from a CRI checkpoint archive or checkpoint directory.
+    Build(BuildArgs),
+    /// Push an OCI checkpoint image (oci-archive or layout) to a registry (plain HTTP only).
+    Push(PushArgs),
+    /// Pull a checkpoint image from a registry: save it, or extract the checkpoint (verified).
+    Pull(PullArgs),
+}
+
+#[derive(Args)]
+#[command(group(ArgGroup::new("outputs").required(true).multiple(true).args(["output", "layout"])))]
+pub struct BuildArgs {
+    /// CRI checkpoint archive (.tar, as kubelet writes it), its extracted tree, or a gpusnap
+    /// checkpoint directory.
+    pub source: PathBuf,
+    /// Image name recorded in the image (e.g. registry.example.com/ckpt/trainer:v1)
+    /// [default: localhost/gpusnap-checkpoint/<container name>:latest].
+    #[arg(long, short = 't', value_name = "NAME")]
+    pub tag: Option<String>,
+    /// Write an oci-archive tar here (replaced if it exists).
+    #[arg(long, short = 'o', value_name = "OCI-ARCHIVE.tar")]
+    pub output: Option<PathBuf>,
+    /// Write an OCI image layout directory here (must not exist or be empty).
+    #[arg(long, value_name = "DIR")]
+    pub layout: Option<PathBuf>,
+    /// Container name for the engines' checkpoint annotations [default: from config.dump /
+    /// spec.dump, else the manifest's container id].
+    #[arg(long, value_name = "NAME")]
+    pub container_name: Option<String>,
+    /// Extra annotation on the image index and manifest (repeatable).
+    #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = parse_annotation)]
+    pub annotations: Vec<(String, String)>,
+    /// Do not re-hash the checkpoint against its sealed gpusnap manifest while building.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// One JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct PushArgs {
+    /// oci-archive tar or OCI image layout directory (what `gpusnap image build` wrote).
+    pub image: PathBuf,
+    /// Destination: [http://]REGISTRY/REPOSITORY:TAG.
+    pub reference: String,
+    /// Talk plain HTTP to the registry (also implied by an http:// reference).
+    #[arg(long)]
+    pub plain_http: bool,
+    /// Which image to push when the layout holds several (its name in index.json).
+    #[arg(long, value_name = "NAME")]
+    pub image_name: Option<String>,
+    /// One JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+#[command(group(ArgGroup::new("destination").required(true).multiple(true).args(["output", "layout", "extract"])))]
+pub struct PullArgs {
+    /// Source: [http://]REGISTRY/REPOSITORY:TAG or ...@sha256:DIGEST.
+    pub reference: String,
+    /// Save the image as an oci-archive tar (replaced if it exists).
+    #[arg(long, short = 'o', value_name = "OCI-ARCHIVE.tar")]
+    pub output: Option<PathBuf>,
+    /// Save the image as an OCI image layout directory (must not exist or be empty).
+    #[arg(long, value_name = "DIR")]
+    pub layout: Option<PathBuf>,
+    /// Extract the checkpoint (every layer digest verified) into DIR, which must not exist or
+    /// be empty. A bare NAME (no '/') means <restore.checkpoint_root>/NAME from the config,
+    /// where the pod annotation `gpusnap.io/restore-from: NAME` finds it.
+    #[arg(long, value_name = "DIR|NAME")]
+    pub extract: Option<String>,
+    /// Talk plain HTTP to the registry (also implied by an http:// reference).
+    #[arg(long)]
+    pub plain_http: bool,
+    /// One JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_annotation(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Runs one `gpusnap image` subcommand; `config` is the gpusnap config file (for
+/// `restore.checkpoint_root`). Returns the exit code.
+pub fn run(config: &Path, cmd: ImageCommand) -> Result<u8> {
+    match cmd {
+        ImageCommand::Build(a) => cmd_build(a),
+        ImageCommand::Push(a) => cmd_push(a),
+        ImageCommand::Pull(a) => cmd_pull(config, a),
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn rows(rows: &[(&str, String)]) -> String {
+    let width = term::width();
+    let mut out = String::new();
+    for (label, value) in rows {
+        out.push_str(&term::wrap(&format!("{label:<11} "), value, width, 12));
+    }
+    out
+}
+
+fn layer_summary(layers: &[image::LayerInfo]) -> String {
+    let mut by_role: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for l in layers {
+        let e = by_role.entry(l.role.as_str()).or_default();
+        e.0 += 1;
+        e.1 += l.descriptor.size;
+    }
+    by_role
+        .iter()
+        .map(|(role, (n, bytes))| {
+            if *n == 1 {
+                format!("{role} {}", human_bytes(*bytes))
+            } else {
+                format!("{n}× {role} {}", human_bytes(*bytes))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn cmd_build(a: BuildArgs) -> Result<u8> {
+    let opts = BuildOptions {
+        layout_dir: a.layout.clone(),
+        archive_path: a.output.clone(),
+        image_name: a.tag.clone(),
+        container_name: a.container_name.clone(),
+        verify_checkpoint: !a.no_verify,
+        annotations: a.annotations.iter().cloned().collect(),
+    };
+    let built = image::build(&a.source, &opts)
+        .with_context(|| format!("gpusnap image build {}", a.source.display()))?;
+    if a.json {
+        print_json(&built)?;
+    } else {
+        print!("{}", render_built(&built, &a.source, !a.no_verify));
+    }
+    Ok(0)
+}
+
+fn render_built(b: &BuiltImage, source: &Path, verified: bool) -> String {
+    let mut r = vec![
+        ("Image", b.image_name.clone()),
+        (
+            "Source",
+            format!(
+                "{} ({}){}",
+                source.display(),
+                b.source_layout.as_str(),
+                if verified {
+                    ", verified against the sealed manifest"
+                } else {
+                    ", NOT verified (--no-verify)"
+                }
+            ),
+        ),
+        ("Container", b.container_name.clone()),
+        ("Digest", b.index_digest.to_string()),
+        (
+            "Layers",
+            format!(
+                "{} ({}): {}",
+                b.layers.len(),
+                human_bytes(b.total_layer_bytes),
+                layer_summary(&b.layers)
+            ),
+        ),
+    ];
+    if let Some(p) = &b.archive_path {
+        r.push(("Archive", p.display().to_string()));
+    }
+    if let Some(p) = &b.layout_dir {
+        r.push(("Layout", p.display().to_string()));
+    }
+    let mut out = rows(&r);
+    let src = b.archive_path.as_ref().or(b.layout_dir.as_ref());
+    if let Some(src) = src {
+        out.push_str(&format!(
+            "next: gpusnap image push {} {}\n",
+            src.display(),
+            b.image_name
+        ));
+    }
+    out
+}
+
+fn cmd_push(a: PushArgs) -> Result<u8> {
+    let opts = RegistryOptions {
+        plain_http: a.plain_http,
+        image_name: a.image_name.clone(),
+        ..Default::default()
+    };
+    let report = image::push(&a.image, &a.reference, &opts)
+        .with_context(|| format!("gpusnap image push {} {}", a.image.display(), a.reference))?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        print!("{}", render_push(&report));
+    }
+    Ok(0)
+}
+
+fn render_push(p: &PushReport) -> String {
+    rows(&[
+        ("Pushed", p.reference.clone()),
+        ("Digest", format!("{} ({})", p.digest, p.media_type)),
+        (
+            "Blobs",
+            format!(
+                "{} uploaded ({}), {} already in the registry",
+                p.uploaded.len(),
+                human_bytes(p.bytes_uploaded),
+                p.skipped.len()
+            ),
+        ),
+    ])
+}
+
+/// What `gpusnap image pull` did, for `--json`.
+#[derive(Debug, Serialize)]
+pub struct PullOutput {
+    pub pull: PullReport,
+    /// The oci-archive written with `-o`.
+    pub archive: Option<PathBuf>,
+    /// The layout kept with `--layout`.
+    pub layout: Option<PathBuf>,
+    /// The checkpoint extracted with `--extract`.
+    pub extracted: Option<Extracted>,
+    /// The `gpusnap.io/restore-from` value that restores the extracted checkpoint, when it
+    /// lies directly under `restore.checkpoint_root`.
+    pub restore_from: Option<String>,
+}
+
+/// A checkpoint name the shim accepts in `gpusnap.io/restore-from` (same rule as the shim).
+pub fn is_checkpoint_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && !name.contains("..")
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// `--extract` argument → (destination, checkpoint root). A bare name resolves under the
+/// configured `restore.checkpoint_root`; anything with a '/' is a path.
+fn extract_dest(config: &Path, arg: &str) -> Result<(PathBuf, PathBuf)> {
+    if arg.contains('/') {
+        // A path needs no config; the root only tells whether to print the annotation.
+        let root = gpusnap_config::Config::load(config)
+            .unwrap_or_default()
+            .restore
+            .checkpoint_root;
+        return Ok((PathBuf::from(arg), root));
+    }
+    let cfg = gpusnap_config::Config::load(config)
+        .with_context(|| format!("reading restore.checkpoint_root from {}", config.display()))?;
+    let root = cfg.restore.checkpoint_root.clone();
+    if !is_checkpoint_name(arg) {
+        bail!(
+            "--extract {arg:?}: not a checkpoint name (letters, digits, '.', '_', '-') nor a \
+             path; give a name to extract under {} or a path containing '/'",
+            root.display()
+        );
+    }
+    Ok((root.join(arg), root))
+}
+
+fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
+    let extract = match &a.extract {
+        Some(arg) => Some(extract_dest(config, arg)?),
+        None => None,
+    };
+    if let Some((dest, root)) = &extract {
+        if dest.parent() == Some(root.as_path()) && !root.exists() {
+            fs::create_dir_all(root)
+                .with_context(|| format!("creating checkpoint root {}", root.display()))?;
+        }
+    }
+    let opts = RegistryOptions {
+        plain_http: a.plain_http,
+        ..Default::default()
+    };
+    // Pull into the kept layout, or a scratch one next to where the result goes.
+    let scratch_parent = a
+        .output
+        .as_deref()
+        .or(extract.as_ref().map(|(d, _)| d.as_path()))
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty() && p.is_dir())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let scratch;
+    let layout_dir = match &a.layout {
+        Some(l) => l.clone(),
+        None => {
+            scratch = tempfile::Builder::new()
+                .prefix(".gpusnap-pull-")
+                .tempdir_in(&scratch_parent)
+                .with_context(|| {
+                    format!(
+                        "creating a scratch directory in {}",
+                        scratch_parent.display()
+                    )
+                })?;
+            scratch.path().join("layout")
+        }
+    };
+    let report = image::pull(&a.reference, &layout_dir, &opts)
+        .with_context(|| format!("gpusnap image pull {}", a.reference))?;
+    let mut out = PullOutput {
+        pull: report,
+        archive: None,
+        layout: a.layout.clone(),
+        extracted: None,
+        restore_from: None,
+    };
+    if let Some(archive) = &a.output {
+        pack_layout(&layout_dir, archive)
+            .with_context(|| format!("writing oci-archive {}", archive.display()))?;
+        out.archive = Some(archive.clone());
+    }
+    if let Some((dest, root)) = &extract {
+        let ex = image::extract(&layout_dir, dest)
+            .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
+        if dest.parent() == Some(root.as_path()) {
+            out.restore_from = dest
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .filter(|n| is_checkpoint_name(n));
+        }
+        out.extracted = Some(ex);
+    }
+    if a.json {
+        print_json(&out)?;
+    } else {
+        print!("{}", render_pull(&out));
+    }
+    Ok(0)
+}
+
+fn render_pull(o: &PullOutput) -> String {
+    let mut r = vec![
+        ("Pulled", o.pull.reference.clone()),
+        (
+            "Digest",
+            format!("{} ({})", o.pull.digest, o.pull.media_type),
+        ),
+        (
+            "Blobs",
+            format!(
+                "{} ({}), every digest verified",
+                o.pull.blobs,
+                human_bytes(o.pull.bytes)
+            ),
+        ),
+    ];
+    if let Some(p) = &o.archive {
+        r.push(("Archive", p.display().to_string()));
+    }
+    if let Some(p) = &o.layout {
+        r.push(("Layout", p.display().to_string()));
+    }
+    if let Some(e) = &o.extracted {
+        r.push((
+            "Checkpoint",
+            format!(
+                "{} ({}, container {}, {} files)",
+                e.checkpoint_dir.display(),
+                e.source_layout.as_str(),
+                e.gpusnap_manifest.container_id,
+                e.gpusnap_manifest.images.files.len()
+            ),
+        ));
+    }
+    let mut out = rows(&r);
+    if let Some(name) = &o.restore_from {
+        out.push_str(&format!(
+            "restore it in a pod with the annotation  gpusnap.io/restore-from: {name}\n"
+        ));
+    }
+    out
+}
+
+/// Packs an OCI layout directory into an oci-archive tar (`oci-layout` and `index.json`
+/// first), written beside `archive` and renamed into place.
+fn pack_layout(layout: &Path, archive: &Path) -> Result<()> {
+    let parent = archive
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new()
+        .prefix(".gpusnap-oci-")
+        .tempfile_in(parent)
+        .with_context(|| format!("creating a temporary file in {}", parent.display()))?;
+    {
+        let mut b = tar::Builder::new(std::io::BufWriter::new(tmp.as_file()));
+        b.mode(tar::HeaderMode::Deterministic);
+        for name in ["oci-layout", "index.json"] {
+            b.append_path_with_name(layout.join(name), name)?;
+        }
+        let blobs = layout.join("blobs");
+        let mut algs: Vec<_> = fs::read_dir(&blobs)?.collect::<Result<_, _>>()?;
+        algs.sort_by_key(|e| e.file_name());
+        for alg in algs {
+            let alg_name = alg.file_name().to_string_lossy().into_owned();
+            let mut files: Vec<_> = fs::read_dir(alg.path())?.collect::<Result<_, _>>()?;
+            files.sort_by_key(|e| e.file_name());
+            for f in files {
+                let name = format!("blobs/{alg_name}/{}", f.file_name().to_string_lossy());
+                b.append_path_with_name(f.path(), name)?;
+            }
+        }
+        b.into_inner()?.flush()?;
+    }
+    tmp.as_file().sync_all()?;
+    tmp.persist(archive)?;
+    Ok(())
+}
+
+/// True if `path` is an OCI image layout directory (has `oci-layout`).
+pub fn is_oci_layout(path: &Path) -> bool {
+    path.is_dir() && path.join("oci-layout").is_file()
+}
+
+/// `gpusnap inspect` of an OCI image: `Ok(None)` when `path` is not one (a checkpoint
+/// directory, CRI archive, ...), so the caller falls back to the checkpoint inspection.
+pub fn try_inspect_image(path: &Path) -> Result<Option<ImageInfo>> {
+    if path.is_dir() && !is_oci_layout(path) {
+        return Ok(None);
+    }
+    if !path.is_dir() && !path.is_file() {
+        return Ok(None);
+    }
+    match image::inspect(path) {
+        Ok(info) => Ok(Some(info)),
+        Err(image::ImageError::NotAnImage { .. }) => Ok(None),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("inspecting {}", path.display()))),
+    }
+}
+
+/// The terminal summary of an OCI checkpoint image.
+pub fn render_image(i: &ImageInfo, width: usize) -> String {
+    let mut r: Vec<(&str, String)> = vec![(
+        "Image",
+        format!(
+            "{} (OCI image{})",
+            i.location,
+            i.image_name
+                .as_deref()
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default()
+        ),
+    )];
+    if let Some(d) = &i.index_digest {
+        r.push(("Digest", d.to_string()));
+    }
+    r.push(("Manifest", i.manifest_digest.to_string()));
+    r.push((
+        "Platform",
+        format!(
+            "{}/{}{}",
+            i.os,
+            i.architecture,
+            i.created
+                .as_deref()
+                .map(|c| format!(", created {c}"))
+                .unwrap_or_default()
+        ),
+    ));
+    r.push((
+        "Checkpoint",
+        match &i.checkpoint_name {
+            Some(n) => format!(
+                "container {n}{}",
+                i.source_layout
+                    .map(|l| format!(" ({})", l.as_str()))
+                    .unwrap_or_default()
+            ),
+            None => "none: neither containerd nor CRI-O treats this image as a checkpoint".into(),
+        },
+    ));
+    r.push((
+        "Layers",
+        format!(
+            "{} ({}): {}",
+            i.layers.len(),
+            human_bytes(i.total_layer_bytes),
+            layer_summary(&i.layers)
+        ),
+    ));
+    let gpu: Vec<String> = i
+        .layers
+        .iter()
+        .filter(|l| l.role == LayerRole::GpuExtent)
+        .map(|l| {
+            format!(
+                "{} {}",
+                l.gpu_extent.as_deref().unwrap_or("?"),
+                human_bytes(l.descriptor.size)
+            )
+        })
+        .collect();
+    if !gpu.is_empty() {
+        r.push(("GPU", gpu.join(", ")));
+    }
+    match &i.gpusnap_manifest {
+        Some(m) => {
+            r.push((
+                "Container",
+                format!(
+                    "{} (checkpointed {} by gpusnap {}, {} files, {})",
+                    m.container_id,
+                    m.created_at,
+                    m.gpusnap_version,
+                    m.images.files.len(),
+                    human_bytes(m.images.total_bytes)
+                ),
+            ));
+            r.push((
+                "Validation",
+                "image metadata verified; layer digests are verified on pull/extract".into(),
+            ));
+        }
+        None => r.push((
+            "Validation",
+            "REFUSED: no gpusnap manifest in the image; gpusnap cannot restore it".into(),
+        )),
+    }
+    let mut out = String::new();
+    for (label, value) in r {
+        out.push_str(&term::wrap(&format!("{label:<11} "), &value, width, 12));
+    }
+    out
+}

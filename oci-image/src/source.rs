@@ -1,0 +1,371 @@
+//! Reading a build source entry by entry: a CRI checkpoint archive (tar, possibly gzip), an
+//! extracted CRI archive directory, or a bare checkpoint directory.
+//!
+//! Every source is presented in *archive shape*: paths relative to the archive root, the CRIU
+//! images under `checkpoint/`. A bare checkpoint directory is therefore presented as if it were
+//! the `checkpoint/` of an archive without metadata files.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use flate2::read::GzDecoder;
+
+use super::error::ImageError;
+use super::layer::EntryMeta;
+use gpusnap_checkpoint::layout::CheckpointLayout;
+
+/// Name of the CRIU image directory inside a CRI checkpoint archive (checkpointctl
+/// `CheckpointDirectory`).
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+/// The rw-layer diff inside a CRI checkpoint archive (checkpointctl `RootFsDiffTar`).
+pub const ROOTFS_DIFF_TAR: &str = "rootfs-diff.tar";
+pub const CONFIG_DUMP: &str = "config.dump";
+pub const SPEC_DUMP: &str = "spec.dump";
+
+/// What was given to [`crate::build`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BuildSource {
+    /// A CRI checkpoint archive file.
+    ArchiveTar(PathBuf),
+    /// A directory holding an extracted CRI checkpoint archive.
+    ArchiveDir(PathBuf),
+    /// A checkpoint directory: CRIU images plus gpusnap's `gpusnap-*` files, all flat.
+    CheckpointDir(PathBuf),
+}
+
+impl BuildSource {
+    pub(crate) fn detect(path: &Path) -> Result<BuildSource, ImageError> {
+        let meta = fs::metadata(path).map_err(ImageError::io("opening", path))?;
+        if meta.is_file() {
+            return Ok(BuildSource::ArchiveTar(path.to_path_buf()));
+        }
+        let layout = CheckpointLayout::new(path);
+        if layout.manifest_path().is_file() || path.join("inventory.img").is_file() {
+            return Ok(BuildSource::CheckpointDir(path.to_path_buf()));
+        }
+        if path.join(CHECKPOINT_DIR).is_dir() {
+            return Ok(BuildSource::ArchiveDir(path.to_path_buf()));
+        }
+        Err(ImageError::UnknownSource {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        match self {
+            BuildSource::ArchiveTar(p)
+            | BuildSource::ArchiveDir(p)
+            | BuildSource::CheckpointDir(p) => p,
+        }
+    }
+}
+
+/// The payload of one entry.
+pub(crate) enum Body<'a> {
+    Dir,
+    Symlink(String),
+    File { size: u64, data: &'a mut dyn Read },
+}
+
+/// One entry, in archive shape.
+pub(crate) struct SourceEntry<'a> {
+    /// `/`-separated, relative, no `.`/`..`; never empty.
+    pub path: String,
+    pub meta: EntryMeta,
+    pub body: Body<'a>,
+}
+
+/// Calls `f` for every entry of `source`, parents before children.
+pub(crate) fn for_each_entry(
+    source: &BuildSource,
+    f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
+) -> Result<(), ImageError> {
+    match source {
+        BuildSource::ArchiveTar(p) => walk_tar(p, f),
+        BuildSource::ArchiveDir(p) => walk_dir(p, p, "", f),
+        BuildSource::CheckpointDir(p) => {
+            let meta = fs::symlink_metadata(p).map_err(ImageError::io("reading", p))?;
+            f(SourceEntry {
+                path: CHECKPOINT_DIR.to_owned(),
+                meta: meta_of(&meta),
+                body: Body::Dir,
+            })?;
+            walk_dir(p, p, CHECKPOINT_DIR, f)
+        }
+    }
+}
+
+fn meta_of(m: &fs::Metadata) -> EntryMeta {
+    EntryMeta {
+        mode: m.mode() & 0o7777,
+        uid: u64::from(m.uid()),
+        gid: u64::from(m.gid()),
+        mtime: u64::try_from(m.mtime()).unwrap_or(0),
+    }
+}
+
+fn unsupported(source: &Path, entry: &str, reason: impl Into<String>) -> ImageError {
+    ImageError::UnsupportedEntry {
+        source_path: source.to_path_buf(),
+        entry: entry.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn walk_dir(
+    root: &Path,
+    dir: &Path,
+    prefix: &str,
+    f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
+) -> Result<(), ImageError> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(ImageError::io("reading", dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(ImageError::io("reading", dir))?;
+    // Sorted: the same directory always yields the same layers, byte for byte.
+    names.sort();
+    for name in names {
+        let full = dir.join(&name);
+        let Some(name) = name.to_str() else {
+            return Err(unsupported(
+                root,
+                &full.display().to_string(),
+                "name is not UTF-8",
+            ));
+        };
+        let path = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let m = fs::symlink_metadata(&full).map_err(ImageError::io("reading", &full))?;
+        let meta = meta_of(&m);
+        let ft = m.file_type();
+        if ft.is_dir() {
+            f(SourceEntry {
+                path: path.clone(),
+                meta,
+                body: Body::Dir,
+            })?;
+            walk_dir(root, &full, &path, f)?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&full).map_err(ImageError::io("reading link", &full))?;
+            let Some(target) = target.to_str() else {
+                return Err(unsupported(root, &path, "symlink target is not UTF-8"));
+            };
+            f(SourceEntry {
+                path,
+                meta,
+                body: Body::Symlink(target.to_owned()),
+            })?;
+        } else if ft.is_file() {
+            let mut file = File::open(&full).map_err(ImageError::io("opening", &full))?;
+            let mut r = BufReader::with_capacity(1 << 20, &mut file);
+            f(SourceEntry {
+                path,
+                meta,
+                body: Body::File {
+                    size: m.len(),
+                    data: &mut r,
+                },
+            })?;
+        } else {
+            return Err(unsupported(
+                root,
+                &path,
+                "only regular files, directories and symlinks can go into a checkpoint image",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Normalises a tar member name: `./checkpoint/x` → `checkpoint/x`; `None` for the root entry.
+pub(crate) fn normalize_member(source: &Path, raw: &Path) -> Result<Option<String>, ImageError> {
+    let mut parts = Vec::new();
+    for c in raw.components() {
+        match c {
+            Component::CurDir => {}
+            Component::Normal(p) => match p.to_str() {
+                Some(s) => parts.push(s),
+                None => {
+                    return Err(unsupported(
+                        source,
+                        &raw.display().to_string(),
+                        "name is not UTF-8",
+                    ))
+                }
+            },
+            _ => {
+                return Err(unsupported(
+                    source,
+                    &raw.display().to_string(),
+                    "absolute paths and `..` are not allowed",
+                ))
+            }
+        }
+    }
+    Ok((!parts.is_empty()).then(|| parts.join("/")))
+}
+
+fn walk_tar(
+    path: &Path,
+    f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
+) -> Result<(), ImageError> {
+    let mut file = File::open(path).map_err(ImageError::io("opening", path))?;
+    let mut magic = [0u8; 2];
+    let gz = match file.read_exact(&mut magic) {
+        Ok(()) => magic == [0x1f, 0x8b],
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
+        Err(e) => return Err(ImageError::io("reading", path)(e)),
+    };
+    file.seek(SeekFrom::Start(0))
+        .map_err(ImageError::io("reading", path))?;
+    let buffered = BufReader::with_capacity(1 << 20, file);
+    // CRI writes the archive uncompressed; Podman can gzip it. Accept both.
+    let reader: Box<dyn Read> = if gz {
+        Box::new(GzDecoder::new(buffered))
+    } else {
+        Box::new(buffered)
+    };
+    let mut archive = tar::Archive::new(reader);
+    let rd = ImageError::io("reading archive", path);
+    let entries = archive.entries().map_err(rd)?;
+    let mut seen = 0usize;
+    for entry in entries {
+        let mut entry = entry.map_err(ImageError::io("reading archive", path))?;
+        let raw = entry
+            .path()
+            .map_err(ImageError::io("reading archive", path))?
+            .into_owned();
+        let Some(name) = normalize_member(path, &raw)? else {
+            continue;
+        };
+        seen += 1;
+        let h = entry.header();
+        let hdr_err = |e| ImageError::io("reading archive header", path)(e);
+        let meta = EntryMeta {
+            mode: h.mode().map_err(hdr_err)? & 0o7777,
+            uid: h.uid().map_err(hdr_err)?,
+            gid: h.gid().map_err(hdr_err)?,
+            mtime: h.mtime().map_err(hdr_err)?,
+        };
+        let kind = h.entry_type();
+        match kind {
+            tar::EntryType::Directory => f(SourceEntry {
+                path: name,
+                meta,
+                body: Body::Dir,
+            })?,
+            tar::EntryType::Symlink => {
+                let target = entry
+                    .link_name()
+                    .map_err(ImageError::io("reading archive", path))?
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                f(SourceEntry {
+                    path: name,
+                    meta,
+                    body: Body::Symlink(target),
+                })?
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let size = entry.size();
+                f(SourceEntry {
+                    path: name,
+                    meta,
+                    body: Body::File {
+                        size,
+                        data: &mut entry,
+                    },
+                })?
+            }
+            tar::EntryType::Link => {
+                return Err(unsupported(
+                    path,
+                    &name,
+                    "hard links cannot be split across image layers; re-create the archive \
+                     without them",
+                ))
+            }
+            other => {
+                return Err(unsupported(
+                    path,
+                    &name,
+                    format!("tar entry type {other:?} is not supported"),
+                ))
+            }
+        }
+    }
+    if seen == 0 {
+        return Err(ImageError::UnknownSource {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_names() {
+        let s = Path::new("/a.tar");
+        assert_eq!(
+            normalize_member(s, Path::new("./checkpoint/x.img")).unwrap(),
+            Some("checkpoint/x.img".into())
+        );
+        assert_eq!(
+            normalize_member(s, Path::new("checkpoint/")).unwrap(),
+            Some("checkpoint".into())
+        );
+        assert_eq!(normalize_member(s, Path::new("./")).unwrap(), None);
+        assert!(normalize_member(s, Path::new("../etc/passwd")).is_err());
+        assert!(normalize_member(s, Path::new("/etc/passwd")).is_err());
+    }
+
+    #[test]
+    fn detect_kinds() {
+        let d = tempfile::tempdir().unwrap();
+        let cp = d.path().join("cp");
+        fs::create_dir_all(&cp).unwrap();
+        fs::write(CheckpointLayout::new(&cp).manifest_path(), b"{}").unwrap();
+        assert_eq!(
+            BuildSource::detect(&cp).unwrap(),
+            BuildSource::CheckpointDir(cp.clone())
+        );
+        let ar = d.path().join("ar");
+        fs::create_dir_all(ar.join("checkpoint")).unwrap();
+        assert_eq!(
+            BuildSource::detect(&ar).unwrap(),
+            BuildSource::ArchiveDir(ar.clone())
+        );
+        let empty = d.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        assert!(matches!(
+            BuildSource::detect(&empty),
+            Err(ImageError::UnknownSource { .. })
+        ));
+        // A file that is not a tar at all.
+        let junk = d.path().join("junk");
+        fs::write(&junk, b"not a tar").unwrap();
+        let mut n = 0;
+        let err = for_each_entry(&BuildSource::detect(&junk).unwrap(), &mut |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(n, 0);
+        assert!(
+            matches!(
+                err,
+                ImageError::UnknownSource { .. } | ImageError::Io { .. }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,49 @@
+//! `gpusnap-runc restore`: runc's command line → the restore transaction, which verifies the
+//! image and gates its GPU state before running the caller's own `runc restore`.
+
+use std::path::PathBuf;
+
+use gpusnap_transaction::{Direct, RestoreCommand, RestoreRequest};
+
+use crate::args::RESTORE_VALUE_FLAGS;
+use crate::{exit_code, Context, SCRATCH_DIR};
+
+pub fn run(ctx: &Context) -> i32 {
+    let parsed = ctx.inv.command_parsed(RESTORE_VALUE_FLAGS);
+    if ctx.inv.wants_help(&parsed) {
+        return ctx.exec_runc();
+    }
+    let [id] = parsed.positionals.as_slice() else {
+        // runc prints the usage error in its own words.
+        return ctx.exec_runc();
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let path = |names: &[&str]| {
+        parsed
+            .value(names)
+            .filter(|v| !v.is_empty())
+            .map(|v| cwd.join(v))
+    };
+    let image_dir = path(&["image-path"]).unwrap_or_else(|| cwd.join("checkpoint"));
+    let criu_log = path(&["work-path"])
+        .unwrap_or_else(|| image_dir.clone())
+        .join(gpusnap_criu_bridge::RESTORE_LOG);
+    let request = RestoreRequest {
+        container_id: id.clone(),
+        bundle: path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone()),
+        checkpoint_dir: image_dir,
+        rootfs_diff: None,
+        runc: ctx.global(),
+        config: ctx.config.clone(),
+        scratch_dir: PathBuf::from(SCRATCH_DIR),
+        command: RestoreCommand::Given {
+            args: ctx.inv.args.clone(),
+            criu_log,
+            detach: parsed.is_set(&["detach", "d"]),
+        },
+    };
+    match gpusnap_transaction::restore(&request, &Direct) {
+        Ok(report) => report.foreground_exit.map(exit_code).unwrap_or(0),
+        Err(e) => ctx.fail_with(&e),
+    }
+}

@@ -1,0 +1,377 @@
+//! The checkpoint transaction.
+//!
+//! ```text
+//! request checked → directory locked → CRIU found (version, plugins) → pids → GPU plan
+//!   (engine admitted on this driver)                                  ← refusals end here
+//! directory cleared
+//! [frozen by the caller, GPU: thaw for the driver]
+//! [GPU: lock → checkpoint]  → (refreeze) → runc checkpoint --leave-running (CRIU dump)
+//!   → [GPU, leave running: restore → unlock]                           ← any failure rolls back
+//! seal: digest every file, write the manifest last                    ← failure: scrub, resume CUDA
+//! exit requested: only now kill the container
+//! ```
+//!
+//! The dump always leaves the container running: with `exit`, the container is stopped only
+//! once the image is sealed, so a failure anywhere leaves the workload running, unlocked and as
+//! frozen as the caller left it, and nothing in the directory looks complete.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpusnap_checkpoint::{self as dir, Manifest, ProcessRecord};
+use gpusnap_config::Config;
+use gpusnap_criu_bridge::{runc_version_with, CriuFlags, Dump, RuncGlobal};
+use gpusnap_cuda::orchestrate::CheckpointReport as GpuReport;
+use gpusnap_cuda::Outcome as CudaOutcome;
+
+use crate::error::{Error, Outcome, Result};
+use crate::gpu::{self, GpuCheckpoint, PendingCudaResume};
+use crate::host::Host;
+use crate::lock::DirLock;
+use crate::runc::{Runc, RuncFailure};
+use crate::timings::Timings;
+
+/// A checkpoint, as every front end asks for it.
+#[derive(Debug, Clone)]
+pub struct CheckpointRequest {
+    pub container_id: String,
+    /// The container's bundle (its runtime spec names runc's CRIU config file).
+    pub bundle: PathBuf,
+    /// The container's init, as the host sees it.
+    pub init_pid: u32,
+    /// Where the images go (created 0700 when missing).
+    pub image_dir: PathBuf,
+    /// CRIU's work directory (`dump.log`); default: the image directory.
+    pub work_dir: Option<PathBuf>,
+    /// The pre-dump this dump builds on (runc `--parent-path`).
+    pub parent: Option<PathBuf>,
+    /// runc `--auto-dedup`.
+    pub auto_dedup: bool,
+    /// CRIU's permissions for the dump, as the caller asked.
+    pub criu: CriuFlags,
+    /// Stop the container once the checkpoint is sealed.
+    pub exit: bool,
+    /// The caller froze the container before asking (containerd's client pauses the task
+    /// around Checkpoint). It is left frozen; see [`CheckpointReport::pending_cuda`].
+    pub frozen: bool,
+    pub runc: RuncGlobal,
+    pub config: Config,
+    /// Where the transaction may put scratch files (CRIU's private plugin directory).
+    pub scratch_dir: PathBuf,
+}
+
+/// A sealed checkpoint.
+#[derive(Debug)]
+pub struct CheckpointReport {
+    pub manifest: Manifest,
+    pub cuda_processes: usize,
+    /// `exit` was asked for: the container was killed after the seal.
+    pub stopped: bool,
+    /// The container was frozen by the caller and has CUDA processes: they stay CHECKPOINTED
+    /// until the caller thaws the container and then calls [`PendingCudaResume::resume`].
+    pub pending_cuda: Option<PendingCudaResume>,
+    pub elapsed: Duration,
+}
+
+/// Checkpoints the container into `req.image_dir`.
+pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
+    let id = &req.container_id;
+    checkpoint_inner(req, host).map_err(|e| e.of("checkpoint", id))
+}
+
+fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
+    let started = Instant::now();
+    let mut timings = Timings::default();
+    let image_dir = &req.image_dir;
+    let mut global = req.runc.clone();
+    let dump = Dump {
+        image_dir: image_dir.clone(),
+        work_dir: req.work_dir.clone(),
+        parent: req.parent.clone(),
+        auto_dedup: req.auto_dedup,
+        leave_running: true,
+        flags: req.criu.clone(),
+    };
+    // Everything that can be checked without touching anything.
+    global
+        .checkpoint(&req.container_id, &dump)
+        .map_err(|e| Error::invalid(e.to_string()))?;
+    if req.init_pid == 0 {
+        return Err(Error::precondition(
+            "the container has no running init; only a running or paused container can be \
+             checkpointed",
+        ));
+    }
+
+    create_private_dir(image_dir)?;
+    let _lock = DirLock::exclusive(image_dir)?;
+    let runc = Runc::new(global.clone(), &req.container_id, host);
+    let pids = runc.pids(req.init_pid);
+    let plan = gpu::plan_checkpoint(&req.config, &pids, image_dir)
+        .map_err(|e| e.context("refused before anything was touched"))?;
+    let criu = crate::criu::prepare(
+        &mut global,
+        &req.config,
+        plan.is_some(),
+        &req.bundle,
+        &req.scratch_dir,
+        host,
+    )?;
+    let runc = Runc::new(global.clone(), &req.container_id, host);
+    let dump_cmd = global
+        .checkpoint(&req.container_id, &dump)
+        .map_err(|e| Error::invalid(e.to_string()))?;
+
+    dir::begin_checkpoint(image_dir)
+        .map_err(|e| Error::precondition(format!("cannot prepare {}: {e}", image_dir.display())))?;
+    let mut manifest = Manifest::new(&req.container_id, req.criu.clone());
+    manifest.criu_version = Some(criu.info.version.to_string());
+    manifest.runc_version = runc_version_cached(&global, host);
+    manifest.processes = pids
+        .iter()
+        .map(|&pid| ProcessRecord {
+            container_pid: container_pid(pid),
+            command: None,
+        })
+        .collect();
+
+    let criu_log = dump.criu_log();
+    let run_dump = || -> std::result::Result<Duration, RuncFailure> {
+        let t = Instant::now();
+        runc.run(&dump_cmd, Some(&criu_log))?;
+        Ok(t.elapsed())
+    };
+
+    let mut gpu_report: Option<GpuReport> = None;
+    let mut orchestrator = None;
+    match plan {
+        None => {
+            let elapsed = run_dump().map_err(|f| {
+                abandon(image_dir);
+                Error::Failed {
+                    outcome: Outcome::ContainerUnchanged,
+                    message: f.message,
+                    runc_exit: f.exit,
+                }
+            })?;
+            timings.add("criu-dump", elapsed);
+        }
+        Some(GpuCheckpoint {
+            orchestrator: orch,
+            processes,
+        }) => {
+            let (report, dump_elapsed) = gpu_checkpoint(&orch, &processes, req, &runc, run_dump)
+                .inspect_err(|_| {
+                    abandon(image_dir);
+                })?;
+            timings.add("cuda-lock", ms(report.timings.lock_ms));
+            timings.add("cuda-checkpoint", ms(report.timings.checkpoint_ms));
+            timings.add("criu-dump", dump_elapsed);
+            if let Some(resume) = report.timings.resume_ms {
+                timings.add("cuda-resume", ms(resume));
+            }
+            manifest.gpu = Some(gpu::section(&report));
+            gpu_report = Some(report);
+            orchestrator = Some(orch);
+        }
+    }
+    drop(criu);
+    timings.record_into(&mut manifest);
+
+    let manifest = match dir::seal_checkpoint(image_dir, manifest) {
+        Ok(m) => m,
+        Err(e) => {
+            abandon(image_dir);
+            let resumed = match (&gpu_report, orchestrator) {
+                // The CUDA processes were left checkpointed (for the kill, or for the caller's
+                // thaw); the container is not going away after all, so bring them back.
+                (Some(report), Some(orch)) if !report.left_running => {
+                    resume_in_place(&runc, req.frozen, orch, report.processes.clone())
+                }
+                _ => Ok(()),
+            };
+            return Err(match resumed {
+                Ok(()) => Error::failed(
+                    Outcome::ContainerUnchanged,
+                    format!("the checkpoint could not be sealed: {e}"),
+                ),
+                Err(r) => Error::failed(
+                    Outcome::CudaStateUnknown,
+                    format!(
+                        "the checkpoint could not be sealed ({e}), and the CUDA processes could \
+                         not be resumed: {r}"
+                    ),
+                ),
+            });
+        }
+    };
+
+    let cuda_processes = gpu_report.as_ref().map_or(0, |r| r.processes.len());
+    let mut pending_cuda = None;
+    let mut stopped = false;
+    if req.exit {
+        // The sealed image is the container now. Frozen processes die only once thawed.
+        if req.frozen {
+            let _ = runc.resume();
+        }
+        match runc.kill_all() {
+            Ok(()) => stopped = true,
+            Err(e) => {
+                tracing::warn!(id = %req.container_id, error = %e, "stopping the container after its checkpoint failed")
+            }
+        }
+    } else if let (Some(report), Some(orch)) = (&gpu_report, orchestrator) {
+        if !report.left_running {
+            pending_cuda = Some(PendingCudaResume::new(orch, report.processes.clone()));
+        }
+    }
+    let elapsed = started.elapsed();
+    timings.log(
+        "checkpoint sealed",
+        &req.container_id,
+        image_dir,
+        &manifest,
+        cuda_processes,
+        elapsed,
+    );
+    Ok(CheckpointReport {
+        manifest,
+        cuda_processes,
+        stopped,
+        pending_cuda,
+        elapsed,
+    })
+}
+
+/// Lock → checkpoint the CUDA processes → CRIU dump → (leave running: restore → unlock). A
+/// container its caller froze is thawed for the driver (which works inside the processes),
+/// frozen again for the dump and, after a failure, left frozen as it was.
+fn gpu_checkpoint(
+    orch: &gpusnap_cuda::Orchestrator,
+    processes: &[gpusnap_cuda::discovery::CudaProcess],
+    req: &CheckpointRequest,
+    runc: &Runc<'_>,
+    run_dump: impl FnOnce() -> std::result::Result<Duration, RuncFailure>,
+) -> Result<(GpuReport, Duration)> {
+    if req.frozen {
+        runc.resume().map_err(|e| {
+            Error::failed(
+                Outcome::ContainerUnchanged,
+                format!("cannot thaw the container for the CUDA checkpoint: {e}"),
+            )
+        })?;
+    }
+    let leave_running = !req.exit && !req.frozen;
+    let mut dump_elapsed = Duration::ZERO;
+    let mut runc_exit = None;
+    let result = orch.checkpoint(processes, leave_running, || {
+        if req.frozen {
+            runc.pause()
+                .map_err(|e| format!("freeze for the dump: {e}"))?;
+        }
+        match run_dump() {
+            Ok(elapsed) => {
+                dump_elapsed = elapsed;
+                Ok(())
+            }
+            Err(f) => {
+                runc_exit = f.exit;
+                // The driver rolls a failed dump back, which needs the processes running.
+                if req.frozen {
+                    let _ = runc.resume();
+                }
+                Err(f.message)
+            }
+        }
+    });
+    match result {
+        Ok(report) => Ok((report, dump_elapsed)),
+        Err(e) => {
+            if req.frozen {
+                let _ = runc.pause();
+            }
+            let outcome = match e.outcome {
+                CudaOutcome::BeforeMutation | CudaOutcome::RolledBack => {
+                    Outcome::ContainerUnchanged
+                }
+                CudaOutcome::OutcomeUnknown => Outcome::CudaStateUnknown,
+            };
+            Err(Error::Failed {
+                outcome,
+                message: e.to_string(),
+                runc_exit,
+            })
+        }
+    }
+}
+
+/// CUDA restore + unlock of processes left CHECKPOINTED, in place; the driver needs them
+/// running, so a frozen container is thawed for it and frozen again.
+fn resume_in_place(
+    runc: &Runc<'_>,
+    frozen: bool,
+    orch: gpusnap_cuda::Orchestrator,
+    records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
+) -> std::result::Result<(), String> {
+    if frozen {
+        runc.resume().map_err(|e| e.to_string())?;
+    }
+    let r = PendingCudaResume::new(orch, records).resume();
+    if frozen {
+        let _ = runc.pause();
+    }
+    r
+}
+
+/// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis.
+fn abandon(dir: &Path) {
+    if let Err(e) = dir::scrub_incomplete(dir) {
+        tracing::error!(dir = %dir.display(), error = %e, "could not scrub an incomplete checkpoint");
+    }
+}
+
+/// Creates the checkpoint directory (and missing parents) readable by root only: it will hold
+/// process memory.
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::precondition(format!("cannot create {}: {e}", dir.display())))
+}
+
+fn ms(ms: f64) -> Duration {
+    Duration::from_secs_f64(ms.max(0.0) / 1e3)
+}
+
+/// `runc --version`, asked once per process and binary.
+fn runc_version_cached(global: &RuncGlobal, host: &dyn Host) -> Option<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&global.binary)
+    {
+        return Some(v.clone());
+    }
+    let v = runc_version_with(&global.binary, host).ok()?.version;
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(global.binary.clone(), v.clone());
+    Some(v)
+}
+
+/// The pid inside the container's pid namespace (last NSpid field), when readable.
+fn container_pid(host_pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}

@@ -1,0 +1,99 @@
+//! Before CRIU runs: CRIU is where runc will look, new enough, and runs without its own cuda
+//! plugin.
+
+use std::path::Path;
+
+use gpusnap_config::Config;
+use gpusnap_criu_bridge::plugins::{self, PluginDir, CRIU_CONFIG_ANNOTATION, RUNC_CRIU_CONFIG};
+use gpusnap_criu_bridge::{
+    probe_criu_cached, CriuInfo, CriuVersion, RunTool, RuncGlobal, MIN_CRIU_CPU, MIN_CRIU_GPU,
+};
+
+use crate::error::{Error, Result};
+
+/// CRIU, checked and prepared for one transaction. Keep it alive until runc returns: it owns
+/// the private plugin directory runc's environment names.
+#[derive(Debug)]
+pub struct PreparedCriu {
+    pub info: CriuInfo,
+    pub plugins: PluginDir,
+}
+
+/// The oldest CRIU accepted: 3.16 for CPU containers, 4.1 with GPU state (frozen-cgroup and
+/// restore-thread handling), raised by `criu.min_version`.
+pub fn floor(config: &Config, gpu: bool) -> CriuVersion {
+    let floor = if gpu { MIN_CRIU_GPU } else { MIN_CRIU_CPU };
+    match config.criu.min_version {
+        Some(v) => floor.max(CriuVersion::new(v.major, v.minor, v.patch)),
+        None => floor,
+    }
+}
+
+/// Finds CRIU where runc will run it and checks its version; then gives runc (and through it
+/// CRIU) a plugin directory without CRIU's cuda plugin, under `scratch`. Refuses, before
+/// anything is touched, when CRIU is missing or too old, or when runc's CRIU config file would
+/// still load the cuda plugin for a container with GPU state.
+pub fn prepare(
+    global: &mut RuncGlobal,
+    config: &Config,
+    gpu: bool,
+    bundle: &Path,
+    scratch: &Path,
+    tool: &dyn RunTool,
+) -> Result<PreparedCriu> {
+    let info = probe_criu_cached(&global.effective_search_path(), tool)
+        .and_then(|info| info.require(floor(config, gpu)).map(|()| info))
+        .map_err(|e| Error::precondition(e.to_string()))?;
+
+    let annotation = spec_annotation(bundle, CRIU_CONFIG_ANNOTATION);
+    if let Some(found) =
+        plugins::runc_config_libdir(annotation.as_deref(), Path::new(RUNC_CRIU_CONFIG))
+    {
+        let msg = format!(
+            "{} sets `libdir {}`, which holds CRIU's cuda plugin; runc's CRIU config file outranks \
+             the plugin directory gpusnap gives CRIU, so the plugin would lock and restore the \
+             container's CUDA processes a second time. Remove that libdir line (gpusnap performs \
+             the CUDA checkpoint itself)",
+            found.file.display(),
+            found.libdir.display()
+        );
+        if gpu {
+            return Err(Error::precondition(msg));
+        }
+        tracing::warn!(file = %found.file.display(), libdir = %found.libdir.display(), "CRIU's cuda plugin will load for a CPU-only container");
+    }
+
+    let source = plugins::plugin_dir_for(std::env::var_os("CRIU_LIBS_DIR").as_deref());
+    let inherited = std::env::var_os("CRIU_CONFIG_FILE").map(std::path::PathBuf::from);
+    let dir = PluginDir::prepare(scratch, &source, inherited.as_deref()).map_err(|e| {
+        Error::precondition(format!(
+            "cannot prepare CRIU's plugin directory under {}: {e}",
+            scratch.display()
+        ))
+    })?;
+    if !dir.excluded.is_empty() {
+        tracing::info!(
+            source = %source.display(),
+            excluded = %dir.excluded.join(","),
+            kept = dir.kept.len(),
+            "CRIU runs without its own GPU plugins"
+        );
+    }
+    global.env.extend(dir.env());
+    Ok(PreparedCriu { info, plugins: dir })
+}
+
+/// One annotation of the container's runtime spec (`<bundle>/config.json`).
+pub fn spec_annotation(bundle: &Path, key: &str) -> Option<String> {
+    // A runtime spec is small; one that is not is not read.
+    const SPEC_MAX: u64 = 16 << 20;
+    let path = bundle.join("config.json");
+    if std::fs::metadata(&path).ok()?.len() > SPEC_MAX {
+        return None;
+    }
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    spec.get("annotations")?
+        .get(key)?
+        .as_str()
+        .map(str::to_string)
+}

@@ -1,0 +1,28 @@
+//! The checkpoint and restore transactions every gpusnap front end calls.
+//!
+//! [`checkpoint()`] and [`restore()`] hold the whole sequence: the GPU plan and compatibility
+//! gate, CRIU through runc (without CRIU's own cuda plugin), the storage engine, sealing and
+//! validating the manifest, rollback, and the outcome of a failure. Front ends — the containerd
+//! shim, gpusnap-runc, and anything later — only convert their request into a
+//! [`CheckpointRequest`] or [`RestoreRequest`], supply a [`Host`] (how they run programs),
+//! and map the one [`Error`] onto their protocol, once.
+//!
+//! Nothing here knows ttrpc, protobuf or runc's command-line syntax.
+
+pub mod cgroup;
+pub mod checkpoint;
+pub mod criu;
+pub mod error;
+pub mod gpu;
+pub mod host;
+pub mod lock;
+pub mod restore;
+pub mod rootfs_diff;
+pub mod runc;
+mod timings;
+
+pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
+pub use error::{Error, Outcome, Refusal, Result};
+pub use gpu::PendingCudaResume;
+pub use host::{Direct, Host, RunTool};
+pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest};

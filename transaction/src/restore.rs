@@ -1,0 +1,289 @@
+//! The restore transaction.
+//!
+//! ```text
+//! directory locked (shared) → [GPU state: start loading the driver]
+//! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
+//! → CRIU found (version, plugins)                                     ← refusals end here
+//! rootfs diff applied → runc restore (CRIU)                           ← failure: nothing runs
+//! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
+//! ```
+//!
+//! Nothing from the image decides how CRIU runs: its flags come from the request (the caller's
+//! own `runc restore` arguments, or the task's terminal) and from the node's configuration
+//! (`restore.criu_flags`).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpusnap_checkpoint::{self as dir, Manifest};
+use gpusnap_config::Config;
+use gpusnap_criu_bridge::{CriuFlags, Restore, RuncCommand, RuncGlobal};
+use gpusnap_cuda::PendingDriver;
+
+use crate::error::{Error, Outcome, Result};
+use crate::gpu::{self, GpuRestore};
+use crate::host::Host;
+use crate::lock::DirLock;
+use crate::runc::Runc;
+use crate::timings::Timings;
+
+/// A restore, as every front end asks for it.
+#[derive(Debug, Clone)]
+pub struct RestoreRequest {
+    pub container_id: String,
+    /// The bundle of the container being created from the checkpoint.
+    pub bundle: PathBuf,
+    /// The directory holding the CRIU images and the gpusnap manifest.
+    pub checkpoint_dir: PathBuf,
+    /// Writable-layer changes to apply to `<bundle>/rootfs` before CRIU runs (restores from a
+    /// CRI checkpoint archive by pod annotation; containerd applies it itself elsewhere).
+    pub rootfs_diff: Option<PathBuf>,
+    pub runc: RuncGlobal,
+    pub config: Config,
+    /// Where the transaction may put scratch files (CRIU's private plugin directory).
+    pub scratch_dir: PathBuf,
+    pub command: RestoreCommand,
+}
+
+/// How `runc restore` is called.
+#[derive(Debug, Clone)]
+pub enum RestoreCommand {
+    /// The transaction builds it (the shim): these settings plus the CRIU flags the node's
+    /// configuration grants.
+    Build {
+        /// CRIU's work directory (`restore.log`), outside the checkpoint so that it can be
+        /// restored again.
+        work_dir: PathBuf,
+        pid_file: PathBuf,
+        console_socket: Option<PathBuf>,
+        no_pivot: bool,
+        /// The task has a terminal (`--shell-job`).
+        terminal: bool,
+    },
+    /// The caller's own `runc restore` arguments, run as given (gpusnap-runc).
+    Given {
+        args: Vec<OsString>,
+        /// Where that CRIU writes `restore.log`.
+        criu_log: PathBuf,
+        /// `--detach`: runc returns once the container runs. Without it runc stays in the
+        /// foreground until the container exits (CPU-only checkpoints only).
+        detach: bool,
+    },
+}
+
+/// A restored container.
+#[derive(Debug)]
+pub struct RestoreReport {
+    /// The restored init's host pid (0 after a foreground restore: it has exited).
+    pub init_pid: u32,
+    /// A foreground restore's exit status: runc's, which is the container's once it ran.
+    pub foreground_exit: Option<std::process::ExitStatus>,
+    pub manifest: Manifest,
+    pub cuda_processes: usize,
+    pub elapsed: Duration,
+}
+
+/// Restores the checkpoint in `req.checkpoint_dir` as container `req.container_id`.
+pub fn restore(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport> {
+    let id = &req.container_id;
+    restore_inner(req, host).map_err(|e| e.of("restore", id))
+}
+
+fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport> {
+    let started = Instant::now();
+    let mut timings = Timings::default();
+    let ckpt = &req.checkpoint_dir;
+    let _lock = DirLock::shared(ckpt)?;
+
+    // A checkpoint with GPU state needs the driver: start loading it now so cuInit overlaps the
+    // digest verification below.
+    let pending = dir::read_manifest(ckpt)
+        .ok()
+        .and_then(|m| m.gpu)
+        .filter(|g| !g.processes.is_empty())
+        .map(|_| PendingDriver::spawn(gpu::driver_config(&req.config)));
+
+    let t = Instant::now();
+    let manifest =
+        dir::validate_for_restore(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
+    timings.add("validate", t.elapsed());
+
+    let t = Instant::now();
+    let gpu = match (pending, &manifest.gpu) {
+        (Some(pending), Some(section)) => {
+            Some(GpuRestore::prepare(pending, &req.config, section, ckpt)?)
+        }
+        _ => None,
+    };
+    timings.add("gpu-gate", t.elapsed());
+
+    let mut global = req.runc.clone();
+    let _criu = crate::criu::prepare(
+        &mut global,
+        &req.config,
+        gpu.is_some(),
+        &req.bundle,
+        &req.scratch_dir,
+        host,
+    )?;
+    let granted = granted_flags(&req.config)?;
+    let (cmd, criu_log, pid_file) = restore_command(req, &global, &granted, &manifest)?;
+    let foreground = matches!(req.command, RestoreCommand::Given { detach: false, .. });
+    if foreground && gpu.is_some() {
+        return Err(Error::invalid(
+            "a checkpoint with GPU state is restored with --detach: runc must return before \
+             gpusnap restores the CUDA processes",
+        ));
+    }
+
+    if let Some(diff) = &req.rootfs_diff {
+        let t = Instant::now();
+        let rootfs = req.bundle.join("rootfs");
+        let applied = crate::rootfs_diff::apply(diff, &rootfs).map_err(|e| {
+            Error::failed(
+                Outcome::NothingRunning,
+                format!("applying the rootfs diff {}: {e}", diff.display()),
+            )
+        })?;
+        timings.add("rootfs-diff", t.elapsed());
+        tracing::debug!(entries = applied, "rootfs diff applied");
+    }
+
+    let runc = Runc::new(global, &req.container_id, host);
+    let t = Instant::now();
+    let status = host.run_restore(cmd.to_command()).map_err(|e| {
+        Error::failed(
+            Outcome::NothingRunning,
+            format!("cannot run {}: {e}", cmd.program.display()),
+        )
+    })?;
+    if foreground {
+        // runc ran the container to its end; its status is the container's.
+        return Ok(RestoreReport {
+            init_pid: 0,
+            foreground_exit: Some(status),
+            manifest,
+            cuda_processes: 0,
+            elapsed: started.elapsed(),
+        });
+    }
+    if !status.success() {
+        let f = runc.failure("restore", status, b"", Some(&criu_log));
+        return Err(Error::Failed {
+            outcome: Outcome::NothingRunning,
+            message: f.message,
+            runc_exit: f.exit,
+        });
+    }
+    timings.add("criu-restore", t.elapsed());
+    let init_pid = match &pid_file {
+        Some(p) => read_pid(p),
+        None => runc.state().map(|(pid, _)| pid),
+    }
+    .ok_or_else(|| {
+        let _ = runc.kill_all();
+        Error::failed(
+            Outcome::RestoredProcessesKilled,
+            "runc restored the container but its init pid could not be read",
+        )
+    })?;
+
+    let cuda_processes = gpu.as_ref().map_or(0, GpuRestore::processes);
+    if let Some(gpu) = gpu {
+        let t = Instant::now();
+        let restored = runc.pids(init_pid);
+        if let Err(e) = gpu.run(&restored) {
+            let _ = runc.kill_all();
+            return Err(Error::failed(
+                Outcome::RestoredProcessesKilled,
+                format!("restoring GPU state failed: {e}"),
+            ));
+        }
+        timings.add("cuda-restore", t.elapsed());
+    }
+    let elapsed = started.elapsed();
+    tracing::info!(
+        id = %req.container_id,
+        pid = init_pid,
+        dir = %ckpt.display(),
+        cuda_processes,
+        validate_ms = timings.ms("validate"),
+        gpu_gate_ms = timings.ms("gpu-gate"),
+        rootfs_diff_ms = timings.ms("rootfs-diff"),
+        criu_restore_ms = timings.ms("criu-restore"),
+        cuda_restore_ms = timings.ms("cuda-restore"),
+        total_ms = elapsed.as_millis() as u64,
+        "restore complete"
+    );
+    Ok(RestoreReport {
+        init_pid,
+        foreground_exit: None,
+        manifest,
+        cuda_processes,
+        elapsed,
+    })
+}
+
+/// The CRIU permissions this node grants restores (`restore.criu_flags`).
+fn granted_flags(config: &Config) -> Result<CriuFlags> {
+    CriuFlags::from_switch_names(&config.restore.criu_flags).map_err(|e| {
+        Error::invalid(format!(
+            "restore.criu_flags in the gpusnap configuration: {e}"
+        ))
+    })
+}
+
+/// The `runc restore` command, where CRIU writes its log, and the pid file (when built here).
+fn restore_command(
+    req: &RestoreRequest,
+    global: &RuncGlobal,
+    granted: &CriuFlags,
+    manifest: &Manifest,
+) -> Result<(RuncCommand, PathBuf, Option<PathBuf>)> {
+    match &req.command {
+        RestoreCommand::Build {
+            work_dir,
+            pid_file,
+            console_socket,
+            no_pivot,
+            terminal,
+        } => {
+            let missing = manifest.criu.not_granted_by(granted);
+            if !missing.is_empty() {
+                // CRIU refuses such images itself; say what the operator can do about it.
+                tracing::warn!(
+                    flags = %missing.join(","),
+                    "the checkpoint was dumped with CRIU flags this node does not grant restores \
+                     (restore.criu_flags); CRIU may refuse it"
+                );
+            }
+            std::fs::create_dir_all(work_dir).map_err(|e| {
+                Error::precondition(format!("cannot create {}: {e}", work_dir.display()))
+            })?;
+            let mut flags = granted.clone();
+            flags.shell_job |= *terminal;
+            let r = Restore {
+                work_dir: Some(work_dir.clone()),
+                pid_file: Some(pid_file.clone()),
+                console_socket: console_socket.clone(),
+                no_pivot: *no_pivot,
+                flags,
+                ..Restore::new(&req.checkpoint_dir, &req.bundle)
+            };
+            let cmd = global
+                .restore(&req.container_id, &r)
+                .map_err(|e| Error::invalid(e.to_string()))?;
+            Ok((cmd, r.criu_log(), Some(pid_file.clone())))
+        }
+        RestoreCommand::Given { args, criu_log, .. } => {
+            let mut cmd = global.helper(&[]);
+            cmd.args = args.clone();
+            Ok((cmd, criu_log.clone(), None))
+        }
+    }
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
