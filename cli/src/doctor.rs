@@ -121,6 +121,10 @@ pub fn run(opts: &DoctorOptions) -> Report {
     let criu = bridge::probe_criu(&search);
     checks.push(criu_version_check(&criu));
     checks.push(criu_check_check(&criu));
+    checks.push(criu_plugins_check(
+        std::env::var_os("CRIU_LIBS_DIR").as_deref(),
+        Path::new(bridge::plugins::RUNC_CRIU_CONFIG),
+    ));
     let library = opts
         .cuda_library
         .clone()
@@ -274,6 +278,45 @@ fn criu_version_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Ch
         .action("install CRIU ≥ 4.1 or point criu.binary_dir at one"),
         Err(e) => Check::new("criu", Status::Fail, e.to_string()),
     }
+}
+
+/// CRIU's own cuda plugin: where CRIU would load plugins from, whether the cuda plugin is
+/// there, and whether gpusnap can keep it out of its CRIU runs (a `libdir` in runc's CRIU config
+/// file outranks the plugin directory gpusnap gives CRIU).
+fn criu_plugins_check(criu_libs_dir: Option<&std::ffi::OsStr>, runc_conf: &Path) -> Check {
+    use bridge::plugins;
+    let dir = plugins::plugin_dir_for(criu_libs_dir);
+    let found = plugins::excluded_in(&dir);
+    if let Some(c) = plugins::runc_config_libdir(None, runc_conf) {
+        return Check::new(
+            "criu plugins",
+            Status::Fail,
+            format!(
+                "{} sets `libdir {}`, which holds CRIU's cuda plugin: it would run in every CRIU \
+                 run runc starts, and gpusnap refuses GPU checkpoints and restores",
+                c.file.display(),
+                c.libdir.display()
+            ),
+        )
+        .action(format!(
+            "remove the libdir line from {} (gpusnap performs the CUDA checkpoint itself)",
+            c.file.display()
+        ));
+    }
+    let summary = if found.is_empty() {
+        format!("no cuda plugin in {}", dir.display())
+    } else {
+        format!(
+            "CRIU's cuda plugin found ({}); gpusnap runs CRIU without it (private plugin \
+             directory through CRIU_LIBS_DIR and CRIU_CONFIG_FILE), other plugins are kept",
+            found
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    Check::new("criu plugins", Status::Ok, summary)
 }
 
 fn criu_check_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Check {
@@ -462,6 +505,24 @@ mod tests {
             check.summary
         );
         assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn criu_plugins_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = dir.path().join("absent.conf");
+        let c = criu_plugins_check(Some(dir.path().as_os_str()), &none);
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.summary.contains("no cuda plugin"), "{}", c.summary);
+        std::fs::write(dir.path().join("cuda_plugin.so"), b"").unwrap();
+        let c = criu_plugins_check(Some(dir.path().as_os_str()), &none);
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.summary.contains("cuda_plugin.so"), "{}", c.summary);
+        let conf = dir.path().join("runc.conf");
+        std::fs::write(&conf, format!("libdir {}\n", dir.path().display())).unwrap();
+        let c = criu_plugins_check(None, &conf);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.summary.contains("libdir"), "{}", c.summary);
     }
 
     #[test]

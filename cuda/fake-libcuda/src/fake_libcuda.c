@@ -28,12 +28,16 @@
  *   faults/<pid>/<op>        tokens: code=N hang_ms=N busy_ms=N then=<state> once
  *                            op: lock checkpoint restore unlock get_state
  *                                restore_tid operation_complete
- *   vram/<pid>/<dev>         device memory of <pid> on device index <dev>
- *                            (CustomStorage only)
+ *   vram/<key>/<dev>         device memory of a process on device index <dev>; <key> as
+ *                            for procs/ (the pid, or id-<id>-<nspid>). CustomStorage maps
+ *                            it; the driver-managed checkpoint moves it to
+ *                            staged/<key>/ (the real driver copies it into process memory,
+ *                            which CRIU then dumps) and its restore moves it back
  *   calls.log                one line per checkpoint call: "<op> <pid> <rc> k=v..."
  *   procaddr.log             one line per lookup: "<symbol> <version> <status>"
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -488,6 +492,7 @@ enum { OP_CHECKPOINT = 1, OP_RESTORE = 2 };
 struct storage_op {
     int kind;
     int pid;
+    char key[96];
     int dev_index[MAX_DEVICES];
     CUcheckpointCustomStoragePerDeviceData per[MAX_DEVICES];
     CUcheckpointCustomStorageInfo info;
@@ -527,20 +532,20 @@ static CUresult map_regions(struct storage_op *op, int restoring) {
     int ndev = load_devices(devs);
     unsigned int count = 0;
     for (int d = 0; d < ndev; d++) {
-        char rel[64], path[PATH_MAX];
+        char rel[160], path[PATH_MAX];
         size_t len = 0;
         unsigned char *data = NULL;
         if (restoring) {
-            snprintf(rel, sizeof rel, "vram/%d/%d.size", op->pid, d);
+            snprintf(rel, sizeof rel, "vram/%s/%d.size", op->key, d);
             long long size = read_number(rel, -1);
             if (size < 0) continue;
             len = (size_t)size;
             data = calloc(len ? len : 1, 1);
         } else {
-            path_of(path, sizeof path, "vram/%d/%d", op->pid, d);
+            path_of(path, sizeof path, "vram/%s/%d", op->key, d);
             data = read_blob(path, &len);
             if (!data) {
-                path_of(path, sizeof path, "vram/%d", op->pid);
+                path_of(path, sizeof path, "vram/%s", op->key);
                 struct stat st;
                 if (d != 0 || stat(path, &st) == 0) continue;
                 len = DEFAULT_VRAM_BYTES;
@@ -569,17 +574,17 @@ static void finish_regions(struct storage_op *op) {
     for (unsigned int i = 0; i < op->info.deviceCount; i++) {
         int d = op->dev_index[i];
         char dir[PATH_MAX], path[PATH_MAX], size_line[32];
-        path_of(dir, sizeof dir, "vram/%d", op->pid);
+        path_of(dir, sizeof dir, "vram/%s", op->key);
         mkdir_p(dir);
         if (op->kind == OP_CHECKPOINT) {
             /* The device memory is released; remember only how much there was. */
-            path_of(path, sizeof path, "vram/%d/%d", op->pid, d);
+            path_of(path, sizeof path, "vram/%s/%d", op->key, d);
             unlink(path);
-            path_of(path, sizeof path, "vram/%d/%d.size", op->pid, d);
+            path_of(path, sizeof path, "vram/%s/%d.size", op->key, d);
             int n = snprintf(size_line, sizeof size_line, "%zu\n", op->per[i].size);
             write_atomic(path, size_line, (size_t)n);
         } else {
-            path_of(path, sizeof path, "vram/%d/%d", op->pid, d);
+            path_of(path, sizeof path, "vram/%s/%d", op->key, d);
             write_atomic(path, (void *)(uintptr_t)op->per[i].devPtr, op->per[i].size);
         }
         free((void *)(uintptr_t)op->per[i].devPtr);
@@ -594,6 +599,7 @@ static CUresult start_storage_op(int kind, int pid, CUcheckpointCustomStorageInf
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
     op->kind = kind;
     op->pid = pid;
+    proc_key(pid, op->key, sizeof op->key);
     CUresult rc = map_regions(op, kind == OP_RESTORE);
     if (rc != CUDA_SUCCESS) {
         free(op);
@@ -605,6 +611,31 @@ static CUresult start_storage_op(int kind, int pid, CUcheckpointCustomStorageInf
     pthread_mutex_unlock(&g_ops_mu);
     *out = &op->info;
     return CUDA_SUCCESS;
+}
+
+/* The driver-managed path: device memory moves between the device (vram/) and the process's
+ * host memory (staged/), as a whole directory per process. */
+static void move_device_memory(int pid, const char *from, const char *to) {
+    char key[96], a[PATH_MAX], b[PATH_MAX], dir[PATH_MAX];
+    proc_key(pid, key, sizeof key);
+    path_of(a, sizeof a, "%s/%s", from, key);
+    path_of(b, sizeof b, "%s/%s", to, key);
+    path_of(dir, sizeof dir, "%s", to);
+    mkdir_p(dir);
+    struct stat st;
+    if (stat(a, &st) != 0) return; /* no device memory recorded for this process */
+    /* Replace what an earlier transition left (files only: <dev> and <dev>.size). */
+    DIR *old = opendir(b);
+    if (old) {
+        struct dirent *e;
+        while ((e = readdir(old))) {
+            if (e->d_name[0] == '.') continue;
+            unlinkat(dirfd(old), e->d_name, 0);
+        }
+        closedir(old);
+        rmdir(b);
+    }
+    rename(a, b);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -691,8 +722,11 @@ EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArg
         log_call("checkpoint", pid, CUDA_ERROR_INVALID_VALUE, "reserved=nonzero");
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (!args || !args->customStorageInfo_out)
-        return transition("checkpoint", pid, S_LOCKED, S_CHECKPOINTED, "storage=driver");
+    if (!args || !args->customStorageInfo_out) {
+        CUresult rc = transition("checkpoint", pid, S_LOCKED, S_CHECKPOINTED, "storage=driver");
+        if (rc == CUDA_SUCCESS) move_device_memory(pid, "vram", "staged");
+        return rc;
+    }
 
     /* Before 13.4 the field is reserved and must be zero. */
     if (driver_version() < 13040) {
@@ -749,7 +783,11 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     } else {
         strncat(extra, "none", sizeof extra - strlen(extra) - 1);
     }
-    if (!custom) return transition("restore", pid, S_CHECKPOINTED, S_LOCKED, extra);
+    if (!custom) {
+        CUresult rc = transition("restore", pid, S_CHECKPOINTED, S_LOCKED, extra);
+        if (rc == CUDA_SUCCESS) move_device_memory(pid, "staged", "vram");
+        return rc;
+    }
 
     strncat(extra, " storage=custom", sizeof extra - strlen(extra) - 1);
     if (driver_version() < 13040) {

@@ -16,7 +16,7 @@
 //! | `init_error` | `cuInit` returns this code |
 //! | `unknown_pid_code` | what calls on a non-CUDA pid return (default 1, INVALID_VALUE; the 580 driver gives 3 or 304) |
 //! | `faults/<pid>/<op>` | `code=N hang_ms=N busy_ms=N then=<state> once` |
-//! | `vram/<pid>/<dev>` | device memory contents (CustomStorage only) |
+//! | `vram/<key>/<dev>` | device memory of a process (`<key>` as for `procs/`: the pid, or `id-<id>-<nspid>`); CustomStorage maps it, a driver-managed checkpoint moves it to `staged/<key>/` (process memory) and its restore back |
 //! | `calls.log` | `<op> <pid> <rc> key=value...` per checkpoint-API call |
 //! | `procaddr.log` | `<symbol> <version> <status> <rc>` per `cuGetProcAddress` |
 //!
@@ -344,22 +344,57 @@ impl FakeCuda {
 
     /// Device memory of `pid` on device `index` (CustomStorage tests).
     pub fn set_device_memory(&self, pid: i32, index: u32, bytes: &[u8]) -> io::Result<()> {
-        let dir = self.dir.join("vram").join(pid.to_string());
+        self.set_device_memory_of(&pid.to_string(), index, bytes)
+    }
+
+    pub fn device_memory(&self, pid: i32, index: u32) -> io::Result<Option<Vec<u8>>> {
+        self.device_memory_of(&pid.to_string(), index)
+    }
+
+    /// The state key of a process started with `GPUSNAP_FAKE_CUDA_ID=<id>` and pid `nspid` in
+    /// its container: its state and device memory survive a CRIU restore under that key.
+    pub fn id_key(id: &str, nspid: u32) -> String {
+        format!("id-{id}-{nspid}")
+    }
+
+    /// Device memory of the process with state key `key` on device `index`.
+    pub fn set_device_memory_of(&self, key: &str, index: u32, bytes: &[u8]) -> io::Result<()> {
+        let dir = self.dir.join("vram").join(key);
         fs::create_dir_all(&dir)?;
         fs::write(dir.join(index.to_string()), bytes)
     }
 
-    pub fn device_memory(&self, pid: i32, index: u32) -> io::Result<Option<Vec<u8>>> {
-        let path = self
-            .dir
-            .join("vram")
-            .join(pid.to_string())
-            .join(index.to_string());
-        match fs::read(path) {
+    pub fn device_memory_of(&self, key: &str, index: u32) -> io::Result<Option<Vec<u8>>> {
+        match fs::read(self.dir.join("vram").join(key).join(index.to_string())) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// What a CRIU restore of a checkpointed CUDA process hands the driver: a process in state
+    /// CHECKPOINTED whose device memory is gone. With the driver-managed engine the memory was
+    /// in the process's host memory, which CRIU restored (`staged/`); with a storage engine it
+    /// is in gpusnap's files and the device holds nothing until gpusnap's restore.
+    pub fn emulate_criu_restore(&self, key: &str, driver_managed: bool) -> io::Result<()> {
+        fs::create_dir_all(self.dir.join("procs"))?;
+        fs::write(self.dir.join("procs").join(key), "checkpointed\n")?;
+        let vram = self.dir.join("vram").join(key);
+        if driver_managed {
+            let staged = self.dir.join("staged");
+            fs::create_dir_all(&staged)?;
+            let _ = fs::remove_dir_all(staged.join(key));
+            if vram.exists() {
+                fs::rename(&vram, staged.join(key))?;
+            }
+        } else if let Ok(entries) = fs::read_dir(&vram) {
+            for e in entries.flatten() {
+                if !e.file_name().to_string_lossy().ends_with(".size") {
+                    fs::remove_file(e.path())?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every checkpoint-API call so far, in order.
