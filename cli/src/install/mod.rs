@@ -210,7 +210,10 @@ pub fn default_config_text() -> String {
          \n\
          [restore]\n\
          # Node-local checkpoints a pod may restore from (gpusnap.io/restore-from names one).\n\
-         checkpoint_root = {checkpoint_root}\n",
+         checkpoint_root = {checkpoint_root}\n\
+         # CRIU permissions every restore gets (tcp-established, ext-unix-sk, shell-job,\n\
+         # file-locks). Never taken from the image.\n\
+         criu_flags = []\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,
