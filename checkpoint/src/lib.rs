@@ -18,9 +18,12 @@
 //! validate_for_restore(dir)         // before a restore runs anything
 //! ```
 
+pub mod beneath;
 pub mod inventory;
 pub mod layout;
 pub mod manifest;
+pub mod origin;
+pub mod rootfs_diff;
 pub mod scrub;
 pub mod validate;
 

@@ -16,6 +16,7 @@
 //! does not model.
 
 use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -206,6 +207,7 @@ pub fn write_manifest_atomically(dir: &Path, manifest: &Manifest) -> Result<(), 
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&tmp)
             .map_err(io_err("creating", &tmp))?;
         f.write_all(&json).map_err(io_err("writing", &tmp))?;
@@ -221,6 +223,24 @@ pub fn write_manifest_atomically(dir: &Path, manifest: &Manifest) -> Result<(), 
     result
 }
 
+/// The checkpoint holds process memory (keys, tokens): the directory becomes 0700 and every
+/// file in it 0600, whatever modes CRIU, the engines or an existing directory had.
+fn make_private(dir: &Path) -> Result<(), ManifestError> {
+    use std::os::unix::fs::PermissionsExt;
+    crate::beneath::create_private_dir(dir).map_err(io_err("making private", dir))?;
+    for entry in fs::read_dir(dir).map_err(io_err("reading", dir))? {
+        let entry = entry.map_err(io_err("reading", dir))?;
+        let path = entry.path();
+        // Flat layout: only files directly in the directory; symlinks have no mode of their own.
+        let meta = entry.metadata().map_err(io_err("reading", &path))?;
+        if meta.is_file() && meta.permissions().mode() & 0o7777 != 0o600 {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+                .map_err(io_err("making private", &path))?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), ManifestError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -230,6 +250,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), ManifestError> {
 /// Hashes the checkpoint directory into `manifest.images`, records the time that took as phase
 /// `digest`, and writes the manifest atomically. Returns the sealed manifest.
 pub fn seal_checkpoint(dir: &Path, mut manifest: Manifest) -> Result<Manifest, ManifestError> {
+    make_private(dir)?;
     let started = std::time::Instant::now();
     manifest.images = ImageInventory::scan(dir)?;
     manifest.record_phase("digest", started.elapsed());
@@ -368,5 +389,20 @@ mod tests {
         assert_eq!(sealed.images.files.len(), 1);
         assert_eq!(sealed.timings.last().unwrap().name, "digest");
         assert!(dir.path().join("gpusnap-manifest.json").is_file());
+    }
+
+    #[test]
+    fn sealed_checkpoints_are_private_whatever_the_modes_were() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(dir.path().join("pages-1.img"), b"secret").unwrap();
+        fs::set_permissions(dir.path().join("pages-1.img"), fs::Permissions::from_mode(0o644))
+            .unwrap();
+        seal_checkpoint(dir.path(), sample()).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(dir.path()), 0o700);
+        assert_eq!(mode(&dir.path().join("pages-1.img")), 0o600);
+        assert_eq!(mode(&dir.path().join("gpusnap-manifest.json")), 0o600);
     }
 }

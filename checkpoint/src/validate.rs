@@ -12,6 +12,10 @@ use crate::inventory::{hash_files, VerifyFailure};
 use crate::layout::{classify, CheckpointLayout, EntryKind};
 use crate::manifest::{Manifest, MANIFEST_FORMAT_VERSION, MANIFEST_KIND};
 
+/// The largest manifest read: one for a terabyte of images, digested in 64 MiB chunks, is
+/// about 2 MiB.
+pub const MANIFEST_MAX_BYTES: u64 = 16 << 20;
+
 /// Why a checkpoint directory is not restored. Every message names the file involved and what
 /// the operator can do about it.
 #[derive(Debug, thiserror::Error)]
@@ -173,18 +177,37 @@ pub fn validate_for_restore_with(
 /// Reads and parses the manifest, checking `kind` and `format_version` before the rest so a
 /// future format yields "unsupported version" rather than a confusing field error.
 pub fn read_manifest(dir: &Path) -> Result<Manifest, RestoreRefusal> {
+    use std::io::Read;
     let path = CheckpointLayout::new(dir).manifest_path();
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(RestoreRefusal::ManifestMissing { manifest: path })
-        }
-        Err(source) => return Err(RestoreRefusal::Io { path, source }),
-    };
     let unreadable = |reason: String| RestoreRefusal::ManifestUnreadable {
         manifest: path.clone(),
         reason,
     };
+    // Never through a symlink, and never more than a manifest can be.
+    let file = match crate::beneath::open_root(dir).and_then(|d| {
+        crate::beneath::open_file(std::os::fd::AsFd::as_fd(&d), Path::new(crate::layout::MANIFEST_FILE))
+    }) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(RestoreRefusal::ManifestMissing { manifest: path })
+        }
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Err(unreadable("it is a symlink".into()))
+        }
+        Err(source) => return Err(RestoreRefusal::Io { path, source }),
+    };
+    let mut bytes = Vec::new();
+    file.take(MANIFEST_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| RestoreRefusal::Io {
+            path: path.clone(),
+            source,
+        })?;
+    if bytes.len() as u64 > MANIFEST_MAX_BYTES {
+        return Err(unreadable(format!(
+            "larger than {MANIFEST_MAX_BYTES} bytes, which no gpusnap manifest is"
+        )));
+    }
     let value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| unreadable(format!("invalid JSON: {e}")))?;
     let kind = value.get("kind").and_then(|k| k.as_str());
@@ -402,6 +425,23 @@ mod tests {
             matches!(err, RestoreRefusal::ManifestUnreadable { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn oversized_and_symlinked_manifests_are_refused_unread() {
+        let dir = sealed();
+        let path = dir.path().join("gpusnap-manifest.json");
+        let mut big = fs::read(&path).unwrap();
+        big.resize(MANIFEST_MAX_BYTES as usize + 10, b' ');
+        fs::write(&path, &big).unwrap();
+        let err = validate_for_restore(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
+        fs::remove_file(&path).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        fs::write(elsewhere.path().join("m.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("m.json"), &path).unwrap();
+        let err = validate_for_restore(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("symlink"), "{err}");
     }
 
     #[test]

@@ -305,8 +305,9 @@ fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
         None => None,
     };
     if let Some((dest, root)) = &extract {
-        if dest.parent() == Some(root.as_path()) && !root.exists() {
-            fs::create_dir_all(root)
+        if dest.parent() == Some(root.as_path()) {
+            // Checkpoints hold process memory: the root is readable by root only.
+            gpusnap_checkpoint::beneath::create_private_dir(root)
                 .with_context(|| format!("creating checkpoint root {}", root.display()))?;
         }
     }
@@ -354,7 +355,12 @@ fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
         out.archive = Some(archive.clone());
     }
     if let Some((dest, root)) = &extract {
-        let ex = image::extract(&layout_dir, dest)
+        let seed = image::OriginSeed {
+            source: a.reference.clone(),
+            pinned: a.reference.contains('@'),
+            signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
+        };
+        let ex = image::extract_as(&layout_dir, None, dest, &seed)
             .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
         if dest.parent() == Some(root.as_path()) {
             out.restore_from = dest

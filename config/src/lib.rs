@@ -42,7 +42,7 @@ pub use bytes::{parse_bytes, GIB, KIB, MIB};
 pub use error::ConfigError;
 pub use model::{
     Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig, StorageConfig,
-    StorageEngine,
+    SignaturePolicy, StorageEngine,
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,

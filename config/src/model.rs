@@ -34,6 +34,11 @@ pub struct RestoreConfig {
     /// containerd-shim-runc-v2 passes none; never taken from the image, which could otherwise
     /// widen what CRIU restores.
     pub criu_flags: Vec<String>,
+    /// Whether a checkpoint image must carry a cosign signature by one of `signature_keys`
+    /// before gpusnap pulls it onto the node or restores it by pod annotation.
+    pub signature_policy: SignaturePolicy,
+    /// Public keys (PEM files, ECDSA P-256 as cosign makes them) trusted for signatures.
+    pub signature_keys: Vec<PathBuf>,
 }
 
 impl Default for RestoreConfig {
@@ -41,7 +46,52 @@ impl Default for RestoreConfig {
         RestoreConfig {
             checkpoint_root: PathBuf::from("/var/lib/gpusnap/checkpoints"),
             criu_flags: Vec::new(),
+            signature_policy: SignaturePolicy::Off,
+            signature_keys: Vec::new(),
         }
+    }
+}
+
+/// What a missing or invalid checkpoint-image signature means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignaturePolicy {
+    /// Signatures are not checked.
+    #[default]
+    Off,
+    /// Checked; a missing or invalid one is logged and recorded, and the image still used.
+    Warn,
+    /// Checked; an image without a valid signature is refused.
+    Require,
+}
+
+impl SignaturePolicy {
+    pub const NAMES: [&'static str; 3] = ["off", "warn", "require"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignaturePolicy::Off => "off",
+            SignaturePolicy::Warn => "warn",
+            SignaturePolicy::Require => "require",
+        }
+    }
+}
+
+impl FromStr for SignaturePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(SignaturePolicy::Off),
+            "warn" => Ok(SignaturePolicy::Warn),
+            "require" => Ok(SignaturePolicy::Require),
+            _ => Err(format!("one of {}", Self::NAMES.join(", "))),
+        }
+    }
+}
+
+impl fmt::Display for SignaturePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

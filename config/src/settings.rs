@@ -149,6 +149,9 @@ fn check_name_or_abs(setting: &'static str, value: &str, example: &str) -> Resul
     }
 }
 
+/// The longest restore budget: a deadline this far ahead is still a real point in time.
+const RESTORE_BUDGET_SECONDS_MAX: u64 = 86_400;
+
 pub(crate) static SETTINGS: &[Setting] = &[
     Setting {
         key: STORAGE_ENGINE,
@@ -263,13 +266,14 @@ pub(crate) static SETTINGS: &[Setting] = &[
             Ok(())
         },
         check: |c| {
-            if c.cuda.restore_budget_seconds > 0 {
+            let s = c.cuda.restore_budget_seconds;
+            if (1..=RESTORE_BUDGET_SECONDS_MAX).contains(&s) {
                 Ok(())
             } else {
                 Err(invalid(
                     "cuda.restore_budget_seconds",
-                    0,
-                    "an integer greater than 0",
+                    s,
+                    format!("an integer from 1 to {RESTORE_BUDGET_SECONDS_MAX} (one day)"),
                 ))
             }
         },
@@ -357,6 +361,41 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
         // The names are runc's; the restore checks them (the criu bridge knows them).
         check: |_| Ok(()),
+    },
+    Setting {
+        key: "restore.signature_policy",
+        annotation: None,
+        set: |c, v| {
+            c.restore.signature_policy = v.text()?.parse()?;
+            Ok(())
+        },
+        check: |c| {
+            if c.restore.signature_policy != crate::model::SignaturePolicy::Off
+                && c.restore.signature_keys.is_empty()
+            {
+                return Err(invalid(
+                    "restore.signature_policy",
+                    c.restore.signature_policy,
+                    "a policy with keys: set restore.signature_keys to the public key files"
+                        .to_string(),
+                ));
+            }
+            Ok(())
+        },
+    },
+    Setting {
+        key: "restore.signature_keys",
+        annotation: None,
+        set: |c, v| {
+            c.restore.signature_keys = v.string_list()?.into_iter().map(PathBuf::from).collect();
+            Ok(())
+        },
+        check: |c| {
+            for k in &c.restore.signature_keys {
+                check_abs("restore.signature_keys", Some(k))?;
+            }
+            Ok(())
+        },
     },
 ];
 

@@ -208,7 +208,7 @@ fn cuda_ranges() {
     );
     assert_eq!(
         err("[cuda]\nrestore_budget_seconds = 0\n"),
-        "invalid cuda.restore_budget_seconds = 0: expected an integer greater than 0"
+        "invalid cuda.restore_budget_seconds = 0: expected an integer from 1 to 86400 (one day)"
     );
     let msg = err("[cuda]\nrestore_budget_seconds = -5\n");
     assert_names(&msg, &["restore_budget_seconds", "line 2"]);
@@ -482,4 +482,24 @@ fn checkpoint_root_must_be_absolute() {
         msg.contains("restore.checkpoint_root") && msg.contains("absolute"),
         "{msg}"
     );
+}
+
+#[test]
+fn numeric_annotations_are_bounded() {
+    let mut c = Config::default();
+    for (key, value) in [
+        ("gpusnap.io/cuda-restore-budget-seconds", "18446744073709551615"),
+        ("gpusnap.io/cuda-restore-budget-seconds", "18446744073709551616"),
+        ("gpusnap.io/cuda-lock-timeout-ms", "18446744073709551615"),
+        ("gpusnap.io/cuda-max-operation-seconds", "-1"),
+        ("gpusnap.io/storage-transfer-chunk-bytes", "99999999999PiB"),
+    ] {
+        let before = c.clone();
+        let err = c
+            .apply_annotations(&[(key.to_string(), value.to_string())].into_iter().collect())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}={value}: {err}");
+        assert_eq!(c, before, "{key}={value}: a refused overlay changes nothing");
+    }
 }

@@ -17,7 +17,8 @@ use super::annotations::{keys, SourceLayout};
 use super::digest::{io_to_image, Digest, HashingReader};
 use super::error::ImageError;
 use super::oci_layout::{entry_name, prepare_empty_dir, ImageSource, RemoveOnDrop};
-use super::source::{normalize_member, CHECKPOINT_DIR};
+use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
+use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
 use super::spec::{layer_compression, Compression, Descriptor};
 use gpusnap_checkpoint::layout::CheckpointLayout;
 use gpusnap_checkpoint::manifest::Manifest;
@@ -39,6 +40,17 @@ pub struct Extracted {
     pub layer_bytes: u64,
 }
 
+/// What [`extract_as`] records about where an extracted checkpoint came from
+/// ([`gpusnap_checkpoint::origin`]).
+#[derive(Debug, Clone)]
+pub struct OriginSeed {
+    /// The reference it was pulled by, or the local image.
+    pub source: String,
+    /// The reference named the manifest digest itself.
+    pub pinned: bool,
+    pub signature: SignatureCheck,
+}
+
 /// Extracts the only image of `image` (an OCI layout directory or oci-archive) into `dest`, which
 /// must not exist or be an empty directory.
 pub fn extract(image: &Path, dest: &Path) -> Result<Extracted, ImageError> {
@@ -50,6 +62,21 @@ pub fn extract_named(
     image: &Path,
     name: Option<&str>,
     dest: &Path,
+) -> Result<Extracted, ImageError> {
+    let seed = OriginSeed {
+        source: image.display().to_string(),
+        pinned: false,
+        signature: SignatureCheck::NotChecked,
+    };
+    extract_as(image, name, dest, &seed)
+}
+
+/// Like [`extract_named`], recording `seed` in the extracted checkpoint's origin record.
+pub fn extract_as(
+    image: &Path,
+    name: Option<&str>,
+    dest: &Path,
+    seed: &OriginSeed,
 ) -> Result<Extracted, ImageError> {
     let started = std::time::Instant::now();
     let src = ImageSource::open(image)?;
@@ -117,6 +144,30 @@ pub fn extract_named(
 
     let staged_cp = staging.join(CHECKPOINT_DIR);
     let gpusnap_manifest = read_gpusnap_manifest(&staged_cp, &resolved.manifest.annotations, &src)?;
+    let diff = staging.join(ROOTFS_DIFF_TAR);
+    let rootfs_diff = match fs::symlink_metadata(&diff) {
+        Ok(m) if m.is_file() => Some(FileDigest {
+            size: m.len(),
+            sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&diff)
+                .map_err(ImageError::io("reading", &diff))?,
+        }),
+        _ => None,
+    };
+    let origin = Origin {
+        format: ORIGIN_FORMAT,
+        source: seed.source.clone(),
+        manifest_digest: resolved.manifest_desc.digest.to_string(),
+        pinned: seed.pinned,
+        signature: seed.signature.clone(),
+        rootfs_diff,
+    };
+    let origin_dir = match source_layout {
+        SourceLayout::CriArchive => &staging,
+        SourceLayout::CheckpointDir => &staged_cp,
+    };
+    origin
+        .write(origin_dir)
+        .map_err(ImageError::io("writing the origin record in", origin_dir))?;
 
     // Into place: rename(2) replaces an empty destination directory.
     let checkpoint_dir = match source_layout {

@@ -80,7 +80,7 @@ pub use annotations::{keys, LayerRole, SourceLayout};
 pub use build::{build, BuildOptions, BuiltImage};
 pub use digest::Digest;
 pub use error::ImageError;
-pub use extract::{extract, extract_named, Extracted};
+pub use extract::{extract, extract_as, extract_named, Extracted, OriginSeed};
 pub use inspect::{inspect, inspect_named, ImageInfo};
 pub use registry::{pull, push, PullReport, PushReport, Reference, RegistryOptions};
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};

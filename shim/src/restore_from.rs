@@ -9,14 +9,21 @@
 //! container fresh. A name, not a path: a pod must not be able to point the shim, which runs
 //! as root, at arbitrary host files.
 
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, os::fd::AsFd, path::Path};
 
-use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION};
+use gpusnap_checkpoint::{
+    beneath,
+    origin::{Origin, SignatureCheck},
+};
+use gpusnap_config::{Config, SignaturePolicy, RESTORE_FROM_ANNOTATION};
+use gpusnap_transaction::RootfsDiff;
 
 use crate::state::PendingRestore;
 
 const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+const CHECKPOINT_SUBDIR: &str = "checkpoint";
+const ROOTFS_DIFF: &str = "rootfs-diff.tar";
 
 /// The restore a container's annotations ask for, if any.
 pub fn pending_restore(
@@ -41,7 +48,9 @@ pub fn pending_restore(
         Some(found) => found,
         None => return Ok(None),
     };
+    let root = &config.restore.checkpoint_root;
     let valid = !name.is_empty()
+        && name.len() <= 255
         && name != "."
         && !name.contains("..")
         && name
@@ -51,43 +60,100 @@ pub fn pending_restore(
         return Err(format!(
             "annotation {key}: {name:?} is not a checkpoint name (letters, digits, '.', '_', '-'); \
              it names a directory under {}",
-            config.restore.checkpoint_root.display()
+            root.display()
         ));
     }
-    let dir = config.restore.checkpoint_root.join(name);
-    if !dir.is_dir() {
-        return Err(format!(
+    let dir = root.join(name);
+    let missing = || {
+        format!(
             "annotation {key} asks to restore checkpoint {name:?}, but {} does not exist on this \
-             node; pull it first: `gpusnap image pull <image> --extract {}`",
-            dir.display(),
+             node; pull it first: `gpusnap image pull <image> --extract {name}`",
             dir.display()
-        ));
+        )
+    };
+    // Beneath the checkpoint root, through no symlink: a name can never reach host files.
+    let root_fd = match beneath::open_root(root) {
+        Ok(fd) => fd,
+        Err(_) => return Err(missing()),
+    };
+    let dir_fd = match beneath::open_dir(root_fd.as_fd(), Path::new(name)) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
+        Err(e) => {
+            return Err(format!(
+                "annotation {key}: {} cannot be used as a checkpoint ({e}); a checkpoint under \
+                 {} must be a plain directory, not a symlink",
+                dir.display(),
+                root.display()
+            ))
+        }
+    };
+    let origin = Origin::read_at(dir_fd.as_fd(), &dir).map_err(|e| format!("annotation {key}: {e}"))?;
+    check_signature(&origin, config, &dir).map_err(|e| format!("annotation {key}: {e}"))?;
+
+    // A CRI checkpoint archive's layout (`checkpoint/` + `rootfs-diff.tar`), or a plain
+    // checkpoint directory.
+    let is_archive = beneath::open_dir(dir_fd.as_fd(), Path::new(CHECKPOINT_SUBDIR)).is_ok();
+    if !is_archive {
+        return Ok(Some(PendingRestore {
+            image: dir,
+            parent: None,
+            rootfs_diff: None,
+        }));
     }
-    Ok(Some(resolve(&dir)))
+    let rootfs_diff = match beneath::open_file(dir_fd.as_fd(), Path::new(ROOTFS_DIFF)) {
+        Ok(_) => {
+            let recorded = origin.rootfs_diff.as_ref().ok_or_else(|| {
+                format!(
+                    "annotation {key}: {} has {ROOTFS_DIFF}, but its origin record does not \
+                     list it: it was added after the checkpoint was pulled; pull it again",
+                    dir.display()
+                )
+            })?;
+            Some(RootfsDiff {
+                path: dir.join(ROOTFS_DIFF),
+                sha256: recorded.sha256.clone(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(format!(
+                "annotation {key}: {} cannot be used ({e})",
+                dir.join(ROOTFS_DIFF).display()
+            ))
+        }
+    };
+    Ok(Some(PendingRestore {
+        image: dir.join(CHECKPOINT_SUBDIR),
+        parent: None,
+        rootfs_diff,
+    }))
 }
 
-/// A CRI checkpoint archive's layout (`checkpoint/` + `rootfs-diff.tar`) or a plain checkpoint
-/// directory.
-fn resolve(dir: &Path) -> PendingRestore {
-    let images = dir.join("checkpoint");
-    if images.is_dir() {
-        let diff = dir.join("rootfs-diff.tar");
-        return PendingRestore {
-            image: images,
-            parent: None,
-            rootfs_diff: diff.is_file().then_some(diff),
-        };
-    }
-    PendingRestore {
-        image: dir.to_path_buf(),
-        parent: None,
-        rootfs_diff: None,
+/// The node's signature policy against what was checked when the checkpoint was pulled.
+fn check_signature(origin: &Origin, config: &Config, dir: &Path) -> Result<(), String> {
+    match (config.restore.signature_policy, &origin.signature) {
+        (SignaturePolicy::Off, _) | (_, SignatureCheck::Verified { .. }) => Ok(()),
+        (SignaturePolicy::Warn, other) => {
+            let why = match other {
+                SignatureCheck::Missing { reason } => reason.as_str(),
+                _ => "not checked when it was pulled",
+            };
+            tracing::warn!(dir = %dir.display(), why, "restoring a checkpoint without a verified signature (restore.signature_policy = warn)");
+            Ok(())
+        }
+        (SignaturePolicy::Require, _) => Err(format!(
+            "{} was pulled without a verified signature, and this node requires one \
+             (restore.signature_policy = require); pull a signed image again",
+            dir.display()
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpusnap_checkpoint::origin::{FileDigest, ORIGIN_FORMAT};
 
     fn config(root: &Path) -> Config {
         let mut c = Config::default();
@@ -102,6 +168,28 @@ mod tests {
             .collect()
     }
 
+    fn origin(dir: &Path, diff: Option<&[u8]>, signature: SignatureCheck) {
+        std::fs::create_dir_all(dir).unwrap();
+        let rootfs_diff = diff.map(|d| {
+            std::fs::write(dir.join(ROOTFS_DIFF), d).unwrap();
+            FileDigest {
+                size: d.len() as u64,
+                sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&dir.join(ROOTFS_DIFF))
+                    .unwrap(),
+            }
+        });
+        Origin {
+            format: ORIGIN_FORMAT,
+            source: "test".into(),
+            manifest_digest: "sha256:00".into(),
+            pinned: true,
+            signature,
+            rootfs_diff,
+        }
+        .write(dir)
+        .unwrap();
+    }
+
     #[test]
     fn no_annotation_means_a_fresh_start() {
         let root = tempfile::tempdir().unwrap();
@@ -114,8 +202,8 @@ mod tests {
     fn archive_layout_and_per_container_names() {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("ck1/checkpoint")).unwrap();
-        std::fs::write(root.path().join("ck1/rootfs-diff.tar"), b"").unwrap();
-        std::fs::create_dir_all(root.path().join("plain")).unwrap();
+        origin(&root.path().join("ck1"), Some(b"diff"), SignatureCheck::NotChecked);
+        origin(&root.path().join("plain"), None, SignatureCheck::NotChecked);
         let c = config(root.path());
         let r = pending_restore(
             &ann(&[
@@ -132,7 +220,9 @@ mod tests {
             root.path().join("ck1/checkpoint"),
             "per-container name wins"
         );
-        assert_eq!(r.rootfs_diff, Some(root.path().join("ck1/rootfs-diff.tar")));
+        let diff = r.rootfs_diff.unwrap();
+        assert_eq!(diff.path, root.path().join("ck1/rootfs-diff.tar"));
+        assert_eq!(diff.sha256.len(), 64, "the digest recorded at pull");
         let r = pending_restore(
             &ann(&[
                 ("gpusnap.io/restore-from", "plain"),
@@ -143,7 +233,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(r.image, root.path().join("plain"));
-        assert_eq!(r.rootfs_diff, None);
+        assert!(r.rootfs_diff.is_none());
         let sandbox = ann(&[
             ("gpusnap.io/restore-from", "plain"),
             (CONTAINER_TYPE, "sandbox"),
@@ -155,10 +245,10 @@ mod tests {
     }
 
     #[test]
-    fn paths_and_missing_checkpoints_are_refused_clearly() {
+    fn paths_symlinks_unverified_and_missing_checkpoints_are_refused_clearly() {
         let root = tempfile::tempdir().unwrap();
         let c = config(root.path());
-        for bad in ["../etc", "/etc/passwd", "a/b", ""] {
+        for bad in ["../etc", "/etc/passwd", "a/b", "", ".."] {
             let err = pending_restore(&ann(&[("gpusnap.io/restore-from", bad)]), &c).unwrap_err();
             assert!(err.contains("is not a checkpoint name"), "{bad}: {err}");
         }
@@ -167,5 +257,43 @@ mod tests {
             err.contains("does not exist on this node") && err.contains("gpusnap image pull"),
             "{err}"
         );
+        // A name that is a symlink inside the checkpoint root is not followed.
+        let host = tempfile::tempdir().unwrap();
+        origin(host.path(), None, SignatureCheck::NotChecked);
+        std::os::unix::fs::symlink(host.path(), root.path().join("link")).unwrap();
+        let err = pending_restore(&ann(&[("gpusnap.io/restore-from", "link")]), &c).unwrap_err();
+        assert!(err.contains("not a symlink"), "{err}");
+        // Not put there by gpusnap image pull: never verified.
+        std::fs::create_dir_all(root.path().join("handmade/checkpoint")).unwrap();
+        let err =
+            pending_restore(&ann(&[("gpusnap.io/restore-from", "handmade")]), &c).unwrap_err();
+        assert!(err.contains("gpusnap-origin.json is missing"), "{err}");
+        // A rootfs diff the record does not list.
+        origin(&root.path().join("added"), None, SignatureCheck::NotChecked);
+        std::fs::create_dir_all(root.path().join("added/checkpoint")).unwrap();
+        std::fs::write(root.path().join("added/rootfs-diff.tar"), b"x").unwrap();
+        let err = pending_restore(&ann(&[("gpusnap.io/restore-from", "added")]), &c).unwrap_err();
+        assert!(err.contains("does not list it"), "{err}");
+    }
+
+    #[test]
+    fn the_signature_policy_is_enforced() {
+        let root = tempfile::tempdir().unwrap();
+        origin(&root.path().join("unsigned"), None, SignatureCheck::NotChecked);
+        origin(
+            &root.path().join("signed"),
+            None,
+            SignatureCheck::Verified {
+                key: "/etc/gpusnap/cosign.pub".into(),
+            },
+        );
+        let mut c = config(root.path());
+        c.restore.signature_policy = SignaturePolicy::Require;
+        let err =
+            pending_restore(&ann(&[("gpusnap.io/restore-from", "unsigned")]), &c).unwrap_err();
+        assert!(err.contains("signature_policy = require"), "{err}");
+        assert!(pending_restore(&ann(&[("gpusnap.io/restore-from", "signed")]), &c).is_ok());
+        c.restore.signature_policy = SignaturePolicy::Warn;
+        assert!(pending_restore(&ann(&[("gpusnap.io/restore-from", "unsigned")]), &c).is_ok());
     }
 }

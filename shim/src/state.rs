@@ -30,7 +30,7 @@ pub struct PendingRestore {
     pub parent: Option<std::path::PathBuf>,
     /// Writable-layer changes to apply to the rootfs before CRIU runs (a pod restoring from a
     /// CRI checkpoint archive; containerd applies it itself on its own restore paths).
-    pub rootfs_diff: Option<std::path::PathBuf>,
+    pub rootfs_diff: Option<gpusnap_transaction::RootfsDiff>,
 }
 
 #[derive(Debug)]

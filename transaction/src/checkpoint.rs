@@ -330,15 +330,11 @@ fn abandon(dir: &Path) {
     }
 }
 
-/// Creates the checkpoint directory (and missing parents) readable by root only: it will hold
-/// process memory.
+/// Creates the checkpoint directory (and missing parents), or makes an existing one, readable
+/// by root only: it will hold process memory.
 fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| Error::precondition(format!("cannot create {}: {e}", dir.display())))
+    dir::beneath::create_private_dir(dir)
+        .map_err(|e| Error::precondition(format!("cannot use {}: {e}", dir.display())))
 }
 
 fn ms(ms: f64) -> Duration {

@@ -17,7 +17,6 @@ pub mod gpu;
 pub mod host;
 pub mod lock;
 pub mod restore;
-pub mod rootfs_diff;
 pub mod runc;
 mod timings;
 
@@ -25,4 +24,4 @@ pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
 pub use error::{Error, Outcome, Refusal, Result};
 pub use gpu::PendingCudaResume;
 pub use host::{Direct, Host, RunTool};
-pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest};
+pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest, RootfsDiff};

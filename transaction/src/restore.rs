@@ -38,12 +38,20 @@ pub struct RestoreRequest {
     pub checkpoint_dir: PathBuf,
     /// Writable-layer changes to apply to `<bundle>/rootfs` before CRIU runs (restores from a
     /// CRI checkpoint archive by pod annotation; containerd applies it itself elsewhere).
-    pub rootfs_diff: Option<PathBuf>,
+    pub rootfs_diff: Option<RootfsDiff>,
     pub runc: RuncGlobal,
     pub config: Config,
     /// Where the transaction may put scratch files (CRIU's private plugin directory).
     pub scratch_dir: PathBuf,
     pub command: RestoreCommand,
+}
+
+/// A rootfs diff and the digest it must have: verified before it is read for anything else.
+#[derive(Debug, Clone)]
+pub struct RootfsDiff {
+    pub path: PathBuf,
+    /// SHA-256, hex, as recorded when the checkpoint was put on this node.
+    pub sha256: String,
 }
 
 /// How `runc restore` is called.
@@ -109,6 +117,20 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         dir::validate_for_restore(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
     timings.add("validate", t.elapsed());
 
+    if let Some(diff) = &req.rootfs_diff {
+        let found = dir::rootfs_diff::sha256_file(&diff.path).map_err(|e| {
+            Error::precondition(format!("cannot read {}: {e}", diff.path.display()))
+        })?;
+        if found != diff.sha256 {
+            return Err(Error::precondition(format!(
+                "{} has SHA-256 {found}, but the checkpoint was put on this node with {}: it was \
+                 changed since — pull the checkpoint again",
+                diff.path.display(),
+                diff.sha256
+            )));
+        }
+    }
+
     let t = Instant::now();
     let gpu = match (pending, &manifest.gpu) {
         (Some(pending), Some(section)) => {
@@ -140,14 +162,29 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
         let rootfs = req.bundle.join("rootfs");
-        let applied = crate::rootfs_diff::apply(diff, &rootfs).map_err(|e| {
-            Error::failed(
-                Outcome::NothingRunning,
-                format!("applying the rootfs diff {}: {e}", diff.display()),
-            )
+        let applied = dir::rootfs_diff::apply(
+            &diff.path,
+            &rootfs,
+            dir::rootfs_diff::Limits::default(),
+        )
+        .map_err(|e| match e {
+            // Refused whole before anything was written.
+            dir::rootfs_diff::DiffError::Refused { .. }
+            | dir::rootfs_diff::DiffError::TooLarge { .. }
+            | dir::rootfs_diff::DiffError::Unreadable { .. } => {
+                Error::precondition(format!("rootfs diff: {e}"))
+            }
+            dir::rootfs_diff::DiffError::Apply { .. } => {
+                Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
+            }
         })?;
         timings.add("rootfs-diff", t.elapsed());
-        tracing::debug!(entries = applied, "rootfs diff applied");
+        tracing::debug!(
+            entries = applied.entries,
+            bytes = applied.bytes,
+            privileges_dropped = applied.privileges_dropped,
+            "rootfs diff applied"
+        );
     }
 
     let runc = Runc::new(global, &req.container_id, host);

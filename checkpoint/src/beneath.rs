@@ -1,0 +1,341 @@
+//! Paths from untrusted names, resolved beneath a root directory and never through a symlink.
+//!
+//! Everything a checkpoint brings — entry names of a rootfs diff or an image layer, a
+//! checkpoint name in a pod annotation — is resolved with `openat2(2)` and
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, one component at a time from
+//! a directory descriptor: the kernel refuses any step that would leave the root or pass
+//! through a symlink, including a symlink an earlier entry of the same archive created. Names
+//! are checked lexically first (only plain components), so a refusal can say what was wrong.
+//! Every change is then made with an `*at` call on one name inside a trusted parent
+//! descriptor, which never follows a final symlink.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// No symlink, no magic link, nothing outside the starting directory.
+pub const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Why an untrusted name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("empty name")]
+    Empty,
+    #[error("{0:?} is absolute")]
+    Absolute(String),
+    #[error("{0:?} has a `..` component")]
+    Parent(String),
+    #[error("{0:?} has a NUL byte")]
+    Nul(String),
+}
+
+/// The plain components of an untrusted relative name: refuses empty, absolute, `..` and NUL;
+/// `.` and repeated slashes are ignored.
+pub fn components(rel: &Path) -> Result<Vec<&OsStr>, NameError> {
+    let shown = || rel.to_string_lossy().into_owned();
+    let mut out = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) if n.as_bytes().contains(&0) => {
+                return Err(NameError::Nul(shown()))
+            }
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(NameError::Parent(shown())),
+            Component::RootDir | Component::Prefix(_) => return Err(NameError::Absolute(shown())),
+        }
+    }
+    if out.is_empty() {
+        return Err(NameError::Empty);
+    }
+    Ok(out)
+}
+
+/// `openat2` beneath `dir`, retrying the `EAGAIN` the kernel returns when a rename elsewhere
+/// raced the lookup.
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    flags: OFlags,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
+    let mut last = Errno::AGAIN;
+    for _ in 0..16 {
+        match rfs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, RESOLVE) {
+            Err(Errno::AGAIN) | Err(Errno::INTR) => last = Errno::AGAIN,
+            other => return other.map_err(Into::into),
+        }
+    }
+    Err(last.into())
+}
+
+/// Opens the directory `root` itself (which the caller trusts).
+pub fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    rfs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(Into::into)
+}
+
+/// Opens the existing directory `rel` beneath `root`: no component may be a symlink.
+pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
+    components(rel).map_err(io::Error::other)?;
+    openat2(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+}
+
+/// Opens the existing regular file `rel` beneath `root` for reading: no component may be a
+/// symlink, and the file must be a regular file.
+pub fn open_file(root: BorrowedFd<'_>, rel: &Path) -> io::Result<std::fs::File> {
+    components(rel).map_err(io::Error::other)?;
+    let fd = openat2(root, rel, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file",
+            rel.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// The parent directory of `rel` beneath `root` (an `O_PATH` descriptor) and the final name.
+/// Missing parents are created with `mkdir_mode` when given; an existing parent that is not a
+/// directory (a symlink above all) is refused with `ENOTDIR`/`ELOOP`.
+pub fn parent_of(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    mkdir_mode: Option<u32>,
+) -> io::Result<(OwnedFd, OsString)> {
+    let comps = components(rel).map_err(io::Error::other)?;
+    let (last, parents) = comps.split_last().expect("components is never empty");
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    let mut cur = openat2(root, Path::new("."), flags, Mode::empty())?;
+    for c in parents {
+        let next = match openat2(cur.as_fd(), Path::new(c), flags, Mode::empty()) {
+            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => {
+                let Some(mode) = mkdir_mode else {
+                    return Err(e);
+                };
+                match rfs::mkdirat(&cur, *c, Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                openat2(cur.as_fd(), Path::new(c), flags, Mode::empty())?
+            }
+            other => other?,
+        };
+        cur = next;
+    }
+    Ok((cur, last.to_os_string()))
+}
+
+/// The type of `name` in `parent` without following it; `None` when it does not exist.
+pub fn file_type_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<FileType>> {
+    match rfs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(FileType::from_raw_mode(st.st_mode))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes `name` in `parent` (a directory with everything in it) without following symlinks.
+pub fn remove_all_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    match file_type_at(parent, name)? {
+        None => Ok(()),
+        Some(FileType::Directory) => {
+            let dir = openat2(
+                parent,
+                Path::new(name),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )?;
+            empty_dir(dir.as_fd(), &|_| false)?;
+            rfs::unlinkat(parent, name, AtFlags::REMOVEDIR).map_err(Into::into)
+        }
+        Some(_) => rfs::unlinkat(parent, name, AtFlags::empty()).map_err(Into::into),
+    }
+}
+
+/// Removes every entry of the directory `dir` for which `keep` says no.
+pub fn empty_dir(dir: BorrowedFd<'_>, keep: &dyn Fn(&OsStr) -> bool) -> io::Result<()> {
+    let mut names = Vec::new();
+    let mut entries = rfs::Dir::read_from(dir)?;
+    while let Some(entry) = entries.read() {
+        let entry = entry?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(OsStr::from_bytes(n).to_os_string());
+        }
+    }
+    for n in names.iter().filter(|n| !keep(n)) {
+        remove_all_at(dir, n)?;
+    }
+    Ok(())
+}
+
+/// `chmod` of `name` in `parent` that never follows a symlink (symlinks have no mode).
+pub fn chmod_at(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {
+    let fd = rfs::openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if FileType::from_raw_mode(rfs::fstat(&fd)?.st_mode) == FileType::Symlink {
+        return Ok(());
+    }
+    // The magic link names the very inode `fd` holds; rustix has no fchmodat2.
+    rfs::chmodat(
+        rfs::CWD,
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        Mode::from_raw_mode(mode & 0o7777),
+        AtFlags::empty(),
+    )
+    .map_err(Into::into)
+}
+
+/// The path of `name` inside the trusted directory `parent`, for calls that only take a path
+/// and do not follow the final component (`lsetxattr`).
+pub fn proc_path(parent: BorrowedFd<'_>, name: &OsStr) -> std::path::PathBuf {
+    let mut p = OsString::from(format!("/proc/self/fd/{}/", parent.as_raw_fd()));
+    p.push(name);
+    p.into()
+}
+
+/// Creates `dir` (and missing parents) 0700, and makes an existing one 0700: it holds process
+/// memory. The directory itself must not be a symlink.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o7777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::fs;
+
+    fn demo() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let top = tempfile::tempdir().unwrap();
+        let root = top.path().join("root");
+        let outside = top.path().join("outside");
+        fs::create_dir_all(root.join("sub/ck1/checkpoint")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("keep"), b"host file").unwrap();
+        std::os::unix::fs::symlink("../outside", root.join("evil")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("sub", root.join("inroot")).unwrap();
+        (top, root, outside)
+    }
+
+    #[test]
+    fn names_are_checked_lexically() {
+        assert!(components(Path::new("a/./b//c")).is_ok());
+        for bad in ["", ".", "/etc", "../x", "a/../b"] {
+            assert!(components(Path::new(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn no_symlink_is_followed_in_or_out_of_the_root() {
+        let (_top, root, _outside) = demo();
+        let r = open_root(&root).unwrap();
+        assert!(open_dir(r.as_fd(), Path::new("sub/ck1/checkpoint")).is_ok());
+        for bad in ["evil", "abs", "inroot/ck1", "evil/x", "../outside"] {
+            assert!(open_dir(r.as_fd(), Path::new(bad)).is_err(), "{bad}");
+            assert!(parent_of(r.as_fd(), Path::new(&format!("{bad}/x")), Some(0o755)).is_err());
+        }
+        assert!(open_file(r.as_fd(), Path::new("evil/keep")).is_err());
+    }
+
+    #[test]
+    fn removal_never_reaches_through_a_symlink() {
+        let (_top, root, outside) = demo();
+        let r = open_root(&root).unwrap();
+        remove_all_at(r.as_fd(), OsStr::new("evil")).unwrap();
+        assert!(outside.join("keep").exists(), "the link went, not its target");
+        let sub = open_dir(r.as_fd(), Path::new("sub")).unwrap();
+        empty_dir(sub.as_fd(), &|_| false).unwrap();
+        assert_eq!(fs::read_dir(root.join("sub")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn private_dirs_are_0700_whatever_they_were() {
+        use std::os::unix::fs::PermissionsExt;
+        let top = tempfile::tempdir().unwrap();
+        let d = top.path().join("ck");
+        fs::create_dir(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&d).unwrap();
+        assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+        std::os::unix::fs::symlink(&d, top.path().join("link")).unwrap();
+        assert!(create_private_dir(&top.path().join("link")).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Random names built of `..`, `.`, plain names, symlinks to outside, inside, absolute
+        /// and chains of links: whatever resolves is beneath the root.
+        #[test]
+        fn resolution_stays_beneath_the_root(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just(".."), Just("."), Just("sub"), Just("ck1"), Just("checkpoint"),
+                    Just("evil"), Just("abs"), Just("inroot"), Just("chain"), Just("x")
+                ],
+                1..7,
+            ),
+            absolute in any::<bool>(),
+        ) {
+            let (top, root, _outside) = demo();
+            std::os::unix::fs::symlink("inroot/ck1", root.join("chain")).unwrap();
+            let r = open_root(&root).unwrap();
+            let mut name = parts.join("/");
+            if absolute {
+                name.insert(0, '/');
+            }
+            let canonical_root = root.canonicalize().unwrap();
+            let check = |fd: &OwnedFd| {
+                let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+                assert!(real.starts_with(&canonical_root), "{name:?} resolved to {real:?}");
+            };
+            if let Ok(fd) = open_dir(r.as_fd(), Path::new(&name)) {
+                check(&fd);
+                prop_assert!(!parts.iter().any(|p| ["..", "evil", "abs", "inroot", "chain"].contains(p)));
+            }
+            if let Ok((fd, _)) = parent_of(r.as_fd(), Path::new(&name), Some(0o755)) {
+                check(&fd);
+            }
+            drop(top);
+        }
+    }
+}
