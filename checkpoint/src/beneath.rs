@@ -60,12 +60,7 @@ pub fn components(rel: &Path) -> Result<Vec<&OsStr>, NameError> {
 
 /// `openat2` beneath `dir`, retrying the `EAGAIN` the kernel returns when a rename elsewhere
 /// raced the lookup.
-pub fn openat2(
-    dir: BorrowedFd<'_>,
-    path: &Path,
-    flags: OFlags,
-    mode: Mode,
-) -> io::Result<OwnedFd> {
+pub fn openat2(dir: BorrowedFd<'_>, path: &Path, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
     let mut last = Errno::AGAIN;
     for _ in 0..16 {
         match rfs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, RESOLVE) {
@@ -281,7 +276,10 @@ mod tests {
         let (_top, root, outside) = demo();
         let r = open_root(&root).unwrap();
         remove_all_at(r.as_fd(), OsStr::new("evil")).unwrap();
-        assert!(outside.join("keep").exists(), "the link went, not its target");
+        assert!(
+            outside.join("keep").exists(),
+            "the link went, not its target"
+        );
         let sub = open_dir(r.as_fd(), Path::new("sub")).unwrap();
         empty_dir(sub.as_fd(), &|_| false).unwrap();
         assert_eq!(fs::read_dir(root.join("sub")).unwrap().count(), 0);
@@ -295,7 +293,10 @@ mod tests {
         fs::create_dir(&d).unwrap();
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
         create_private_dir(&d).unwrap();
-        assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         std::os::unix::fs::symlink(&d, top.path().join("link")).unwrap();
         assert!(create_private_dir(&top.path().join("link")).is_err());
     }

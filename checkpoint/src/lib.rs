@@ -30,8 +30,9 @@ pub mod validate;
 pub use inventory::{FileRecord, ImageInventory, InventoryError};
 pub use layout::CheckpointLayout;
 pub use manifest::{
-    seal_checkpoint, write_manifest_atomically, GpuProcessRecord, GpuSection, HostRecord, Manifest,
-    ManifestError, PhaseTiming, ProcessRecord, MANIFEST_FORMAT_VERSION, MANIFEST_KIND,
+    seal_checkpoint, seal_checkpoint_with, write_manifest_atomically, GpuProcessRecord, GpuSection,
+    HostRecord, Manifest, ManifestError, PhaseTiming, ProcessRecord, MANIFEST_FORMAT_VERSION,
+    MANIFEST_KIND,
 };
 pub use scrub::{begin_checkpoint, scrub_incomplete, ScrubError, ScrubReport};
 pub use validate::{

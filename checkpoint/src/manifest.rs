@@ -16,8 +16,8 @@
 //! does not model.
 
 use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -249,11 +249,24 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), ManifestError> {
 
 /// Hashes the checkpoint directory into `manifest.images`, records the time that took as phase
 /// `digest`, and writes the manifest atomically. Returns the sealed manifest.
-pub fn seal_checkpoint(dir: &Path, mut manifest: Manifest) -> Result<Manifest, ManifestError> {
-    make_private(dir)?;
+pub fn seal_checkpoint(dir: &Path, manifest: Manifest) -> Result<Manifest, ManifestError> {
     let started = std::time::Instant::now();
-    manifest.images = ImageInventory::scan(dir)?;
-    manifest.record_phase("digest", started.elapsed());
+    let inventory = ImageInventory::scan(dir)?;
+    seal_checkpoint_with(dir, manifest, inventory, started.elapsed())
+}
+
+/// [`seal_checkpoint`] with an inventory hashed beforehand (while other work ran), which took
+/// `digest` to compute: makes the checkpoint private, records the inventory and phase `digest`,
+/// and writes the manifest atomically.
+pub fn seal_checkpoint_with(
+    dir: &Path,
+    mut manifest: Manifest,
+    inventory: ImageInventory,
+    digest: Duration,
+) -> Result<Manifest, ManifestError> {
+    make_private(dir)?;
+    manifest.images = inventory;
+    manifest.record_phase("digest", digest);
     write_manifest_atomically(dir, &manifest)?;
     tracing::info!(
         dir = %dir.display(),
@@ -397,8 +410,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
         fs::write(dir.path().join("pages-1.img"), b"secret").unwrap();
-        fs::set_permissions(dir.path().join("pages-1.img"), fs::Permissions::from_mode(0o644))
-            .unwrap();
+        fs::set_permissions(
+            dir.path().join("pages-1.img"),
+            fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
         seal_checkpoint(dir.path(), sample()).unwrap();
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(dir.path()), 0o700);

@@ -98,15 +98,17 @@ impl Origin {
                 reason: format!("larger than {ORIGIN_MAX_BYTES} bytes"),
             });
         }
-        let origin: Origin =
-            serde_json::from_slice(&text).map_err(|e| OriginError::Invalid {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+        let origin: Origin = serde_json::from_slice(&text).map_err(|e| OriginError::Invalid {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         if origin.format != ORIGIN_FORMAT {
             return Err(OriginError::Invalid {
                 path,
-                reason: format!("format {} (this gpusnap reads {ORIGIN_FORMAT})", origin.format),
+                reason: format!(
+                    "format {} (this gpusnap reads {ORIGIN_FORMAT})",
+                    origin.format
+                ),
             });
         }
         Ok(origin)

@@ -214,7 +214,8 @@ pub fn check(diff: &Path, root: BorrowedFd<'_>, limits: Limits) -> Result<(), Di
         let name_bytes = rel.file_name().map(OsStr::as_bytes).unwrap_or_default();
         if name_bytes.starts_with(WHITEOUT_PREFIX) {
             if name_bytes != OPAQUE {
-                let victim = rel.with_file_name(OsStr::from_bytes(&name_bytes[WHITEOUT_PREFIX.len()..]));
+                let victim =
+                    rel.with_file_name(OsStr::from_bytes(&name_bytes[WHITEOUT_PREFIX.len()..]));
                 made.retain(|p, _| !p.starts_with(&victim));
             }
         } else {
@@ -258,7 +259,11 @@ fn check_entry<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(), String> {
         tar::EntryType::Char | tar::EntryType::Block => {
             return Err("a rootfs diff may not create device nodes".into())
         }
-        other => return Err(format!("entry type {other:?} is not allowed in a rootfs diff")),
+        other => {
+            return Err(format!(
+                "entry type {other:?} is not allowed in a rootfs diff"
+            ))
+        }
     }
     if kind == tar::EntryType::Symlink && entry.link_name_bytes().is_none() {
         return Err("a symlink without a target".into());
@@ -424,8 +429,7 @@ impl Applier<'_> {
             }
         }
         for (key, value) in xattrs {
-            let allowed =
-                key.starts_with("user.") || (key == "security.capability" && owned);
+            let allowed = key.starts_with("user.") || (key == "security.capability" && owned);
             if !allowed {
                 if key == "security.capability" {
                     self.applied.privileges_dropped += 1;
@@ -499,10 +503,7 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
     let mut f = File::open(path)?;
     let mut h = sha2::Sha256::new();
     io::copy(&mut f, &mut h)?;
-    Ok(h.finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]
@@ -532,7 +533,11 @@ mod tests {
             data: b"",
             link: None,
             uid: 0,
-            mode: if kind == tar::EntryType::Directory { 0o755 } else { 0o644 },
+            mode: if kind == tar::EntryType::Directory {
+                0o755
+            } else {
+                0o644
+            },
             xattrs: &[],
         }
     }
@@ -641,8 +646,15 @@ mod tests {
         let r = &s.rootfs;
         assert!(!r.join("etc/gone").exists(), "whiteout removed the file");
         assert_eq!(fs::read(r.join("etc/kept")).unwrap(), b"k");
-        assert!(!r.join("etc/old/a").exists(), "opaque: lower content hidden");
-        assert_eq!(fs::read(r.join("etc/old/b")).unwrap(), b"new", "own content kept");
+        assert!(
+            !r.join("etc/old/a").exists(),
+            "opaque: lower content hidden"
+        );
+        assert_eq!(
+            fs::read(r.join("etc/old/b")).unwrap(),
+            b"new",
+            "own content kept"
+        );
         assert_eq!(fs::read(r.join("data/count")).unwrap(), b"42\n");
         assert_eq!(
             fs::read_link(r.join("data/abs")).unwrap(),
@@ -689,8 +701,14 @@ mod tests {
             let err = apply(diff.path(), &s.rootfs, Limits::default())
                 .expect_err(what)
                 .to_string();
-            assert!(err.contains("refused") && err.contains("nothing was applied"), "{what}: {err}");
-            assert!(!s.rootfs.join("first").exists(), "{what}: checked before applying");
+            assert!(
+                err.contains("refused") && err.contains("nothing was applied"),
+                "{what}: {err}"
+            );
+            assert!(
+                !s.rootfs.join("first").exists(),
+                "{what}: checked before applying"
+            );
             host_intact(&s);
         }
     }
@@ -741,7 +759,11 @@ mod tests {
         let applied = apply(diff.path(), &s.rootfs, Limits::default()).unwrap();
         let tool = fs::metadata(s.rootfs.join("bin/tool")).unwrap();
         assert_eq!((tool.uid(), tool.gid()), (1000, 1000), "owner from the tar");
-        assert_eq!(tool.permissions().mode() & 0o7777, 0o4755, "setuid stays with its owner");
+        assert_eq!(
+            tool.permissions().mode() & 0o7777,
+            0o4755,
+            "setuid stays with its owner"
+        );
         let key = fs::metadata(s.rootfs.join("home/user/key")).unwrap();
         assert_eq!((key.uid(), key.permissions().mode() & 0o777), (1000, 0o600));
         assert_eq!(applied.privileges_dropped, 0);

@@ -185,7 +185,10 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, RestoreRefusal> {
     };
     // Never through a symlink, and never more than a manifest can be.
     let file = match crate::beneath::open_root(dir).and_then(|d| {
-        crate::beneath::open_file(std::os::fd::AsFd::as_fd(&d), Path::new(crate::layout::MANIFEST_FILE))
+        crate::beneath::open_file(
+            std::os::fd::AsFd::as_fd(&d),
+            Path::new(crate::layout::MANIFEST_FILE),
+        )
     }) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

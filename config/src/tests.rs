@@ -488,8 +488,14 @@ fn checkpoint_root_must_be_absolute() {
 fn numeric_annotations_are_bounded() {
     let mut c = Config::default();
     for (key, value) in [
-        ("gpusnap.io/cuda-restore-budget-seconds", "18446744073709551615"),
-        ("gpusnap.io/cuda-restore-budget-seconds", "18446744073709551616"),
+        (
+            "gpusnap.io/cuda-restore-budget-seconds",
+            "18446744073709551615",
+        ),
+        (
+            "gpusnap.io/cuda-restore-budget-seconds",
+            "18446744073709551616",
+        ),
         ("gpusnap.io/cuda-lock-timeout-ms", "18446744073709551615"),
         ("gpusnap.io/cuda-max-operation-seconds", "-1"),
         ("gpusnap.io/storage-transfer-chunk-bytes", "99999999999PiB"),
@@ -500,6 +506,9 @@ fn numeric_annotations_are_bounded() {
             .unwrap_err()
             .to_string();
         assert!(err.contains(key), "{key}={value}: {err}");
-        assert_eq!(c, before, "{key}={value}: a refused overlay changes nothing");
+        assert_eq!(
+            c, before,
+            "{key}={value}: a refused overlay changes nothing"
+        );
     }
 }

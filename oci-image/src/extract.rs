@@ -18,10 +18,10 @@ use super::digest::{io_to_image, Digest, HashingReader};
 use super::error::ImageError;
 use super::oci_layout::{entry_name, prepare_empty_dir, ImageSource, RemoveOnDrop};
 use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
-use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
 use super::spec::{layer_compression, Compression, Descriptor};
 use gpusnap_checkpoint::layout::CheckpointLayout;
 use gpusnap_checkpoint::manifest::Manifest;
+use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
 
 /// What [`extract`] produced.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -88,7 +88,8 @@ pub fn pending_restore(
             ))
         }
     };
-    let origin = Origin::read_at(dir_fd.as_fd(), &dir).map_err(|e| format!("annotation {key}: {e}"))?;
+    let origin =
+        Origin::read_at(dir_fd.as_fd(), &dir).map_err(|e| format!("annotation {key}: {e}"))?;
     check_signature(&origin, config, &dir).map_err(|e| format!("annotation {key}: {e}"))?;
 
     // A CRI checkpoint archive's layout (`checkpoint/` + `rootfs-diff.tar`), or a plain
@@ -202,7 +203,11 @@ mod tests {
     fn archive_layout_and_per_container_names() {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("ck1/checkpoint")).unwrap();
-        origin(&root.path().join("ck1"), Some(b"diff"), SignatureCheck::NotChecked);
+        origin(
+            &root.path().join("ck1"),
+            Some(b"diff"),
+            SignatureCheck::NotChecked,
+        );
         origin(&root.path().join("plain"), None, SignatureCheck::NotChecked);
         let c = config(root.path());
         let r = pending_restore(
@@ -279,7 +284,11 @@ mod tests {
     #[test]
     fn the_signature_policy_is_enforced() {
         let root = tempfile::tempdir().unwrap();
-        origin(&root.path().join("unsigned"), None, SignatureCheck::NotChecked);
+        origin(
+            &root.path().join("unsigned"),
+            None,
+            SignatureCheck::NotChecked,
+        );
         origin(
             &root.path().join("signed"),
             None,

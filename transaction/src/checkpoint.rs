@@ -136,10 +136,15 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         .collect();
 
     let criu_log = dump.criu_log();
+    // The images are final once CRIU returns: hash them on every core while the CUDA processes
+    // are restored and unlocked (leave running), instead of after.
+    let hashing: std::cell::RefCell<Option<Hashing>> = std::cell::RefCell::new(None);
     let run_dump = || -> std::result::Result<Duration, RuncFailure> {
         let t = Instant::now();
         runc.run(&dump_cmd, Some(&criu_log))?;
-        Ok(t.elapsed())
+        let elapsed = t.elapsed();
+        *hashing.borrow_mut() = Some(Hashing::start(image_dir));
+        Ok(elapsed)
     };
 
     let mut gpu_report: Option<GpuReport> = None;
@@ -147,7 +152,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     match plan {
         None => {
             let elapsed = run_dump().map_err(|f| {
-                abandon(image_dir);
+                abandon_after(image_dir, hashing.take());
                 Error::Failed {
                     outcome: Outcome::ContainerUnchanged,
                     message: f.message,
@@ -162,7 +167,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }) => {
             let (report, dump_elapsed) = gpu_checkpoint(&orch, &processes, req, &runc, run_dump)
                 .inspect_err(|_| {
-                    abandon(image_dir);
+                    abandon_after(image_dir, hashing.take());
                 })?;
             timings.add("cuda-lock", ms(report.timings.lock_ms));
             timings.add("cuda-checkpoint", ms(report.timings.checkpoint_ms));
@@ -178,7 +183,13 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     drop(criu);
     timings.record_into(&mut manifest);
 
-    let manifest = match dir::seal_checkpoint(image_dir, manifest) {
+    let sealed = match hashing.take() {
+        Some(h) => h.finish().and_then(|(inventory, digest)| {
+            dir::seal_checkpoint_with(image_dir, manifest, inventory, digest)
+        }),
+        None => dir::seal_checkpoint(image_dir, manifest),
+    };
+    let manifest = match sealed {
         Ok(m) => m,
         Err(e) => {
             abandon(image_dir);
@@ -321,6 +332,44 @@ fn resume_in_place(
         let _ = runc.pause();
     }
     r
+}
+
+/// The digest of a dumped checkpoint, computed on its own thread.
+type Hashed = std::result::Result<(dir::ImageInventory, Duration), dir::InventoryError>;
+
+struct Hashing {
+    thread: std::thread::JoinHandle<Hashed>,
+}
+
+impl Hashing {
+    fn start(dir: &Path) -> Hashing {
+        let dir = dir.to_path_buf();
+        Hashing {
+            thread: std::thread::spawn(move || {
+                let t = Instant::now();
+                dir::ImageInventory::scan(&dir).map(|inv| (inv, t.elapsed()))
+            }),
+        }
+    }
+
+    /// The inventory, and how long hashing took.
+    fn finish(self) -> std::result::Result<(dir::ImageInventory, Duration), dir::ManifestError> {
+        let hashed = self.thread.join().unwrap_or_else(|_| {
+            Err(dir::InventoryError::Io {
+                path: PathBuf::new(),
+                source: std::io::Error::other("the hashing thread panicked"),
+            })
+        })?;
+        Ok(hashed)
+    }
+}
+
+/// Waits for a hashing that was started, then scrubs.
+fn abandon_after(dir: &Path, hashing: Option<Hashing>) {
+    if let Some(h) = hashing {
+        let _ = h.thread.join();
+    }
+    abandon(dir);
 }
 
 /// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis.
