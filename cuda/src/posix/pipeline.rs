@@ -3,10 +3,12 @@
 //!
 //! It works on any device region (a CustomStorage mapping or memory a benchmark
 //! allocated itself): a device pointer, a size, a stream and the context the
-//! stream lives in. Per region there are two threads: the calling thread issues
-//! the copies on the stream, a second thread does the file I/O and the BLAKE3
-//! digest. Slots travel between them over channels, so with `N` slots up to
-//! `N - 1` chunks wait for (or come from) the file while one is being copied.
+//! stream lives in. The calling thread issues the copies on the stream; up to
+//! [`io_threads`] threads do positional file I/O on different chunks at once
+//! (one write in flight is what kept a single writer below the storage rate);
+//! one more thread computes the BLAKE3 digest in file order. Slots travel
+//! between them over channels, so with `N` slots up to `N - 1` chunks are in
+//! file I/O while one is being copied.
 //!
 //! The deadline is cooperative: both loops check it between chunks. Driver
 //! calls themselves cannot be interrupted.
@@ -318,6 +320,18 @@ impl Extent {
             && offset.is_multiple_of(DIRECT_ALIGN as u64)
     }
 
+    /// Another handle on the same open file, for another I/O thread.
+    fn try_clone(&self) -> Result<Self, PipelineError> {
+        Ok(Self {
+            file: self
+                .file
+                .try_clone()
+                .map_err(|e| self.err("duplicating extent handle", e))?,
+            path: self.path.clone(),
+            direct: self.direct,
+        })
+    }
+
     fn err(&self, what: &'static str, source: io::Error) -> PipelineError {
         PipelineError::Io {
             what,
@@ -365,18 +379,42 @@ impl Extent {
     }
 }
 
-/// Hashes slots in stream order on its own thread, then frees them, so that the
-/// digest overlaps the file I/O instead of adding to it.
-fn hash_slots(rx: mpsc::Receiver<(Slot, usize)>, free_tx: mpsc::Sender<Slot>) -> String {
+/// How many threads do file I/O at once with `buffer_count` slots: all slots but
+/// the one being copied, at most 4.
+pub fn io_threads(buffer_count: usize) -> usize {
+    buffer_count.saturating_sub(1).clamp(1, 4)
+}
+
+/// Hashes slots in file order on its own thread (they may arrive out of order
+/// from several I/O threads), then frees them, so that the digest overlaps the
+/// file I/O instead of adding to it.
+fn hash_slots(rx: mpsc::Receiver<(Slot, usize, u64)>, free_tx: mpsc::Sender<Slot>) -> String {
     let mut hasher = blake3::Hasher::new();
-    for (slot, len) in rx {
-        // SAFETY: the slot holds `len` valid bytes and nobody writes it until
-        // it is freed below.
-        hasher.update(unsafe { std::slice::from_raw_parts(slot.ptr, len) });
-        // The other side may be done already.
-        let _ = free_tx.send(slot);
+    let mut next = 0u64;
+    let mut waiting: std::collections::BTreeMap<u64, (Slot, usize)> = Default::default();
+    for (slot, len, offset) in rx {
+        waiting.insert(offset, (slot, len));
+        while let Some((slot, len)) = waiting.remove(&next) {
+            // SAFETY: the slot holds `len` valid bytes and nobody writes it until
+            // it is freed below.
+            hasher.update(unsafe { std::slice::from_raw_parts(slot.ptr, len) });
+            next += len as u64;
+            // The other side may be done already.
+            let _ = free_tx.send(slot);
+        }
     }
     hasher.finalize().to_hex().to_string()
+}
+
+/// A receiver shared by several I/O threads.
+type Shared<T> = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<T>>>;
+
+fn shared<T>(rx: mpsc::Receiver<T>) -> Shared<T> {
+    std::sync::Arc::new(std::sync::Mutex::new(rx))
+}
+
+fn take<T>(rx: &Shared<T>) -> Option<T> {
+    rx.lock().unwrap_or_else(|e| e.into_inner()).recv().ok()
 }
 
 /// Device → pinned slots → `path` (created or truncated, fsynced), with the
@@ -391,7 +429,7 @@ pub fn device_to_file(
     let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
-    let mut extent = Extent::open(path, true, opts.direct_io)?;
+    let extent = Extent::open(path, true, opts.direct_io)?;
     let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
     let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
     let total = region.size as u64;
@@ -404,27 +442,59 @@ pub fn device_to_file(
     let deadline = opts.deadline;
     let fail_after = opts.fail_write_after;
 
-    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize)>();
+    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize, u64)>();
+    let writers: Vec<Extent> = (0..io_threads(opts.buffer_count))
+        .map(|_| extent.try_clone())
+        .collect::<Result<_, _>>()?;
+    let filled_rx = shared(filled_rx);
+    let written = std::sync::atomic::AtomicU64::new(0);
 
     let (copied, writer, digest) = std::thread::scope(|scope| {
         let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
+        let handles: Vec<_> = writers
+            .into_iter()
+            .map(|mut extent| {
+                let (filled_rx, hash_tx, written) = (filled_rx.clone(), hash_tx.clone(), &written);
+                scope.spawn(move || -> Result<bool, PipelineError> {
+                    let mut used_direct = false;
+                    while let Some((slot, len, offset)) = take(&filled_rx) {
+                        // SAFETY: the copy thread filled `len` bytes of this slot and
+                        // synchronised the stream before handing it over.
+                        let data = unsafe { std::slice::from_raw_parts(slot.ptr, len) };
+                        let before = written.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                        if fail_after.is_some_and(|limit| before + len as u64 > limit) {
+                            return Err(extent.err(
+                                "writing extent",
+                                io::Error::from_raw_os_error(libc::ENOSPC),
+                            ));
+                        }
+                        used_direct |= extent.write_at(data, offset)?;
+                        let _ = hash_tx.send((slot, len, offset));
+                    }
+                    Ok(used_direct)
+                })
+            })
+            .collect();
+        drop(hash_tx);
         let writer = scope.spawn(move || -> Result<bool, PipelineError> {
-            let mut written = 0u64;
             let mut used_direct = false;
-            for (slot, len, offset) in filled_rx {
-                // SAFETY: the copy thread filled `len` bytes of this slot and
-                // synchronised the stream before handing it over.
-                let data = unsafe { std::slice::from_raw_parts(slot.ptr, len) };
-                if fail_after.is_some_and(|limit| written + len as u64 > limit) {
-                    return Err(
-                        extent.err("writing extent", io::Error::from_raw_os_error(libc::ENOSPC))
-                    );
+            let mut first_err = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(d)) => used_direct |= d,
+                    Ok(Err(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        first_err.get_or_insert(PipelineError::Invalid(
+                            "an extent writer thread panicked".into(),
+                        ));
+                    }
                 }
-                used_direct |= extent.write_at(data, offset)?;
-                written += len as u64;
-                let _ = hash_tx.send((slot, len));
             }
-            drop(hash_tx);
+            if let Some(e) = first_err {
+                return Err(e);
+            }
             extent
                 .file
                 .sync_all()
@@ -518,7 +588,7 @@ pub fn file_to_device(
     let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
-    let mut extent = Extent::open(path, false, opts.direct_io)?;
+    let extent = Extent::open(path, false, opts.direct_io)?;
     let total = region.size as u64;
     let actual = extent
         .file
@@ -541,33 +611,67 @@ pub fn file_to_device(
     }
     let deadline = opts.deadline;
 
-    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize)>();
+    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize, u64)>();
+    let readers: Vec<Extent> = (0..io_threads(opts.buffer_count))
+        .map(|_| extent.try_clone())
+        .collect::<Result<_, _>>()?;
+    let free_rx = shared(free_rx);
+    let next_offset = std::sync::atomic::AtomicU64::new(0);
 
     let (copied, reader, digest) = std::thread::scope(|scope| {
         let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
+        let handles: Vec<_> = readers
+            .into_iter()
+            .map(|mut extent| {
+                let (free_rx, filled_tx, next_offset) =
+                    (free_rx.clone(), filled_tx.clone(), &next_offset);
+                scope.spawn(move || -> Result<bool, PipelineError> {
+                    let mut used_direct = false;
+                    loop {
+                        if past(deadline) {
+                            return Err(PipelineError::Deadline {
+                                done: next_offset.load(std::sync::atomic::Ordering::Relaxed),
+                                total,
+                            });
+                        }
+                        let Some(slot) = take(&free_rx) else {
+                            break; // the copy loop gave up
+                        };
+                        let offset = next_offset
+                            .fetch_add(chunk as u64, std::sync::atomic::Ordering::Relaxed);
+                        if offset >= total {
+                            break;
+                        }
+                        let len = chunk.min((total - offset) as usize);
+                        // SAFETY: this thread owns the slot, which holds `chunk >= len` bytes.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, len) };
+                        used_direct |= extent.read_at(buf, offset)?;
+                        if filled_tx.send((slot, len, offset)).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(used_direct)
+                })
+            })
+            .collect();
+        drop(filled_tx);
         let reader = scope.spawn(move || -> Result<bool, PipelineError> {
             let mut used_direct = false;
-            let mut offset = 0u64;
-            while offset < total {
-                if past(deadline) {
-                    return Err(PipelineError::Deadline {
-                        done: offset,
-                        total,
-                    });
+            let mut first_err = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(d)) => used_direct |= d,
+                    Ok(Err(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        first_err.get_or_insert(PipelineError::Invalid(
+                            "an extent reader thread panicked".into(),
+                        ));
+                    }
                 }
-                let Ok(slot) = free_rx.recv() else {
-                    break; // the copy loop gave up
-                };
-                let len = chunk.min((total - offset) as usize);
-                // SAFETY: this thread owns the slot, which holds `chunk >= len` bytes.
-                let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, len) };
-                used_direct |= extent.read_at(buf, offset)?;
-                if filled_tx.send((slot, len, offset)).is_err() {
-                    break;
-                }
-                offset += len as u64;
             }
-            Ok(used_direct)
+            first_err.map_or(Ok(used_direct), Err)
         });
 
         let mut done = 0u64;
@@ -606,7 +710,7 @@ pub fn file_to_device(
             }
             done += len as u64;
             // Hashed after the copy (the slot is unchanged), then refilled.
-            let _ = hash_tx.send((slot, len));
+            let _ = hash_tx.send((slot, len, offset));
         };
         drop(hash_tx);
         drop(filled_rx);
