@@ -78,6 +78,16 @@ pub fn checkpoint_options(any: Option<&Any>) -> std::result::Result<CheckpointOp
     })
 }
 
+/// containerd's CRI asks runc.v2 for CRIU's work files (`dump.log`, `stats-dump`) at the top
+/// of the checkpoint archive, beside `checkpoint/`, where CRI tooling (checkpointctl) reads
+/// them; other runtimes get no options. So a checkpoint into a directory named `checkpoint`
+/// without options (CRI) puts them in its parent, as runc.v2's does.
+fn cri_work_dir(image_dir: &std::path::Path) -> Option<PathBuf> {
+    (image_dir.file_name()? == "checkpoint")
+        .then(|| image_dir.parent().map(std::path::Path::to_path_buf))
+        .flatten()
+}
+
 /// How the transaction runs programs from inside the shim: under the shim's subreaper (which
 /// collects every child itself), from a blocking thread.
 struct ShimHost {
@@ -141,13 +151,20 @@ pub async fn resume_cuda(id: &str, pending: PendingCudaResume) -> Result<()> {
 
 impl TaskService {
     pub async fn checkpoint_task(&self, req: CheckpointTaskRequest) -> Result<()> {
-        let opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
+        let given = req
+            .options
+            .as_ref()
+            .is_some_and(|a| a.type_url.ends_with(CHECKPOINT_OPTIONS));
+        let mut opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
         let image_dir = if req.path.is_empty() {
             opts.image_path.clone()
         } else {
             Some(PathBuf::from(&req.path))
         }
         .ok_or_else(|| invalid_argument("checkpoint needs a path (request path or image_path)"))?;
+        if !given && opts.work_path.is_none() {
+            opts.work_path = cri_work_dir(&image_dir);
+        }
         let (request, ticket, runc) = {
             let mut state = self.state.lock().await;
             let c = state.container_mut(&req.id)?;
