@@ -165,14 +165,14 @@ fn list_files(dir: &Path) -> Result<Vec<(String, u64)>, InventoryError> {
         if ft.is_dir() {
             tracing::warn!(
                 dir = %dir.display(),
-                subdir = ?name,
+                subdir = %name.to_string_lossy(),
                 "checkpoint directory has a subdirectory; it is not part of the checkpoint, \
                  and containerd's CRI checkpoint cannot unpack it"
             );
             continue;
         }
         if !ft.is_file() {
-            tracing::debug!(name = ?name, "skipping non-regular file");
+            tracing::debug!(name = %name.to_string_lossy(), "skipping non-regular file");
             continue;
         }
         if matches!(

@@ -3,7 +3,7 @@
 //! The checkpoint directory is the one containerd hands the shim. CRIU writes `*.img`,
 //! `stats-dump`, `irmap-cache` and its logs there, runc adds `descriptors.json`, and CRI later
 //! copies its own `*.dump`, `status` and `container.log` next to the archive's `checkpoint/`
-//! (reference §10, §11). Only this directory survives into the checkpoint image, so gpusnap's
+//! (containerd `internal/cri/server/container_checkpoint_linux.go`). Only this directory survives into the checkpoint image, so gpusnap's
 //! files must sit inside it under names none of those tools uses: every one starts with
 //! [`GPUSNAP_PREFIX`] (`gpusnap-`).
 //!

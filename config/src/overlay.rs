@@ -2,7 +2,7 @@
 //!
 //! Who controls each layer decides what it may set:
 //! - the file and the runtime options (`[...runtimes.<name>.options]` in containerd's config,
-//!   delivered as TOML in `runtimeoptions.v1.Options.config_body`, reference §7–§8) belong to
+//!   delivered as TOML in `runtimeoptions.v1.Options.config_body`) belong to
 //!   the node administrator and may set everything;
 //! - pod annotations (`gpusnap.io/...`, copied into the OCI spec when listed in the runtime's
 //!   `pod_annotations`) belong to whoever writes the pod, so they may only tune storage and
@@ -22,7 +22,7 @@ pub const ANNOTATION_PREFIX: &str = "gpusnap.io/";
 /// checkpoint, not a setting, so the configuration overlay leaves it alone.
 pub const RESTORE_FROM_ANNOTATION: &str = "gpusnap.io/restore-from";
 
-/// runc `Options` TOML keys (reference §7) and the gpusnap settings they map to.
+/// runc `Options` TOML keys and the gpusnap settings they map to.
 const RUNC_ALIASES: [(&str, &str); 3] = [
     ("BinaryName", "runc.binary"),
     ("Root", "runc.root"),

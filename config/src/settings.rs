@@ -106,7 +106,7 @@ pub const TRANSFER_CHUNK_ALIGN: u64 = 4096;
 pub const PINNED_BYTES_PER_GPU_MAX: u64 = GIB;
 pub const MAX_OPERATION_SECONDS_MAX: u64 = 3600;
 pub const LOCK_TIMEOUT_MS_MAX: u64 = 3_600_000;
-/// containerd's CRI and CRI-O refuse older CRIU anyway (reference §11, §14).
+/// containerd's CRI and CRI-O refuse older CRIU anyway (containerd's `checkCriu`, CRI-O's CRIU check).
 pub const CRIU_MIN_VERSION_FLOOR: MinVersion = MinVersion::new(3, 16, 0);
 
 fn invalid(

@@ -1,6 +1,6 @@
 //! Finding CRIU the way runc will, and checking its version.
 //!
-//! runc runs `criu swrk` from its own `PATH` (reference §16), so the probe takes the search path
+//! runc runs `criu swrk` from its own `PATH` (runc `libcontainer`, `criuSwrk`), so the probe takes the search path
 //! explicitly: pass [`crate::RuncGlobal::effective_search_path`] and the probe sees the same
 //! binary runc will exec.
 
@@ -35,9 +35,9 @@ impl CriuVersion {
     }
 }
 
-/// containerd's CRI `checkCriu` and CRI-O both require 3.16 (reference §11, §14).
+/// containerd's CRI `checkCriu` and CRI-O both require 3.16.
 pub const MIN_CRIU_CPU: CriuVersion = CriuVersion::new(3, 16, 0);
-/// 4.1 thaws frozen cgroups for the cuda plugin and enforces inventory plugins (reference §16).
+/// 4.1 thaws frozen cgroups for the cuda plugin and enforces inventory plugins (CRIU 4.1 release notes).
 pub const MIN_CRIU_GPU: CriuVersion = CriuVersion::new(4, 1, 0);
 
 impl fmt::Display for CriuVersion {
@@ -215,7 +215,7 @@ pub fn probe_criu_with(search_path: &OsStr, tool: &dyn RunTool) -> Result<CriuIn
             path: path.clone(),
             source,
         })?;
-    tracing::debug!(path = %path.display(), %version, ?git_id, "found CRIU");
+    tracing::debug!(path = %path.display(), %version, git_id = git_id.as_deref(), "found CRIU");
     Ok(CriuInfo {
         path,
         version,

@@ -423,7 +423,7 @@ pub fn run_captured(
         Ok(None) => {
             let _ = child.kill();
             let _ = child.wait();
-            tracing::error!(%command, ?timeout, "runc timed out; killed");
+            tracing::error!(%command, timeout_ms = timeout.map(|t| t.as_millis() as u64), "runc timed out; killed");
             return Err(RuncError::TimedOut {
                 command,
                 timeout: timeout.unwrap_or_default(),

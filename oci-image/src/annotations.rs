@@ -1,7 +1,7 @@
 //! Annotation keys, layer roles, and the checkpoint annotations derived from a CRI archive's
 //! `config.dump` / `spec.dump` and the gpusnap manifest.
 //!
-//! Engines look for *different* keys (reference §13): containerd 2.1–2.3 reads
+//! Engines look for *different* keys: containerd 2.1–2.3 reads
 //! `org.criu.checkpoint.container.name` on the image target, CRI-O reads
 //! `io.kubernetes.cri-o.annotations.checkpoint.name` in the image annotations, Podman
 //! `io.podman.annotations.checkpoint.name`. A combined image sets all three, on the image index

@@ -373,8 +373,16 @@ impl Orchestrator {
                 tracing::warn!(pid, %error, "cannot query CUDA process state after a failure");
                 None
             }
-            other => {
-                tracing::warn!(pid, result = ?other, "CUDA process state query did not finish");
+            Finished::TimedOut { waited } => {
+                tracing::warn!(
+                    pid,
+                    waited_ms = waited.as_millis() as u64,
+                    "CUDA process state query did not finish in time"
+                );
+                None
+            }
+            Finished::NotStarted { reason } | Finished::Panicked { message: reason } => {
+                tracing::warn!(pid, %reason, "CUDA process state query did not run");
                 None
             }
         }

@@ -3,7 +3,7 @@
 //! through the target's host memory or CRIU's page dump.
 //!
 //! Checkpoint: retain every device's primary context (kept for the life of this
-//! process, trap §8.2), `cuCheckpointProcessCheckpoint` with
+//! process), `cuCheckpointProcessCheckpoint` with
 //! `customStorageInfo_out`, stream each GPU's mapped region into
 //! `gpusnap-gpu-pid<pid>-device-<uuid>.bin` in the checkpoint directory (BLAKE3
 //! while writing, fsync), then `cuCheckpointOperationComplete`, the single
@@ -150,7 +150,7 @@ pub fn extent_name(pid: i32, uuid: &GpuUuid) -> String {
 
 /// Primary contexts this process retained, per driver library and ordinal.
 /// Never released: the driver may fault a target whose context reference the
-/// checkpointing process dropped while the target lives (API reference §8.2),
+/// checkpointing process dropped while the target lives,
 /// so they are held until this process (the shim) exits.
 fn retained() -> &'static Mutex<HashMap<(PathBuf, u32), usize>> {
     static RETAINED: OnceLock<Mutex<HashMap<(PathBuf, u32), usize>>> = OnceLock::new();
@@ -326,7 +326,7 @@ unsafe fn regions(
 
 /// Which GPU each mapped region belongs to, in ordinal order: the process's
 /// GPUs when their count matches, else every GPU when that matches.
-// TODO(trap §8.8): derive it from cuStreamGetCtx_v2(stream) → device instead.
+// TODO: derive it from cuStreamGetCtx_v2(stream) → device instead.
 fn devices_for(
     caps: &Capabilities,
     gpus: &[DeviceInfo],

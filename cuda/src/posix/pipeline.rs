@@ -461,7 +461,8 @@ pub fn device_to_file(
                         // SAFETY: the copy thread filled `len` bytes of this slot and
                         // synchronised the stream before handing it over.
                         let data = unsafe { std::slice::from_raw_parts(slot.ptr, len) };
-                        let before = written.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                        let before =
+                            written.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
                         if fail_after.is_some_and(|limit| before + len as u64 > limit) {
                             return Err(extent.err(
                                 "writing extent",
