@@ -442,13 +442,14 @@ pub fn render(insp: &Inspection, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpusnap_criu_bridge::{seal_checkpoint, CheckpointOptions, GpuProcessRecord, GpuSection};
+    use gpusnap_checkpoint::{seal_checkpoint, GpuProcessRecord, GpuSection};
+    use gpusnap_criu_bridge::CriuFlags;
 
     fn sealed(gpu: bool) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("pages-1.img"), vec![7u8; 5000]).unwrap();
         std::fs::write(dir.path().join("inventory.img"), b"inv").unwrap();
-        let mut m = Manifest::new("ctr-a", "/bundle", CheckpointOptions::default());
+        let mut m = Manifest::new("ctr-a", CriuFlags::default());
         m.criu_version = Some("4.2.1".into());
         if gpu {
             let mut extra = serde_json::Map::new();
