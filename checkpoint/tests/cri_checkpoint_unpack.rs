@@ -17,8 +17,6 @@
 //! Both steps are reproduced here exactly, so a layout with any subdirectory fails just as it
 //! does in containerd (the control case below proves the reproduction is strict enough).
 
-mod image_support;
-
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -26,10 +24,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use gpusnap_criu_bridge::image::{self, BuildOptions, LayerRole};
-use gpusnap_criu_bridge::layout::{CheckpointLayout, MANIFEST_FILE};
-use gpusnap_criu_bridge::{begin_checkpoint, validate_for_restore};
-use image_support::*;
+use gpusnap_checkpoint::layout::{CheckpointLayout, MANIFEST_FILE};
+use gpusnap_checkpoint::{begin_checkpoint, validate_for_restore};
+use gpusnap_oci_image::{self as image, BuildOptions, LayerRole};
+use gpusnap_testkit::fixtures::{make_checkpoint_dir, GPU_EXTENTS};
 
 /// containerd's `archive.Diff(ctx, "", dir)` as a tar stream.
 fn containerd_task_checkpoint_tar(dir: &Path) -> Vec<u8> {

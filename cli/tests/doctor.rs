@@ -1,13 +1,11 @@
 //! `gpusnap doctor` on this machine (real runc, CRIU, containerd) and against the fake CUDA
 //! driver.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::*;
 use gpusnap_fake_libcuda::{FakeCuda, FakeDevice};
+use gpusnap_testkit::{describe, gpusnap, require_root, rig_bin_dir, text};
 
 fn doctor_json(config: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
     let mut args = vec![
@@ -16,7 +14,7 @@ fn doctor_json(config: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
         "doctor".into(),
         "--json".into(),
         "--containerd-bin".into(),
-        format!("{RIG_BIN}/containerd"),
+        rig_bin_dir().join("containerd").display().to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let out = gpusnap(&args);
@@ -48,7 +46,11 @@ fn doctor_on_this_node_without_a_driver() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
-    fs::write(&config, format!("[criu]\nbinary_dir = \"{RIG_BIN}\"\n")).unwrap();
+    fs::write(
+        &config,
+        format!("[criu]\nbinary_dir = \"{}\"\n", rig_bin_dir().display()),
+    )
+    .unwrap();
     let missing = dir.path().join("no-driver/libcuda.so.1");
     let (code, v) = doctor_json(&config, &["--cuda-library", missing.to_str().unwrap()]);
 

@@ -3,292 +3,23 @@
 //! `seal_checkpoint`) inside a CRI-archive-like tar, a real `docker-registry` (distribution)
 //! on a loopback port, plain HTTP.
 
-use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::os::unix::fs::PermissionsExt;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
-use gpusnap_criu_bridge::{seal_checkpoint, CheckpointOptions, Manifest};
+use gpusnap_testkit::fixtures::{assert_same_tree, fixture, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
-const GPUSNAP: &str = env!("CARGO_BIN_EXE_gpusnap");
-const CONTAINER_ID: &str = "4f1e0c2d9b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d";
-const GPU_EXTENT: &str = "gpusnap-gpu-mem-4242-dev0-000.bin";
+/// The GPU extent the tests follow through build, push and pull.
+const GPU_EXTENT: &str = GPU_EXTENTS[1];
 
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn write_0600(path: &Path, data: &[u8]) {
-    fs::write(path, data).unwrap();
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
-}
-
-/// A sealed checkpoint directory: fake CRIU images, runc's descriptors.json, two GPU extents.
-fn make_checkpoint_dir(dir: &Path) {
-    fs::create_dir_all(dir).unwrap();
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
-    for (i, name) in [
-        "inventory.img",
-        "core-1.img",
-        "mm-1.img",
-        "pagemap-1.img",
-        "pages-1.img",
-        "files.img",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let len = if *name == "pages-1.img" {
-            1 << 20
-        } else {
-            500 + i * 100
-        };
-        write_0600(&dir.join(name), &noise(len, i as u64 + 1));
-    }
-    write_0600(&dir.join("descriptors.json"), br#"["/dev/null"]"#);
-    write_0600(
-        &dir.join("gpusnap-gpu-ctx-4242-dev0.bin"),
-        &noise(300_000, 20),
-    );
-    write_0600(&dir.join(GPU_EXTENT), &noise(2 << 20, 21));
-    let m = Manifest::new(
-        CONTAINER_ID,
-        format!("/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CONTAINER_ID}"),
-        CheckpointOptions::default(),
-    );
-    seal_checkpoint(dir, m).unwrap();
-    fs::set_permissions(
-        dir.join("gpusnap-manifest.json"),
-        fs::Permissions::from_mode(0o600),
-    )
-    .unwrap();
-}
-
-struct Fixture {
-    work: tempfile::TempDir,
-    /// The CRI archive's tree.
-    root: PathBuf,
-    /// The CRI checkpoint archive (tar of `root`).
-    archive: PathBuf,
-}
-
-fn fixture() -> Fixture {
-    let work = tempfile::Builder::new()
-        .prefix("gpusnap-image-cli-")
-        .tempdir()
-        .unwrap();
-    let root = work.path().join("archive-root");
-    make_checkpoint_dir(&root.join("checkpoint"));
-    let spec = serde_json::json!({
-        "ociVersion": "1.2.0",
-        "process": {"args": ["python", "train.py"], "cwd": "/"},
-        "root": {"path": "rootfs"},
-        "annotations": {
-            "io.kubernetes.cri.container-type": "container",
-            "io.kubernetes.cri.container-name": "trainer",
-            "io.kubernetes.cri.image-name": "docker.io/library/busybox:latest",
-            "io.kubernetes.cri.sandbox-name": "train-pod",
-            "io.kubernetes.cri.sandbox-namespace": "ml"
-        }
-    });
-    let config = serde_json::json!({
-        "id": CONTAINER_ID,
-        "name": "trainer_train-pod_ml_0b5c1f0e_0",
-        "rootfsImage": "docker.io/library/busybox:latest",
-        "rootfsImageName": "docker.io/library/busybox:latest",
-        "runtime": "io.containerd.gpusnap.v2",
-        "createdTime": "2026-03-01T10:00:00.123456789Z",
-        "checkpointedTime": "2026-03-01T10:42:00.987654321Z"
-    });
-    write_0600(&root.join("spec.dump"), &serde_json::to_vec(&spec).unwrap());
-    write_0600(
-        &root.join("config.dump"),
-        &serde_json::to_vec(&config).unwrap(),
-    );
-    write_0600(
-        &root.join("status.dump"),
-        br#"{"state":"CONTAINER_RUNNING"}"#,
-    );
-    write_0600(&root.join("rootfs-diff.tar"), &rootfs_diff());
-    let archive = work.path().join("checkpoint-trainer.tar");
-    tar_tree(&root, &archive);
-    Fixture {
-        work,
-        root,
-        archive,
-    }
-}
-
-/// The container's rw layer (a plain tar here).
-fn rootfs_diff() -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    let data = b"written by the workload\n";
-    let mut h = tar::Header::new_gnu();
-    h.set_size(data.len() as u64);
-    h.set_mode(0o644);
-    h.set_mtime(1_772_359_300);
-    b.append_data(&mut h, "tmp/progress.txt", &data[..])
-        .unwrap();
-    b.into_inner().unwrap()
-}
-
-/// Tars `root`'s contents (sorted, parents first) into `out`, as kubelet's archive looks.
-fn tar_tree(root: &Path, out: &Path) {
-    fn walk(b: &mut tar::Builder<File>, root: &Path, dir: &Path) {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        names.sort();
-        for p in names {
-            let rel = p.strip_prefix(root).unwrap();
-            b.append_path_with_name(&p, rel).unwrap();
-            if p.is_dir() {
-                walk(b, root, &p);
-            }
-        }
-    }
-    let mut b = tar::Builder::new(File::create(out).unwrap());
-    walk(&mut b, root, root);
-    b.finish().unwrap();
-}
-
-/// Relative path → (is dir, mode, content) of every entry under `root`.
-fn tree(root: &Path) -> BTreeMap<String, (bool, u32, Vec<u8>)> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (bool, u32, Vec<u8>)>) {
-        for e in fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let meta = fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            let mode = meta.permissions().mode() & 0o7777;
-            if meta.is_dir() {
-                out.insert(rel, (true, mode, Vec::new()));
-                walk(root, &p, out);
-            } else {
-                out.insert(rel, (false, mode, fs::read(&p).unwrap()));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
-
-fn assert_same_tree(got: &Path, want: &Path) {
-    let (g, w) = (tree(got), tree(want));
-    assert_eq!(
-        g.keys().collect::<Vec<_>>(),
-        w.keys().collect::<Vec<_>>(),
-        "{} and {} hold different paths",
-        got.display(),
-        want.display()
-    );
-    for (k, (dir, mode, data)) in &w {
-        let (gdir, gmode, gdata) = &g[k];
-        assert_eq!(gdir, dir, "{k}: kind");
-        assert_eq!(gmode, mode, "{k}: mode");
-        assert!(gdata == data, "{k}: content differs");
-    }
-}
-
-/// A private `docker-registry` (distribution 2.8) on a free loopback port, own storage.
-struct Registry {
-    dir: tempfile::TempDir,
-    child: Child,
-    port: u16,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let bin = Path::new("/usr/bin/docker-registry");
-        assert!(
-            bin.is_file(),
-            "/usr/bin/docker-registry not found: run scripts/setup-env.sh (needs docker-registry)"
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("gsimg-cli-registry-")
-            .tempdir()
-            .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
-             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-             http:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("storage").display()
-        );
-        fs::write(dir.path().join("config.yml"), config).unwrap();
-        let log = File::create(dir.path().join("registry.log")).unwrap();
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let r = Registry { dir, child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "registry not listening after 30s:\n{}",
-                fs::read_to_string(r.dir.path().join("registry.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        r
-    }
-
-    /// `127.0.0.1:PORT/REPO:TAG` (no scheme: needs --plain-http).
-    fn reference(&self, repo_tag: &str) -> String {
-        format!("127.0.0.1:{}/{repo_tag}", self.port)
-    }
-
-    fn blob_data(&self, digest: &str) -> PathBuf {
-        let hex = digest.strip_prefix("sha256:").unwrap();
-        self.dir
-            .path()
-            .join("storage/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        // Only the registry this test started, by its pid.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+fn registry() -> Registry {
+    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn gpusnap(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(GPUSNAP);
+    let mut cmd = Command::new(paths::binary("gpusnap"));
     if let Some(c) = config {
         cmd.arg("--config").arg(c);
     }
@@ -327,10 +58,10 @@ fn config_with_root(dir: &Path, root: &Path) -> PathBuf {
 
 #[test]
 fn build_push_pull_extract_round_trip() {
-    let reg = Registry::start();
+    let reg = registry();
     let fx = fixture();
     let w = fx.work.path();
-    let reference = reg.reference("ckpt/trainer:v1");
+    let reference = reg.image("ckpt/trainer:v1");
     let image = w.join("trainer.oci.tar");
 
     // build --json
@@ -421,7 +152,7 @@ fn build_push_pull_extract_round_trip() {
         pulled["extracted"]["checkpoint_dir"],
         s(&dest.join("checkpoint"))
     );
-    assert_same_tree(&dest, &fx.root);
+    assert_same_tree(&dest, &fx.archive_root);
     // No scratch layout left behind next to it.
     let left: Vec<_> = fs::read_dir(&root)
         .unwrap()
@@ -454,7 +185,7 @@ fn build_push_pull_extract_round_trip() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("every digest verified"), "{text}");
     assert!(!text.contains("restore-from"), "{text}");
-    assert_same_tree(&dest2, &fx.root);
+    assert_same_tree(&dest2, &fx.archive_root);
     // The pulled oci-archive is a valid image with the same digest.
     let info2 = json(&ok(None, &["inspect", s(&archive2), "--json"]));
     assert_eq!(info2["index_digest"], built["index_digest"]);
@@ -512,7 +243,7 @@ fn build_push_pull_extract_round_trip() {
 fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
     let fx = fixture();
     let w = fx.work.path();
-    let cp = fx.root.join("checkpoint");
+    let cp = fx.archive_root.join("checkpoint");
     let layout = w.join("layout");
     let out = ok(
         None,

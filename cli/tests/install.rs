@@ -1,13 +1,13 @@
 //! `gpusnap install` / `uninstall` against realistic containerd configs (version 2 and 3),
 //! then a real containerd started with the result.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use gpusnap_testkit::containerd;
+use gpusnap_testkit::fixtures::snapshot;
+use gpusnap_testkit::{describe, gpusnap, require_root, rig_bin_dir, text};
 
 struct Scratch {
     dir: tempfile::TempDir,
@@ -62,7 +62,7 @@ impl Scratch {
                     "--containerd-config",
                     self.containerd_config().to_str().unwrap(),
                     "--containerd-bin",
-                    &format!("{RIG_BIN}/containerd"),
+                    rig_bin_dir().join("containerd").to_str().unwrap(),
                     "--shim-path",
                     self.p("bin/containerd-shim-gpusnap-v2").to_str().unwrap(),
                     "--skip-crio",
@@ -153,12 +153,13 @@ fn full_cycle(fixture: &str, mode: &str, expect_dropin: bool) {
 
     // A real containerd loads it: the CRI plugins are up and the handler is registered.
     {
-        let cd = Containerd::start(
+        let cd = containerd::start_with_config(
             &s.containerd_config(),
-            s.p("containerd.sock"),
-            s.p("containerd.log"),
-        );
-        let plugins = cd.ctr(&["plugins", "ls"]);
+            &s.p("containerd.sock"),
+            &s.p("containerd.log"),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let plugins = cd.ctr(&["plugins", "ls"]).unwrap();
         let plugins = text(&plugins.stdout);
         for (ty, id) in [
             ("io.containerd.cri.v1", "runtime"),

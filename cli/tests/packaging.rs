@@ -2,17 +2,13 @@
 //! RuntimeClass names the handler install registers. (`packaging/check.sh` renders and
 //! schema-checks the manifests and builds the .deb.)
 
-mod common;
-
 use std::fs;
-use std::path::Path;
 
-use common::*;
+use gpusnap_testkit::paths::workspace_root;
+use gpusnap_testkit::{describe, gpusnap, text};
 
 fn repo(rel: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(rel)
+    workspace_root().join(rel)
 }
 
 #[test]

@@ -1,16 +1,16 @@
 //! Building, inspecting and extracting combined checkpoint images from a synthetic CRI
 //! checkpoint archive and from a bare checkpoint directory.
 
-mod image_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use gpusnap_criu_bridge::image::{self, keys, BuildOptions, ImageError, LayerRole, SourceLayout};
-use gpusnap_criu_bridge::validate_for_restore;
-use image_support::*;
+use gpusnap_checkpoint::validate_for_restore;
+use gpusnap_oci_image::{self as image, keys, BuildOptions, ImageError, LayerRole, SourceLayout};
+use gpusnap_testkit::cmd::run_ok;
+use gpusnap_testkit::fixtures::*;
+use gpusnap_testkit::paths::require_tool;
 use serde_json::Value;
 
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -29,7 +29,7 @@ fn host_goarch() -> &'static str {
 /// Reads a blob by descriptor, checking size and digest independently of the crate.
 fn blob(layout: &Path, desc: &Value) -> Vec<u8> {
     let digest = desc["digest"].as_str().unwrap();
-    let bytes = fs::read(blob_path(layout, digest)).unwrap();
+    let bytes = fs::read(oci_blob_path(layout, digest)).unwrap();
     assert_eq!(sha256_bytes(&bytes), digest, "blob content vs its digest");
     assert_eq!(
         bytes.len() as u64,
@@ -481,7 +481,7 @@ fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
     // One flipped byte in a GPU extent layer.
     let bad = fx.work.path().join("bad");
     copy_dir(&layout, &bad);
-    flip_byte(&blob_path(&bad, extent.as_str()));
+    flip_byte(&oci_blob_path(&bad, extent.as_str()));
     // inspect does not read extent layers, so it still works...
     image::inspect(&bad).unwrap();
     // ...but extract verifies every layer.
@@ -506,7 +506,7 @@ fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
     // A truncated layer.
     let short = fx.work.path().join("short");
     copy_dir(&layout, &short);
-    let p = blob_path(&short, extent.as_str());
+    let p = oci_blob_path(&short, extent.as_str());
     let data = fs::read(&p).unwrap();
     fs::write(&p, &data[..data.len() - 1024]).unwrap();
     let err = image::extract(&short, &dest).unwrap_err();
@@ -517,14 +517,14 @@ fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
     let badm = fx.work.path().join("badm");
     copy_dir(&layout, &badm);
     let mlayer = &built.layers.last().unwrap().descriptor.digest;
-    flip_byte(&blob_path(&badm, mlayer.as_str()));
+    flip_byte(&oci_blob_path(&badm, mlayer.as_str()));
     let err = image::inspect(&badm).unwrap_err();
     assert!(err.is_integrity_failure(), "{err}");
 
     // A tampered manifest document.
     let badj = fx.work.path().join("badj");
     copy_dir(&layout, &badj);
-    let mpath = blob_path(&badj, built.manifest_digest.as_str());
+    let mpath = oci_blob_path(&badj, built.manifest_digest.as_str());
     let text = fs::read_to_string(&mpath)
         .unwrap()
         .replace("train-pod", "evil-pod");
@@ -665,7 +665,7 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
         format!("oci-archive:{}", archive.display()),
         format!("oci:{}:{}", layout.display(), built.image_name),
     ] {
-        let out = run(Command::new(&skopeo).args(["inspect", &transport]));
+        let out = run_ok(Command::new(&skopeo).args(["inspect", &transport]));
         let v: Value = serde_json::from_str(&out).unwrap();
         // skopeo reports the digest of the document the name points at: our image index.
         assert_eq!(v["Digest"], built.index_digest.as_str(), "{transport}");
@@ -683,14 +683,14 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
             .map(|l| l.descriptor.digest.as_str())
             .collect();
         assert_eq!(layers, ours, "{transport}");
-        let config = run(Command::new(&skopeo).args(["inspect", "--config", &transport]));
+        let config = run_ok(Command::new(&skopeo).args(["inspect", "--config", &transport]));
         let config: Value = serde_json::from_str(&config).unwrap();
         assert_eq!(
             config["rootfs"]["diff_ids"].as_array().unwrap().len(),
             built.layers.len()
         );
         // The raw document skopeo resolves to is our index, annotations intact.
-        let raw = run(Command::new(&skopeo).args(["inspect", "--raw", &transport]));
+        let raw = run_ok(Command::new(&skopeo).args(["inspect", "--raw", &transport]));
         let raw: Value = serde_json::from_str(&raw).unwrap();
         assert_eq!(ann(&raw, keys::CRIU_CONTAINER_NAME), Some(CONTAINER_NAME));
         assert_eq!(ann(&raw, keys::CRIO_CHECKPOINT_NAME), Some(CONTAINER_NAME));
@@ -699,7 +699,7 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
     // skopeo copy reads every blob (verifying digests) and writes its own layout; our extract
     // reads that back to the original archive tree.
     let copy = fx.work.path().join("skopeo-copy");
-    run(Command::new(&skopeo).args([
+    run_ok(Command::new(&skopeo).args([
         "copy",
         "--quiet",
         &format!("oci-archive:{}", archive.display()),

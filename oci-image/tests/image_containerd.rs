@@ -3,114 +3,30 @@
 //! and — what containerd's CRI restore-from-image actually relies on — a snapshotter view of the
 //! image's ChainID shows the CRI archive at its root.
 
-mod image_support;
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
 
-use std::fs::{self, File};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use gpusnap_criu_bridge::image::{self, keys, BuildOptions};
-use image_support::*;
+use gpusnap_oci_image::{self as image, keys, BuildOptions};
+use gpusnap_testkit::cmd::{require_root, run_ok};
+use gpusnap_testkit::fixtures::*;
+use gpusnap_testkit::{Rig, RigOptions};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-const RIG_BIN: &str = "/opt/gpusnap-rig/bin";
-/// The namespace CRI uses, so the image lands where a kubelet restore would look.
-const NAMESPACE: &str = "k8s.io";
-
-struct Containerd {
-    dir: tempfile::TempDir,
-    child: Child,
+/// A rig's private containerd with nothing imported: the checkpoint image is the only one.
+fn containerd() -> Rig {
+    require_root();
+    Rig::start_with(RigOptions {
+        import_images: false,
+        ..RigOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-impl Containerd {
-    fn start() -> Containerd {
-        assert!(
-            is_root(),
-            "this test runs a private containerd and mounts a snapshot: run it as root"
-        );
-        for b in ["containerd", "ctr"] {
-            assert!(
-                Path::new(RIG_BIN).join(b).is_file(),
-                "{RIG_BIN}/{b} missing: run scripts/setup-env.sh"
-            );
-        }
-        // Short path: the socket must fit in sun_path.
-        let dir = tempfile::Builder::new()
-            .prefix("gsimg-ctrd-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let d = dir.path();
-        let config = format!(
-            "version = 3\nroot = \"{root}\"\nstate = \"{state}\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.images\", \
-             \"io.containerd.cri.v1.runtime\", \"io.containerd.nri.v1.nri\"]\n\
-             [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n\
-             [plugins.'io.containerd.internal.v1.opt']\n  path = \"{opt}\"\n",
-            root = d.join("root").display(),
-            state = d.join("state").display(),
-            sock = d.join("c.sock").display(),
-            opt = d.join("opt").display(),
-        );
-        fs::write(d.join("config.toml"), config).unwrap();
-        let log = File::create(d.join("containerd.log")).unwrap();
-        let child = Command::new(Path::new(RIG_BIN).join("containerd"))
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let c = Containerd { dir, child };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if c.socket().exists() && c.try_ctr(&["version"]).is_ok() {
-                return c;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "containerd not ready after 30s:\n{}",
-                fs::read_to_string(c.dir.path().join("containerd.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("c.sock")
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(Path::new(RIG_BIN).join("ctr"));
-        c.arg("--address")
-            .arg(self.socket())
-            .args(["--namespace", NAMESPACE])
-            .args(args);
-        c
-    }
-
-    fn try_ctr(&self, args: &[&str]) -> Result<String, String> {
-        let out = self.cmd(args).output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
-    fn ctr(&self, args: &[&str]) -> String {
-        run(&mut self.cmd(args))
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        // Only the containerd this test started, by its pid.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `ctr <args>` in the rig's namespace, which must succeed; returns stdout.
+fn ctr(rig: &Rig, args: &[&str]) -> String {
+    rig.ctr_ok(args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Unmounts on drop, so a failing assertion does not leave a mount behind.
@@ -149,13 +65,13 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
         },
     )
     .unwrap();
-    let cd = Containerd::start();
+    let cd = containerd();
 
     // Import (unpacking into the default snapshotter, as a CRI pull would).
-    cd.ctr(&["images", "import", archive.to_str().unwrap()]);
+    ctr(&cd, &["images", "import", archive.to_str().unwrap()]);
 
     // `ctr images ls`: our name, an OCI index as target type, the index digest.
-    let ls = cd.ctr(&["images", "ls"]);
+    let ls = ctr(&cd, &["images", "ls"]);
     let row = ls
         .lines()
         .find(|l| l.split_whitespace().next() == Some(built.image_name.as_str()))
@@ -167,14 +83,17 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
     // containerd's checkIfCheckpointOCIImage reads the target blob and looks for the
     // annotation; do the same through `ctr content get`.
     let target: Value =
-        serde_json::from_str(&cd.ctr(&["content", "get", built.index_digest.as_str()])).unwrap();
+        serde_json::from_str(&ctr(&cd, &["content", "get", built.index_digest.as_str()])).unwrap();
     assert_eq!(
         target["annotations"][keys::CRIU_CONTAINER_NAME],
         CONTAINER_NAME,
         "{target}"
     );
-    let manifest: Value =
-        serde_json::from_str(&cd.ctr(&["content", "get", built.manifest_digest.as_str()])).unwrap();
+    let manifest: Value = serde_json::from_str(&ctr(
+        &cd,
+        &["content", "get", built.manifest_digest.as_str()],
+    ))
+    .unwrap();
     assert_eq!(
         manifest["annotations"][keys::CRIU_CONTAINER_NAME],
         CONTAINER_NAME
@@ -184,7 +103,7 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
         CONTAINER_NAME
     );
     // Every layer reached the content store.
-    let content = cd.ctr(&["content", "ls", "-q"]);
+    let content = ctr(&cd, &["content", "ls", "-q"]);
     for l in &built.layers {
         assert!(
             content.lines().any(|d| d == l.descriptor.digest.as_str()),
@@ -198,16 +117,18 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
     // root and the whole archive must be there, GPU extents included.
     let diff_ids: Vec<String> = built.layers.iter().map(|l| l.diff_id.to_string()).collect();
     let chain = chain_id(&diff_ids);
-    let snaps = cd.ctr(&["snapshots", "ls"]);
+    let snaps = ctr(&cd, &["snapshots", "ls"]);
     assert!(
         snaps
             .lines()
             .any(|l| l.split_whitespace().next() == Some(chain.as_str())),
         "image not unpacked: chain {chain} missing from\n{snaps}"
     );
-    let mounts: Value =
-        serde_json::from_str(&cd.ctr(&["snapshots", "view", "--mounts", "gpusnap-view", &chain]))
-            .unwrap();
+    let mounts: Value = serde_json::from_str(&ctr(
+        &cd,
+        &["snapshots", "view", "--mounts", "gpusnap-view", &chain],
+    ))
+    .unwrap();
     let m = &mounts[0];
     // Go field names (`Type`, `Source`, `Options`) in ctr's JSON.
     let field = |k: &str| {
@@ -221,11 +142,13 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
         .as_array()
         .map(|o| o.iter().filter_map(|x| x.as_str()).collect())
         .unwrap_or_default();
-    run(Command::new("mount")
-        .args(["-t", field("Type").as_str().unwrap()])
-        .args(["-o", &opts.join(",")])
-        .arg(field("Source").as_str().unwrap())
-        .arg(&target_dir));
+    run_ok(
+        Command::new("mount")
+            .args(["-t", field("Type").as_str().unwrap()])
+            .args(["-o", &opts.join(",")])
+            .arg(field("Source").as_str().unwrap())
+            .arg(&target_dir),
+    );
     let _mounted = Mounted(target_dir.clone());
     for f in ["spec.dump", "config.dump", "status.dump"] {
         assert!(target_dir.join(f).is_file(), "{f} not at the snapshot root");

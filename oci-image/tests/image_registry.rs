@@ -1,87 +1,19 @@
 //! Push / pull round trips against a real OCI distribution registry (Debian's
 //! `docker-registry`, i.e. distribution 2.8) on loopback, plain HTTP.
 
-mod image_support;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
 
-use std::fs::{self, File};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use gpusnap_criu_bridge::image::{self, BuildOptions, ImageError, LayerRole, RegistryOptions};
-use image_support::*;
+use gpusnap_oci_image::{self as image, BuildOptions, ImageError, LayerRole, RegistryOptions};
+use gpusnap_testkit::cmd::run_ok;
+use gpusnap_testkit::fixtures::*;
+use gpusnap_testkit::paths::find_tool;
+use gpusnap_testkit::registry::{free_tcp_port, Registry};
 use serde_json::Value;
 
-/// A private registry: own config, own storage, own port; the package's system instance (if
-/// any) is irrelevant.
-struct Registry {
-    dir: tempfile::TempDir,
-    child: Child,
-    port: u16,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let bin = require_tool("/usr/bin/docker-registry", "docker-registry");
-        let dir = tempfile::Builder::new()
-            .prefix("gsimg-registry-")
-            .tempdir()
-            .unwrap();
-        let port = free_port();
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
-             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-             http:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("storage").display()
-        );
-        fs::write(dir.path().join("config.yml"), config).unwrap();
-        let log = File::create(dir.path().join("registry.log")).unwrap();
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let r = Registry { dir, child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let up = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-            if up {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "registry not listening after 30s:\n{}",
-                fs::read_to_string(r.dir.path().join("registry.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn reference(&self, repo_tag: &str) -> String {
-        format!("http://127.0.0.1:{}/{repo_tag}", self.port)
-    }
-
-    /// Where the filesystem driver keeps a blob's bytes.
-    fn blob_data(&self, digest: &str) -> PathBuf {
-        let hex = digest.strip_prefix("sha256:").unwrap();
-        self.dir
-            .path()
-            .join("storage/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        // Only the registry this test started, by its pid.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn registry() -> Registry {
+    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn opts() -> RegistryOptions {
@@ -102,7 +34,7 @@ fn assert_layout_blobs_verified(layout: &Path) -> usize {
 
 #[test]
 fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
-    let reg = Registry::start();
+    let reg = registry();
     let fx = fixture();
     let archive = fx.work.path().join("image.oci.tar");
     let built = image::build(
@@ -113,7 +45,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
         },
     )
     .unwrap();
-    let reference = reg.reference("gpusnap/trainer:v1");
+    let reference = reg.url("gpusnap/trainer:v1");
 
     let first = image::push(&archive, &reference, &opts()).unwrap();
     assert_eq!(first.digest, built.index_digest);
@@ -146,7 +78,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     let index_json = read_json(&pulled.join("index.json"));
     assert_eq!(
         index_json["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
-        format!("127.0.0.1:{}/gpusnap/trainer:v1", reg.port)
+        format!("127.0.0.1:{}/gpusnap/trainer:v1", reg.port())
     );
     let info = image::inspect(&pulled).unwrap();
     assert_eq!(info.manifest_digest, built.manifest_digest);
@@ -158,7 +90,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     let dest = fx.work.path().join("restored");
     let out = image::extract(&pulled, &dest).unwrap();
     assert_same_tree(&dest, &fx.archive_root);
-    gpusnap_criu_bridge::validate_for_restore(&out.checkpoint_dir).unwrap();
+    gpusnap_checkpoint::validate_for_restore(&out.checkpoint_dir).unwrap();
 
     // A second image of the same checkpoint (built from the bare directory) shares its GPU
     // extent layers with the first: the registry already has them, so they are not re-sent.
@@ -171,12 +103,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
         },
     )
     .unwrap();
-    let second = image::push(
-        &cp_image,
-        &reg.reference("gpusnap/trainer:cp-only"),
-        &opts(),
-    )
-    .unwrap();
+    let second = image::push(&cp_image, &reg.url("gpusnap/trainer:cp-only"), &opts()).unwrap();
     for l in built
         .layers
         .iter()
@@ -190,11 +117,11 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     }
 
     // skopeo, an independent client, reads what we pushed.
-    if let Some(skopeo) = have_tool("skopeo") {
-        let out = run(Command::new(skopeo).args([
+    if let Some(skopeo) = find_tool("skopeo") {
+        let out = run_ok(Command::new(skopeo).args([
             "inspect",
             "--tls-verify=false",
-            &format!("docker://127.0.0.1:{}/gpusnap/trainer:v1", reg.port),
+            &format!("docker://127.0.0.1:{}/gpusnap/trainer:v1", reg.port()),
         ]));
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["Digest"], built.index_digest.as_str());
@@ -206,7 +133,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
 
 #[test]
 fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
-    let reg = Registry::start();
+    let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     let built = image::build(
@@ -217,7 +144,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
         },
     )
     .unwrap();
-    let reference = reg.reference("gpusnap/trainer:tampered");
+    let reference = reg.url("gpusnap/trainer:tampered");
     image::push(&layout, &reference, &opts()).unwrap();
 
     // Corrupt the second GPU extent in the registry's own storage (same size).
@@ -268,7 +195,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
 
 #[test]
 fn plain_http_is_explicit_and_registry_errors_are_reported() {
-    let reg = Registry::start();
+    let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     image::build(
@@ -280,7 +207,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
     )
     .unwrap();
     // Without http:// (and without plain_http) the client would need TLS: refused up front.
-    let bare = format!("127.0.0.1:{}/gpusnap/x:y", reg.port);
+    let bare = format!("127.0.0.1:{}/gpusnap/x:y", reg.port());
     let err = image::push(&layout, &bare, &opts()).unwrap_err();
     assert!(matches!(err, ImageError::TlsUnsupported { .. }), "{err}");
     // ...and allowed when asked for.
@@ -295,7 +222,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
     .unwrap();
     // A missing tag: the registry's own error code comes through.
     let err = image::pull(
-        &reg.reference("gpusnap/x:missing"),
+        &reg.url("gpusnap/x:missing"),
         &fx.work.path().join("p"),
         &opts(),
     )
@@ -308,7 +235,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
         other => panic!("{other}"),
     }
     // Nothing listening.
-    let dead = format!("http://127.0.0.1:{}/gpusnap/x:y", free_port());
+    let dead = format!("http://127.0.0.1:{}/gpusnap/x:y", free_tcp_port().unwrap());
     let err = image::pull(&dead, &fx.work.path().join("q"), &opts()).unwrap_err();
     assert!(matches!(err, ImageError::Transport { .. }), "{err}");
     assert!(!fx.work.path().join("q").exists());

@@ -1,19 +1,49 @@
 //! `gpusnap-runc` with the real runc and CRIU: pass-through, checkpoint/restore of a busybox
-//! counter, refusal of a tampered image before CRIU, and `gpusnap inspect` on the results.
-
-mod common;
+//! counter through the same transactions the shim runs, refusal of a tampered image before
+//! CRIU, a failed checkpoint that leaves the container running, GPU checkpoints against the
+//! fake CUDA driver, and `gpusnap inspect` on the results.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use gpusnap_testkit::bundle::{BusyboxContainer, COUNTER};
+use gpusnap_testkit::cmd::{describe, gpusnap, require_root, run, text, unique};
+use gpusnap_testkit::paths::{binary, rig_bin_dir};
+use gpusnap_testkit::wait::wait_some;
+
+fn gpusnap_runc() -> PathBuf {
+    binary("gpusnap-runc")
+}
 
 /// A gpusnap config pointing runc at the rig's CRIU.
 fn config(dir: &Path, extra: &str) -> PathBuf {
     let p = dir.join("gpusnap.toml");
-    fs::write(&p, format!("[criu]\nbinary_dir = \"{RIG_BIN}\"\n{extra}")).unwrap();
+    fs::write(
+        &p,
+        format!(
+            "[criu]\nbinary_dir = \"{}\"\n{extra}",
+            rig_bin_dir().display()
+        ),
+    )
+    .unwrap();
     p
+}
+
+/// The lines gpusnap-runc printed as its own error (`gpusnap-runc: ...`), asserting that
+/// stderr holds nothing else and no terminal colours (stderr is a file here).
+fn error_lines(stderr: &str) -> Vec<&str> {
+    assert!(
+        !stderr.contains('\x1b'),
+        "ANSI escapes on a non-terminal: {stderr:?}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.iter().all(|l| l.starts_with("gpusnap-runc: ")),
+        "stderr holds more than the error line(s): {stderr:?}"
+    );
+    lines
 }
 
 fn scratch() -> tempfile::TempDir {
@@ -25,7 +55,7 @@ fn scratch() -> tempfile::TempDir {
 
 #[test]
 fn version_and_help_pass_through() {
-    let out = run(GPUSNAP_RUNC, ["--version"]);
+    let out = run(gpusnap_runc(), ["--version"]);
     assert!(out.status.success(), "{}", describe(&out));
     let stdout = text(&out.stdout);
     let runc = run("runc", ["--version"]);
@@ -39,7 +69,7 @@ fn version_and_help_pass_through() {
     );
 
     // CRI-O decides whether the runtime can checkpoint from this.
-    let out = run(GPUSNAP_RUNC, ["checkpoint", "--help"]);
+    let out = run(gpusnap_runc(), ["checkpoint", "--help"]);
     assert!(out.status.success(), "{}", describe(&out));
     assert!(
         text(&out.stdout).contains("runc checkpoint"),
@@ -59,7 +89,7 @@ fn unknown_container_gets_runcs_own_error_and_exit_code() {
     ] {
         let mut args = vec!["--root", root.to_str().unwrap()];
         args.extend_from_slice(sub);
-        let ours = run(GPUSNAP_RUNC, &args);
+        let ours = run(gpusnap_runc(), &args);
         let theirs = run("runc", &args);
         assert_eq!(
             ours.status.code(),
@@ -76,11 +106,38 @@ fn unknown_container_gets_runcs_own_error_and_exit_code() {
     }
 }
 
+/// Podman runs `kill` and `delete` with no PATH at all: gpusnap-runc still finds runc.
+#[test]
+fn runc_is_found_without_a_path() {
+    let dir = scratch();
+    let root = dir.path().join("root");
+    let out = Command::new(gpusnap_runc())
+        .args(["--root", root.to_str().unwrap(), "state", "no-such-ctr"])
+        .env_clear()
+        .output()
+        .unwrap();
+    let theirs = run(
+        "runc",
+        ["--root", root.to_str().unwrap(), "state", "no-such-ctr"],
+    );
+    assert_eq!(
+        out.status.code(),
+        theirs.status.code(),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        text(&out.stderr).contains("container does not exist"),
+        "runc ran and answered: {}",
+        describe(&out)
+    );
+}
+
 #[test]
 fn invalid_config_is_refused_naming_the_setting() {
     let dir = scratch();
     let cfg = config(dir.path(), "[storage]\ntransfer_buffer_count = 0\n");
-    let out = std::process::Command::new(GPUSNAP_RUNC)
+    let out = Command::new(gpusnap_runc())
         .args(["state", "x"])
         .env("GPUSNAP_CONFIG", &cfg)
         .output()
@@ -102,7 +159,7 @@ fn checkpoint_and_restore_a_counter() {
     let c = BusyboxContainer::create(dir.path(), &unique("gsr-count"), COUNTER);
     c.start();
     // Long enough that a restart from zero could never pass for a continuation.
-    let before = wait_for(Duration::from_secs(20), || c.count().filter(|n| *n >= 20));
+    let before = wait_some(Duration::from_secs(20), || c.count().filter(|n| *n >= 20));
     assert!(before.is_some(), "counter did not start");
 
     // 1. --leave-running: the container keeps counting, the image is sealed.
@@ -124,28 +181,46 @@ fn checkpoint_and_restore_a_counter() {
     assert!(inspect.status.success(), "{}", describe(&inspect));
     let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
-    assert_eq!(v["manifest"]["container_id"], c.id.as_str());
-    assert_eq!(v["manifest"]["options"]["exit"], false);
-    assert_eq!(v["manifest"]["criu_version"], "4.2.1");
-    assert_eq!(v["manifest"]["bundle"], c.bundle.to_str().unwrap());
-    assert!(
-        v["manifest"]["gpu"].is_null(),
-        "CPU-only container has no GPU section"
+    let m = &v["manifest"];
+    assert_eq!(m["format_version"], 2, "{m:#}");
+    assert_eq!(m["container_id"], c.id.as_str());
+    // The CRIU flags of the dump by runc's names; nothing host-specific is recorded.
+    assert_eq!(
+        m["criu"],
+        serde_json::json!({
+            "tcp_established": false,
+            "ext_unix_sk": false,
+            "shell_job": false,
+            "file_locks": false,
+            "empty_ns": [],
+            "manage_cgroups_mode": null
+        }),
+        "{m:#}"
     );
-    let procs = v["manifest"]["processes"].as_array().unwrap();
     assert!(
-        procs
-            .iter()
-            .any(|p| p["container_pid"] == 1 && p["command"][0] == "/bin/sh"),
+        m.get("options").is_none() && m.get("bundle").is_none(),
+        "{m:#}"
+    );
+    assert_eq!(m["criu_version"], "4.2.1");
+    assert!(m["gpu"].is_null(), "CPU-only container has no GPU section");
+    let procs = m["processes"].as_array().unwrap().clone();
+    assert!(procs.iter().any(|p| p["container_pid"] == 1), "{procs:?}");
+    assert!(
+        procs.iter().all(|p| p.get("host_pid").is_none()),
         "{procs:?}"
     );
-    assert!(v["manifest"]["images"]["files"].as_array().unwrap().len() > 3);
+    assert!(m["images"]["files"].as_array().unwrap().len() > 3);
     let summary = gpusnap(["inspect", images_live.to_str().unwrap()]);
     let summary = text(&summary.stdout);
     assert!(
         summary.contains(&format!("Container   {}", c.id)),
         "{summary}"
     );
+    assert!(
+        summary.contains("CRIU flags  none") && !summary.contains("Options"),
+        "{summary}"
+    );
+    assert!(summary.contains("pid 1 in the container"), "{summary}");
     assert!(
         summary.contains("GPU         none (CPU-only checkpoint)"),
         "{summary}"
@@ -174,7 +249,7 @@ fn checkpoint_and_restore_a_counter() {
         "runc destroys the container after a full dump"
     );
     assert!(images
-        .join(gpusnap_criu_bridge::layout::MANIFEST_FILE)
+        .join(gpusnap_checkpoint::layout::MANIFEST_FILE)
         .is_file());
     assert!(work.join("dump.log").is_file(), "--work-path reached CRIU");
     let at_checkpoint = c.count().unwrap();
@@ -255,8 +330,11 @@ fn checkpoint_and_restore_a_counter() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, _, err) = c.wrapper(&args, &env, dir.path());
     assert_eq!(code, 1, "{err}");
+    let lines = error_lines(&err);
+    assert_eq!(lines.len(), 1, "the error is printed once: {err:?}");
     assert!(
-        err.contains("refusing to restore") && err.contains("is corrupted"),
+        lines[0].starts_with(&format!("gpusnap-runc: cannot restore {}: ", c.id))
+            && lines[0].contains("is corrupted"),
         "{err}"
     );
     assert!(
@@ -268,9 +346,10 @@ fn checkpoint_and_restore_a_counter() {
     let logged = fs::read_to_string(&log).unwrap();
     let line: serde_json::Value = serde_json::from_str(logged.lines().last().unwrap()).unwrap();
     assert_eq!(line["level"], "error");
-    assert!(
-        line["msg"].as_str().unwrap().contains("is corrupted"),
-        "{logged}"
+    assert_eq!(
+        line["msg"].as_str().unwrap(),
+        lines[0],
+        "the same message in runc's log: {logged}"
     );
     let inspect = gpusnap(["inspect", tampered.to_str().unwrap()]);
     assert_eq!(inspect.status.code(), Some(1), "{}", describe(&inspect));
@@ -300,7 +379,7 @@ fn checkpoint_and_restore_a_counter() {
     );
     assert_eq!(code, 0, "restore failed:\n{err}");
     assert_eq!(c.status().as_deref(), Some("running"));
-    let after = wait_for(Duration::from_secs(10), || {
+    let after = wait_some(Duration::from_secs(10), || {
         c.count().filter(|n| *n > at_checkpoint + 5)
     });
     let after = after.unwrap_or_else(|| {
@@ -318,13 +397,23 @@ fn checkpoint_and_restore_a_counter() {
     let again = gpusnap(["inspect", "--json", images.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
+
+    // Last, so that a failure here does not hide the rest: each process is recorded with its
+    // pid in the container and its command (format 2 drops only host pids and the bundle).
+    assert!(
+        procs
+            .iter()
+            .any(|p| p["container_pid"] == 1 && p["command"][0] == "/bin/sh"),
+        "the manifest of the --leave-running checkpoint records no command for the \
+         container's init: {procs:?}"
+    );
 }
 
 #[test]
 fn remote_pages_are_refused() {
     let dir = scratch();
     let out = run(
-        GPUSNAP_RUNC,
+        gpusnap_runc(),
         [
             "--root",
             dir.path().to_str().unwrap(),
@@ -372,14 +461,8 @@ fn gpu_process_is_locked_around_the_dump() {
     let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
     let c = BusyboxContainer::create(dir.path(), &unique("gsr-gpu"), COUNTER);
     c.start();
-    assert!(wait_for(Duration::from_secs(20), || c.count()).is_some());
-    let state = run(
-        "runc",
-        [&c.root_args()[..], &["state".to_owned(), c.id.clone()]].concat(),
-    );
-    let pid = serde_json::from_slice::<serde_json::Value>(&state.stdout).unwrap()["pid"]
-        .as_i64()
-        .unwrap() as i32;
+    assert!(wait_some(Duration::from_secs(20), || c.count()).is_some());
+    let pid = c.pid().expect("runc state gives the init pid");
     fake.register(pid).unwrap();
 
     let images = dir.path().join("images");
@@ -437,5 +520,222 @@ fn gpu_process_is_locked_around_the_dump() {
         dir.path(),
     );
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("--detach"), "{err}");
+    let lines = error_lines(&err);
+    assert_eq!(lines.len(), 1, "{err:?}");
+    assert!(
+        lines[0].starts_with("gpusnap-runc: cannot restore other-id: ") && err.contains("--detach"),
+        "{err}"
+    );
+}
+
+/// A checkpoint that CRIU cannot take (an established TCP connection without
+/// `--tcp-established`) is reported once, scrubbed, and leaves the container running.
+#[test]
+fn failed_checkpoint_scrubs_and_keeps_the_container_running() {
+    require_root();
+    let dir = scratch();
+    let cfg = config(dir.path(), "");
+    let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
+    // A connection over the container's own loopback, held open by both ends.
+    let script = format!(
+        "sleep 1000 | busybox nc -l -p 7777 >/dev/null & sleep 0.5; \
+         sleep 1000 | busybox nc 127.0.0.1 7777 >/dev/null & {COUNTER}"
+    );
+    let c = BusyboxContainer::create(dir.path(), &unique("gsr-fail"), &script);
+    std::os::unix::fs::symlink("busybox", c.bundle.join("rootfs/bin/nc")).ok();
+    c.start();
+    assert!(
+        wait_some(Duration::from_secs(20), || c.count().filter(|n| *n >= 5)).is_some(),
+        "counter did not start"
+    );
+    let images = dir.path().join("images");
+    let log = dir.path().join("runc-log.json");
+    let (code, _, err) = c.wrapper(
+        &[
+            "--log",
+            log.to_str().unwrap(),
+            "--log-format",
+            "json",
+            "checkpoint",
+            "--image-path",
+            images.to_str().unwrap(),
+            &c.id,
+        ],
+        &env,
+        dir.path(),
+    );
+    assert_ne!(
+        code, 0,
+        "checkpoint of an established TCP connection succeeded"
+    );
+    let lines = error_lines(&err);
+    assert_eq!(lines.len(), 1, "the error is printed once: {err:?}");
+    let line = lines[0];
+    assert!(
+        line.starts_with(&format!("gpusnap-runc: checkpoint of {} failed: ", c.id)),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(
+            "; the container keeps running as before and nothing in the checkpoint directory \
+             looks complete"
+        ),
+        "{line}"
+    );
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.lines().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|v| v["level"] == "error" && v["msg"] == line)
+        }),
+        "runc's log holds the same message: {logged}"
+    );
+
+    // Scrubbed: no manifest and no CRIU image is left to look like a checkpoint.
+    let left: Vec<String> = fs::read_dir(&images)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| !n.ends_with(".img") && !n.starts_with("gpusnap-")),
+        "{left:?}"
+    );
+    // And the container runs on.
+    assert_eq!(c.status().as_deref(), Some("running"));
+    let now = c.count().unwrap();
+    assert!(
+        wait_some(Duration::from_secs(10), || c.count().filter(|n| *n > now)).is_some(),
+        "the counter stopped at {now}"
+    );
+}
+
+/// A posix-engine GPU checkpoint (CUDA 13.4 CustomStorage, GPU memory written into the
+/// checkpoint directory) taken by gpusnap-runc restores through gpusnap-runc, GPU memory
+/// included.
+#[test]
+fn posix_engine_gpu_checkpoint_restores() {
+    use gpusnap_fake_libcuda::FakeCuda;
+    require_root();
+    let dir = scratch();
+    let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
+    fake.set_driver_version(13040).unwrap();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[cuda]\nlibrary = \"{}\"\n[storage]\nengine = \"posix\"\n",
+            fake.library_path().display()
+        ),
+    );
+    let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
+    let id = unique("gsr-posix");
+    let c = BusyboxContainer::create(dir.path(), &id, COUNTER);
+    // The fake keys this CUDA process by the id and its pid in the container (1), which — like
+    // real driver state in process memory — survives the restore under a new host pid.
+    c.add_env(&format!("GPUSNAP_FAKE_CUDA_ID={id}"));
+    fs::write(
+        fake.dir().join("procs").join(format!("id-{id}-1")),
+        "running\n",
+    )
+    .unwrap();
+    c.start();
+    assert!(wait_some(Duration::from_secs(20), || c.count().filter(|n| *n >= 10)).is_some());
+    let old_pid = c.pid().unwrap();
+
+    let images = dir.path().join("images");
+    let (code, _, err) = c.wrapper(
+        &[
+            "checkpoint",
+            "--image-path",
+            images.to_str().unwrap(),
+            &c.id,
+        ],
+        &env,
+        dir.path(),
+    );
+    assert_eq!(code, 0, "checkpoint failed:\n{err}");
+    assert_eq!(
+        c.status(),
+        None,
+        "the container is gone after the checkpoint"
+    );
+    let at_checkpoint = c.count().unwrap();
+    let out = gpusnap(["inspect", "--json", images.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["validation"]["status"], "complete", "{v:#}");
+    assert_eq!(v["manifest"]["gpu"]["engine"], "posix", "{v:#}");
+    let extents: Vec<PathBuf> = fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("gpusnap-gpu-")
+        })
+        .collect();
+    assert_eq!(extents.len(), 1, "one extent for the one GPU: {extents:?}");
+
+    // The fake keeps device memory by host pid and, at restore, maps regions of the size it
+    // recorded for that pid. The restored init's host pid is not known in advance: record the
+    // size for the pids that come next.
+    let size = fs::read_to_string(fake.dir().join(format!("vram/{old_pid}/0.size"))).unwrap();
+    let last: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for p in last + 1..last + 3000 {
+        let d = fake.dir().join(format!("vram/{p}"));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("0.size"), &size).unwrap();
+    }
+
+    let rwork = dir.path().join("restore-work");
+    fs::create_dir_all(&rwork).unwrap();
+    let (code, _, err) = c.wrapper(
+        &[
+            "restore",
+            "-d",
+            "--image-path",
+            images.to_str().unwrap(),
+            "--work-path",
+            rwork.to_str().unwrap(),
+            "--bundle",
+            c.bundle.to_str().unwrap(),
+            &c.id,
+        ],
+        &env,
+        dir.path(),
+    );
+    assert_eq!(code, 0, "restore failed:\n{err}");
+    assert_eq!(c.status().as_deref(), Some("running"));
+    let new_pid = c.pid().unwrap();
+    assert_ne!(new_pid, old_pid);
+    assert_eq!(
+        fake.calls_for(new_pid).unwrap(),
+        ["restore 0", "operation_complete 0", "unlock 0"],
+        "CUDA restore, CustomStorage commit, then unlock of the restored pid"
+    );
+    // The device memory came back from the extent: the fake's pattern for the old pid.
+    let vram = fake
+        .device_memory(new_pid, 0)
+        .unwrap()
+        .expect("device memory restored");
+    assert_eq!(vram.len(), size.trim().parse::<usize>().unwrap());
+    assert!(
+        vram.iter()
+            .enumerate()
+            .all(|(i, b)| *b
+                == ((i as u32).wrapping_mul(31).wrapping_add(old_pid as u32) & 0xff) as u8),
+        "restored device memory differs from what was checkpointed"
+    );
+    let after = wait_some(Duration::from_secs(10), || {
+        c.count().filter(|n| *n > at_checkpoint + 3)
+    });
+    assert!(after.is_some(), "counter stuck at {at_checkpoint}");
 }

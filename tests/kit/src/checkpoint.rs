@@ -34,7 +34,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 
 use crate::cmd::OutputExt;
 use crate::rig::{Rig, RigOptions, Runtime, TaskState};
-use crate::wait::wait_until;
+use crate::wait::wait_some;
 
 /// Media type of the CRIU image directory tar in a containerd checkpoint image.
 pub const CRIU_TAR_MEDIA_TYPE: &str =
@@ -200,17 +200,8 @@ pub fn counter(rig: &Rig, id: &str, path: &str) -> Option<u64> {
 /// Polls `f` until it yields a value and returns that value. Unlike [`crate::wait_for`] it
 /// does not poll again to hand the value out, so it suits conditions that flicker (a file
 /// that a workload truncates and rewrites many times a second).
-pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
-    let mut got = None;
-    if wait_until(timeout, || {
-        got = f();
-        got.is_some()
-    }) {
-        if let Some(v) = got {
-            return Ok(v);
-        }
-    }
-    bail!("timed out after {timeout:?} waiting for {what}")
+pub fn poll<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> Result<T> {
+    wait_some(timeout, f).ok_or_else(|| anyhow!("timed out after {timeout:?} waiting for {what}"))
 }
 
 /// Polls [`counter`] until it is at least `min`; returns the value seen.
@@ -265,11 +256,7 @@ pub fn proc_state(host_pid: u32) -> Option<char> {
         .and_then(|v| v.trim().chars().next())
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_tcp_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+pub use crate::registry::free_tcp_port;
 
 // ----- images in the content store --------------------------------------------------------
 

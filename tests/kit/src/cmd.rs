@@ -262,3 +262,78 @@ impl Drop for Spawned {
 pub fn run_with_timeout(cmd: Command, stdin: Option<Vec<u8>>, timeout: Duration) -> Result<Output> {
     Spawned::spawn(cmd, stdin)?.wait_timeout(timeout)
 }
+
+// ----- plain helpers for tests that run one command and look at its output ------------------
+
+static UNIQUE_SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A name unique to this test process and call: `<prefix>-<pid>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        UNIQUE_SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Whether the test runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails the test (never skips it) when it does not run as root.
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "this test runs containers, runc, CRIU or containerd: run it as root (CI does)"
+    );
+}
+
+/// Bytes as text, lossily.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Status and both streams of `out`, for assertion messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+/// Runs `program args...` to completion with stdin closed; panics only when it cannot start.
+pub fn run<I, S>(program: impl AsRef<std::ffi::OsStr>, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    Command::new(program.as_ref())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {:?}: {e}", program.as_ref()))
+}
+
+/// Runs `cmd` (stdin closed), panicking with its output unless it succeeds; returns stdout.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", describe(&out));
+    text(&out.stdout)
+}
+
+/// Runs the workspace's `gpusnap` CLI (found by [`crate::paths::binary`]) with `args`, stdin
+/// closed.
+pub fn gpusnap<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    run(crate::paths::binary("gpusnap"), args)
+}

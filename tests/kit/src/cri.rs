@@ -9,19 +9,19 @@
 //!   node's own directory, the pause image imported into CRI's `k8s.io` namespace, and helpers for
 //!   pods with host networking (no CNI needed) and containers. Every pod it started is stopped
 //!   and removed when it is dropped, before the rig itself is torn down.
-//! - [`Registry`]: Debian's `docker-registry` (distribution 2.8) on `127.0.0.1:<free port>`
-//!   with filesystem storage in a temporary directory, and the `hosts.toml` tree that lets CRI
-//!   pull from it over plain HTTP.
+//! - [`Registry`] (re-exported from [`crate::registry`]): a private OCI registry on loopback,
+//!   and [`write_plain_http_hosts`], the `hosts.toml` tree that lets CRI pull from it over
+//!   plain HTTP.
 //!
 //! Pods are put under the cgroup parent `/<rig namespace>/cri`, so that the rig's teardown
 //! (which kills whatever lives in cgroups under `/<rig namespace>/`) also catches containers
 //! that CRI could not remove.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,9 @@ use crate::cmd::{run_with_timeout, OutputExt};
 use crate::paths;
 use crate::rig::{Rig, RigOptions, Runtime, PAUSE_IMAGE};
 use crate::wait::wait_until;
+
+// The registry used to live here; existing users import it from this module.
+pub use crate::registry::{write_plain_http_hosts, Registry, REGISTRY_BIN};
 
 /// containerd's CRI plugin keeps everything in this containerd namespace.
 pub const CRI_NAMESPACE: &str = "k8s.io";
@@ -726,96 +729,6 @@ fn namespaces() -> NamespaceOption {
         ipc: NamespaceMode::Pod as i32,
         ..Default::default()
     }
-}
-
-/// `<dir>/<host>/hosts.toml` telling containerd to talk plain HTTP to `host` (`ip:port`).
-pub fn write_plain_http_hosts(dir: &Path, host: &str) -> Result<()> {
-    let d = dir.join(host);
-    fs::create_dir_all(&d)?;
-    fs::write(
-        d.join("hosts.toml"),
-        format!(
-            "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )?;
-    Ok(())
-}
-
-/// A private OCI distribution registry on loopback (plain HTTP, filesystem storage).
-pub struct Registry {
-    dir: tempfile::TempDir,
-    child: Child,
-    port: u16,
-}
-
-/// Where Debian's package installs the registry.
-pub const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
-
-impl Registry {
-    pub fn start() -> Result<Registry> {
-        ensure!(
-            paths::is_executable(Path::new(REGISTRY_BIN)),
-            "{REGISTRY_BIN} missing: run scripts/setup-env.sh (Debian package docker-registry)"
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("gpusnap-registry-")
-            .tempdir()?;
-        let port = free_port()?;
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
-             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-             http:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("storage").display()
-        );
-        fs::write(dir.path().join("config.yml"), config)?;
-        let log = File::create(dir.path().join("registry.log"))?;
-        let child = Command::new(REGISTRY_BIN)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting docker-registry")?;
-        let r = Registry { dir, child, port };
-        if !wait_until(Duration::from_secs(30), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        }) {
-            bail!(
-                "registry not listening on 127.0.0.1:{port} after 30s:\n{}",
-                fs::read_to_string(r.dir.path().join("registry.log")).unwrap_or_default()
-            );
-        }
-        Ok(r)
-    }
-
-    /// `127.0.0.1:<port>`.
-    pub fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// The image reference CRI pulls: `127.0.0.1:<port>/<repo:tag>`.
-    pub fn image(&self, repo_tag: &str) -> String {
-        format!("{}/{repo_tag}", self.host())
-    }
-
-    /// The reference gpusnap's push/pull take: `http://127.0.0.1:<port>/<repo:tag>`.
-    pub fn url(&self, repo_tag: &str) -> String {
-        format!("http://{}", self.image(repo_tag))
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        // Only the registry this helper started, by its pid.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(l.local_addr()?.port())
 }
 
 /// Waits until container `id` is in CRI state `want`.

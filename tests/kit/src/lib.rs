@@ -1,4 +1,20 @@
-//! `gpusnap-tests`: a test rig that drives a **real** containerd (no mocks).
+//! `gpusnap-testkit`: the one test kit of the workspace. Every crate's tests use it (as a
+//! dev-dependency) instead of launchers and helpers of their own:
+//!
+//! - [`Rig`] ([`rig`]): a private, real containerd driven through `ctr` (no mocks); [`CriNode`]
+//!   ([`cri`]) plays a Kubernetes node on top of one; [`containerd`] is the containerd process
+//!   both run on, also usable alone with a config of a test's own;
+//! - [`Registry`] ([`registry`]): a private OCI registry on loopback;
+//! - [`BusyboxContainer`] ([`bundle`]): a runc-level busybox container for runc, CRIU and
+//!   `gpusnap-runc` tests;
+//! - [`fixtures`]: a sealed checkpoint directory, a CRI checkpoint archive around it, tree
+//!   snapshots and digest helpers;
+//! - [`cmd`], [`wait`]: running commands and polling; [`paths`]: where the rig's tools and the
+//!   workspace's binaries are ([`paths::binary`]);
+//! - [`checkpoint`], [`scenario`]: checkpoint/restore helpers for `ctr` scenarios and the
+//!   both-runtimes harness ([`scenario_tests!`]).
+//!
+//! # The containerd rig
 //!
 //! The rig needs what `scripts/setup-env.sh` installs under `/opt/gpusnap-rig`
 //! (containerd 2.x, ctr, containerd-shim-runc-v2, CRIU 4.x and the OCI test
@@ -24,23 +40,31 @@
 //! the binary (see [`locate_gpusnap_shim`]), links it into `<rig>/bin` and starts
 //! containerd with `PATH=<rig>/bin:/opt/gpusnap-rig/bin:<system PATH>`, so the shim
 //! is found by containerd and `runc` (run by either shim) finds CRIU 4.x.
-//! Search order:
+//! Search order (the same for every binary of the workspace, see [`paths::locate_binary`]):
 //! 1. `$GPUSNAP_SHIM_BIN` (an explicit path; an error if it does not exist);
 //! 2. next to the running test binary's profile directory
 //!    (`<target-dir>/<profile>/containerd-shim-gpusnap-v2`, which follows
 //!    `CARGO_TARGET_DIR` and `--release`);
 //! 3. `<workspace>/target/debug/containerd-shim-gpusnap-v2`.
 
+pub mod bundle;
 pub mod checkpoint;
 pub mod cmd;
+pub mod containerd;
 pub mod cri;
+pub mod fixtures;
 pub mod paths;
 pub mod pty;
+pub mod registry;
 pub mod rig;
 pub mod scenario;
 pub mod wait;
 
-pub use cmd::{OutputExt, Spawned};
-pub use paths::{locate_gpusnap_shim, rig_prefix};
+pub use bundle::{BusyboxContainer, COUNTER};
+pub use cmd::{describe, gpusnap, require_root, run, text, unique, OutputExt, Spawned};
+pub use containerd::Containerd;
+pub use cri::{CriNode, CriNodeOptions};
+pub use paths::{binary, locate_gpusnap_shim, rig_bin_dir, rig_prefix};
+pub use registry::Registry;
 pub use rig::{ExecOpts, Rig, RigOptions, RunOpts, Runtime, TaskInfo, TaskState};
-pub use wait::{wait_for, wait_until};
+pub use wait::{wait_for, wait_some, wait_until};

@@ -3,15 +3,15 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use crate::cmd::{run_with_timeout, OutputExt, Spawned};
+use crate::cmd::{is_root, run_with_timeout, OutputExt, Spawned};
+use crate::containerd::{Containerd, ContainerdSpec};
 use crate::paths::{self, GPUSNAP_SHIM_NAME};
 use crate::pty::{run_in_pty, PtyOutput};
 use crate::wait::{wait_for, wait_until};
@@ -265,7 +265,7 @@ pub struct Rig {
     dir: PathBuf,
     ns: String,
     opts: RigOptions,
-    containerd: Option<Child>,
+    containerd: Option<Containerd>,
     path_env: OsString,
     gpusnap_shim: std::result::Result<PathBuf, String>,
 }
@@ -273,11 +273,6 @@ pub struct Rig {
 fn toml_str(p: &Path) -> String {
     let s = p.to_string_lossy();
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 impl Rig {
@@ -359,9 +354,7 @@ impl Rig {
             std::os::unix::fs::symlink(shim, dir.join("bin").join(GPUSNAP_SHIM_NAME))
                 .context("linking the gpusnap shim into the rig's bin dir")?;
         }
-        let system_path = std::env::var_os("PATH").unwrap_or_else(|| {
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-        });
+        let system_path = crate::containerd::system_path();
         let mut path_env = OsString::from(dir.join("bin"));
         path_env.push(":");
         if opts.criu_on_path {
@@ -447,7 +440,7 @@ impl Rig {
     }
     /// PID of the running containerd.
     pub fn containerd_pid(&self) -> Option<u32> {
-        self.containerd.as_ref().map(|c| c.id())
+        self.containerd.as_ref().and_then(Containerd::pid)
     }
 
     /// Fail with a clear message when `rt`'s shim is not available to this rig.
@@ -553,73 +546,23 @@ impl Rig {
 
     fn start_containerd(&mut self) -> Result<()> {
         ensure!(self.containerd.is_none(), "containerd already running");
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())?;
-        let mut cmd = Command::new(paths::rig_bin_dir().join("containerd"));
-        cmd.arg("--config")
-            .arg(self.config_path())
-            .env("PATH", &self.path_env)
-            .envs(self.opts.containerd_env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Own process group: signals aimed at the test process group do not reach it.
-            .process_group(0);
-        let child = cmd.spawn().context("spawning containerd")?;
-        self.containerd = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = self.containerd.as_mut().expect("just set").try_wait()? {
-                self.containerd = None;
-                bail!(
-                    "containerd exited during start-up ({st}); log tail:\n{}",
-                    self.log_tail(30)
-                );
-            }
-            if self.address().exists() {
-                if let Ok(o) = self.ctr_timeout(&["version"], None, Duration::from_secs(5)) {
-                    if o.status.success() {
-                        return Ok(());
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "containerd not ready after 30s; log tail:\n{}",
-                    self.log_tail(30)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.containerd = Some(Containerd::start(ContainerdSpec {
+            config: self.config_path(),
+            address: self.address(),
+            log: self.log_path(),
+            path_env: self.path_env.clone(),
+            env: self.opts.containerd_env.clone(),
+        })?);
+        Ok(())
     }
 
     /// Stop containerd with `sig` (shims are left running), waiting up to `timeout`
     /// before SIGKILL.
     pub fn stop_containerd(&mut self, sig: i32, timeout: Duration) -> Result<()> {
-        let Some(mut child) = self.containerd.take() else {
-            return Ok(());
-        };
-        // SAFETY: signal to our own unreaped child.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, sig);
+        match self.containerd.take() {
+            Some(mut c) => c.stop(sig, timeout),
+            None => Ok(()),
         }
-        let deadline = Instant::now() + timeout;
-        loop {
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // A graceful stop removes the socket; a killed one may leave it behind.
-        let _ = fs::remove_file(self.address());
-        Ok(())
     }
 
     /// Stop containerd with SIGTERM (shims keep running) and start it again on the same
@@ -1080,10 +1023,7 @@ impl Rig {
 
     fn teardown(&mut self) {
         // 1. Kill and delete tasks, delete containers, while containerd still runs.
-        let alive = self
-            .containerd
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        let alive = self.containerd.as_mut().is_some_and(Containerd::is_running);
         if alive {
             if let Ok(tasks) = self.tasks() {
                 for t in &tasks {

@@ -48,3 +48,14 @@ pub fn wait_for<T>(
     }
     bail!("timed out after {timeout:?} waiting for {what}; last: {last}")
 }
+
+/// Polls `f` until it yields `Some` (returned) or `timeout` passes (`None`). The value is the
+/// one `f` returned, not a second poll, so it suits values that change between polls.
+pub fn wait_some<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut got = None;
+    wait_until(timeout, || {
+        got = f();
+        got.is_some()
+    });
+    got
+}

@@ -1,20 +1,17 @@
-//! Shared fixtures for the `image_*` integration tests: a sealed gpusnap checkpoint with fake
-//! CRIU images and GPU extents, a CRI checkpoint archive around it (as containerd's
-//! `CheckpointContainer` writes it), tree snapshots for byte-for-byte comparisons, and helpers
-//! to read OCI layouts independently of the code under test.
-
-#![allow(dead_code)]
+//! Checkpoint fixtures shared by the image, checkpoint and CLI tests: a sealed gpusnap
+//! checkpoint with fake CRIU images and GPU extents (sealed with the real `seal_checkpoint`), a
+//! CRI checkpoint archive around it (as containerd's `CheckpointContainer` writes it), tree
+//! snapshots for byte-for-byte comparisons, and helpers to read OCI layouts and tars
+//! independently of the code under test.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use gpusnap_criu_bridge::{
-    seal_checkpoint, CheckpointOptions, GpuProcessRecord, GpuSection, Manifest, ProcessRecord,
-};
+use gpusnap_checkpoint::{seal_checkpoint, GpuProcessRecord, GpuSection, Manifest, ProcessRecord};
+use gpusnap_criu_bridge::CriuFlags;
 use sha2::{Digest as _, Sha256};
 
 pub const CONTAINER_NAME: &str = "trainer";
@@ -79,14 +76,12 @@ pub fn make_checkpoint_dir(dir: &Path) -> Manifest {
 
     let mut m = Manifest::new(
         CONTAINER_ID,
-        format!("/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CONTAINER_ID}"),
-        CheckpointOptions {
-            open_tcp: true,
+        CriuFlags {
+            tcp_established: true,
             ..Default::default()
         },
     );
     m.processes.push(ProcessRecord {
-        host_pid: 4242,
         container_pid: Some(1),
         command: Some(vec!["python".into(), "train.py".into()]),
     });
@@ -358,8 +353,8 @@ pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_slice(&fs::read(p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Path of a blob in a layout, from a `sha256:` digest string.
-pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {
+/// Path of a blob in an OCI layout directory, from a `sha256:` digest string.
+pub fn oci_blob_path(layout: &Path, digest: &str) -> PathBuf {
     layout
         .join("blobs/sha256")
         .join(digest.strip_prefix("sha256:").expect("sha256 digest"))
@@ -386,40 +381,6 @@ pub fn tar_members(bytes: &[u8]) -> Vec<(String, tar::EntryType, Vec<u8>)> {
         .collect()
 }
 
-/// True if `name` is an executable on PATH (or an absolute executable path).
-pub fn have_tool(name: &str) -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = if name.contains('/') {
-        vec![PathBuf::from(name)]
-    } else {
-        std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect())
-            .unwrap_or_default()
-    };
-    candidates.into_iter().find(|p| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
-    })
-}
-
-/// The tool, or a failure that says what to install. Never a silent skip.
-pub fn require_tool(name: &str, package: &str) -> PathBuf {
-    have_tool(name)
-        .unwrap_or_else(|| panic!("{name} not found: run scripts/setup-env.sh (needs {package})"))
-}
-
-/// Runs a command, panicking with its output on failure; returns stdout.
-pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// Flips one byte in the middle of `path` (same size: only the digest can notice).
 pub fn flip_byte(path: &Path) {
     let mut data = fs::read(path).unwrap();
@@ -428,17 +389,24 @@ pub fn flip_byte(path: &Path) {
     fs::write(path, data).unwrap();
 }
 
-pub fn is_root() -> bool {
-    fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
-
-/// A loopback TCP port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Every regular file under `dir` with its content, sorted, for "nothing changed" assertions.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
 }

@@ -1,6 +1,6 @@
 //! Measures checkpoint sealing (inventory hashing) and restore validation throughput.
 //!
-//! `cargo run --release -p gpusnap-criu-bridge --example digest_bench -- [DIR] [MIB] [FILES]`
+//! `cargo run --release -p gpusnap-checkpoint --example digest_bench -- [DIR] [MIB] [FILES]`
 //!
 //! Writes FILES files totalling MIB MiB into DIR (default: a temp dir) shaped like a CRIU dump:
 //! one large `pages-1.img` holding most of the bytes plus small images, then times
@@ -10,10 +10,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use gpusnap_criu_bridge::{
-    seal_checkpoint, validate_for_restore, validate_for_restore_with, CheckpointOptions, Manifest,
-    ValidateOptions,
+use gpusnap_checkpoint::{
+    seal_checkpoint, validate_for_restore, validate_for_restore_with, Manifest, ValidateOptions,
 };
+use gpusnap_criu_bridge::CriuFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -55,10 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let t = Instant::now();
-    let m = seal_checkpoint(
-        &dir,
-        Manifest::new("bench", "/b", CheckpointOptions::default()),
-    )?;
+    let m = seal_checkpoint(&dir, Manifest::new("bench", CriuFlags::default()))?;
     let seal = t.elapsed().as_secs_f64();
     let t = Instant::now();
     validate_for_restore(&dir)?;
