@@ -440,7 +440,7 @@ impl Applier<'_> {
             let set = match file {
                 Some(fd) => rfs::fsetxattr(fd, key.as_str(), value, XattrFlags::empty()),
                 None => rfs::lsetxattr(
-                    &beneath::proc_path(p, name),
+                    beneath::proc_path(p, name),
                     key.as_str(),
                     value,
                     XattrFlags::empty(),

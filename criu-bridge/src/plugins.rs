@@ -176,8 +176,7 @@ pub fn config_libdir(file: &Path) -> Option<ConfigLibdir> {
                 .unwrap_or((line, ""));
             (key == "libdir" || key == "L").then(|| value.trim().trim_matches('"').to_string())
         })
-        .filter(|v| !v.is_empty())
-        .next_back()
+        .rfind(|v| !v.is_empty())
         .map(|libdir| ConfigLibdir {
             file: file.to_path_buf(),
             libdir: PathBuf::from(libdir),

@@ -6,7 +6,19 @@
 # `carry: [".bundle"]`:
 #
 #   bin/containerd-shim-gpusnap-v2   gpusnap shim, release build, stripped
-#   bin/gpusnap                      gpusnap CLI (shim/cli), when it builds / exists
+#   bin/gpusnap-runc                 gpusnap's runc wrapper (package gpusnap-runc), stripped
+#   bin/gpusnap                      gpusnap CLI (package gpusnap-cli), stripped
+#   bin/posix_bench                  cuda/examples/posix_bench.rs (release), when it builds
+#   bin/crictl                       cri-tools v1.36 crictl (static), from $CRICTL_XZ
+#   bin/cuda-checkpoint              NVIDIA's cuda-checkpoint, ONLY from $CUDA_CHECKPOINT_BIN
+#                                    (never committed; the scenarios that need it are skipped
+#                                    without it). CRIU's cuda plugin execs it from CRIU's PATH.
+#   plugins/cuda/cuda_plugin.so      CRIU's own cuda plugin, built here from the CRIU source
+#                                    tarball setup-env used ($RIG/src/criu_*.orig.tar.xz):
+#                                    `make criu cuda_plugin` in a temporary tree (the plugin
+#                                    links against criu's internals, so it must come from the
+#                                    same source and build configuration as libexec/criu).
+#                                    Cached in $CUDA_PLUGIN_CACHE by tarball + criu binary sha.
 #   bin/containerd ctr containerd-shim-runc-v2   from $RIG/bin (containerd 2.1.x)
 #   bin/runc                         /usr/sbin/runc (Debian 12, 1.1.x; dynamically linked to
 #                                    libseccomp.so.2 — run-h200.sh registers lib/runc/ with
@@ -22,17 +34,30 @@
 #   tools/ip (+ libexec/ip, lib/ip)  iproute2's ip, used by CRIU to dump/restore a network
 #                                    namespace's routes; only used if the device has no `ip`
 #   images/busybox.oci.tar           docker.io/gpusnap/busybox:test (CPU smoke)
+#   images/pause.oci.tar             docker.io/gpusnap/pause:test (CRI sandbox image)
 #   images/gpu-base.oci.tar          docker.io/gpusnap/gpu-base:test: the busybox rootfs plus
 #                                    lib -> usr/lib and lib64 -> usr/lib64, so that binding the
 #                                    host's /usr read-only over /usr gives the nvcc-built
 #                                    workload its glibc/libstdc++ (see README.md)
 #   VERSIONS                         what went in, with sha256s
 #
-# Usage: tests/gpu/make-bundle.sh [--no-build] [--no-runc-shim] [--xz-level N]
-#   --no-build       do not run cargo; use the binaries already built (target dir from
-#                    `cargo metadata`, or SHIM_BIN / CLI_BIN from the environment)
-#   --no-runc-shim   leave containerd-shim-runc-v2 out (saves ~4 MB compressed)
-# Environment: GPUSNAP_RIG_PREFIX (default /opt/gpusnap-rig), SHIM_BIN, CLI_BIN.
+# Usage: tests/gpu/make-bundle.sh [--no-build] [--no-runc-shim] [--no-cuda-plugin]
+#                                 [--no-crictl] [--cuda-plugin-only] [--xz-level N]
+#   --no-build          do not run cargo; use the binaries already built (target dir from
+#                       `cargo metadata`, or SHIM_BIN / RUNC_WRAPPER_BIN / CLI_BIN /
+#                       POSIX_BENCH_BIN from the environment)
+#   --no-runc-shim      leave containerd-shim-runc-v2 out (saves ~4 MB compressed; the
+#                       plugin, runcv2 and bench2 scenarios need it)
+#   --no-cuda-plugin    do not build/ship CRIU's cuda plugin
+#   --no-crictl         leave crictl out (~7 MB; the k8s scenario needs it)
+#   --cuda-plugin-only  build (or find in the cache) the cuda plugin, check it, and stop
+# Environment: GPUSNAP_RIG_PREFIX (default /opt/gpusnap-rig), SHIM_BIN, RUNC_WRAPPER_BIN,
+#   CLI_BIN, POSIX_BENCH_BIN, CUDA_CHECKPOINT_BIN (NVIDIA's cuda-checkpoint binary, e.g.
+#   `git --git-dir=/work/.mirror/NVIDIA+cuda-checkpoint/repo show
+#   HEAD:bin/x86_64_Linux/cuda-checkpoint > /tmp/cuda-checkpoint`), CRICTL_XZ (default
+#   ../shared/tools/cri-tools/crictl.xz), CRIU_SRC_TARBALL (default
+#   $RIG/src/criu_<version>.orig.tar.xz), CUDA_PLUGIN_CACHE (default
+#   /var/tmp/gpusnap-cuda-plugin-cache), CUDA_PLUGIN_SO (use this plugin as is).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
@@ -40,11 +65,17 @@ ROOT=$PWD
 RIG=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}
 BUILD=1
 RUNC_SHIM=1
+CUDA_PLUGIN=1
+CRICTL=1
+PLUGIN_ONLY=0
 XZ_LEVEL=9
 while (($#)); do
     case $1 in
     --no-build) BUILD=0 ;;
     --no-runc-shim) RUNC_SHIM=0 ;;
+    --no-cuda-plugin) CUDA_PLUGIN=0 ;;
+    --no-crictl) CRICTL=0 ;;
+    --cuda-plugin-only) PLUGIN_ONLY=1 ;;
     --xz-level) XZ_LEVEL=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//; /^set -euo/d'; exit 0 ;;
     *) echo "make-bundle: unknown argument $1" >&2; exit 2 ;;
@@ -65,6 +96,84 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/root}/.cargo/bin/cargo ]
 fi
 
 # ---------------------------------------------------------------------------------------------
+# CRIU's cuda plugin, from the same source tarball and build configuration as $RIG/bin/criu
+# ---------------------------------------------------------------------------------------------
+# build_cuda_plugin: prints the path of a cuda_plugin.so that matches $RIG/bin/criu.
+build_cuda_plugin() {
+    if [[ -n ${CUDA_PLUGIN_SO:-} ]]; then
+        [[ -f $CUDA_PLUGIN_SO ]] || die "CUDA_PLUGIN_SO=$CUDA_PLUGIN_SO does not exist"
+        echo "$CUDA_PLUGIN_SO"
+        return
+    fi
+    local tarball=${CRIU_SRC_TARBALL:-} cache key out tmp src t0
+    if [[ -z $tarball ]]; then
+        tarball=$(ls "$RIG"/src/criu_*.orig.tar.xz 2>/dev/null | sort -V | tail -n1)
+    fi
+    [[ -f $tarball ]] || die "CRIU source tarball not found (CRIU_SRC_TARBALL, or $RIG/src/criu_*.orig.tar.xz from setup-env.sh)"
+    cache=${CUDA_PLUGIN_CACHE:-/var/tmp/gpusnap-cuda-plugin-cache}
+    key=$(sha256sum "$tarball" | cut -c1-16)-$(sha256sum "$RIG/bin/criu" | cut -c1-16)
+    out=$cache/$key/cuda_plugin.so
+    if [[ -s $out ]]; then
+        log "cuda plugin: cached $out" >&2
+        echo "$out"
+        return
+    fi
+    tmp=$(mktemp -d /tmp/gpusnap-criu-src.XXXXXX)
+    log "cuda plugin: unpacking $(basename "$tarball") and building \`make criu cuda_plugin\` (log: $tmp/build.log)" >&2
+    tar -C "$tmp" -xJf "$tarball" || die "unpacking $tarball failed"
+    src=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d | head -n1)
+    t0=$(date +%s)
+    # The same make invocation as setup-env.sh (no PLUGINDIR: criu's built-in plugin directory
+    # stays /usr/lib/criu/), plus the plugin target.
+    if ! nice -n 10 make -C "$src" -j2 criu cuda_plugin >"$tmp/build.log" 2>&1; then
+        tail -n 30 "$tmp/build.log" >&2
+        die "building CRIU's cuda plugin failed (log: $tmp/build.log)"
+    fi
+    [[ -f $src/plugins/cuda/cuda_plugin.so ]] || die "make did not produce plugins/cuda/cuda_plugin.so"
+    mkdir -p "$cache/$key"
+    install -m 0644 "$src/plugins/cuda/cuda_plugin.so" "$out"
+    {
+        echo "tarball: $tarball ($(sha256sum "$tarball" | cut -d' ' -f1))"
+        echo "criu it matches: $RIG/bin/criu ($(sha256sum "$RIG/bin/criu" | cut -d' ' -f1))"
+        echo "built: $(date -u +%FT%TZ) in $(($(date +%s) - t0)) s: make -C <src> -j2 criu cuda_plugin"
+        echo "built criu --version: $("$src/criu/criu" --version | tr '\n' ' ')"
+    } >"$cache/$key/BUILD-INFO"
+    rm -rf "$tmp"
+    log "cuda plugin: built in $(($(date +%s) - t0)) s -> $out" >&2
+    echo "$out"
+}
+
+# check_cuda_plugin SO: CRIU (the rig's binary) loads it: a dump of a plain process with
+# CRIU_LIBS_DIR holding only this plugin. Without /proc/driver/nvidia the plugin disables
+# itself in init, which is fine: dlopen has resolved its references into criu by then.
+check_cuda_plugin() {
+    local so=$1 d pid rc
+    d=$(mktemp -d /tmp/gpusnap-plugin-check.XXXXXX)
+    mkdir -p "$d/plugins" "$d/img"
+    cp "$so" "$d/plugins/cuda_plugin.so"
+    setsid sleep 60 </dev/null >/dev/null 2>&1 &
+    pid=$!
+    rc=0
+    CRIU_LIBS_DIR=$d/plugins "$RIG/bin/criu" dump -t "$pid" -D "$d/img" -o dump.log -v4 --leave-running >/dev/null 2>&1 || rc=$?
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    if ((rc != 0)) || ! grep -qi 'cuda_plugin' "$d/img/dump.log"; then
+        grep -iE 'plugin|error' "$d/img/dump.log" 2>/dev/null | tail -n 15 >&2
+        rm -rf "$d"
+        die "$RIG/bin/criu did not load $so (dump rc $rc)"
+    fi
+    log "cuda plugin: loads into $RIG/bin/criu: $(grep -i 'cuda_plugin' "$d/img/dump.log" | head -n 2 | sed 's/^.*) //' | tr '\n' ';')"
+    rm -rf "$d"
+}
+
+CUDA_PLUGIN_PATH=""
+if ((CUDA_PLUGIN || PLUGIN_ONLY)); then
+    CUDA_PLUGIN_PATH=$(build_cuda_plugin) || exit 1
+    check_cuda_plugin "$CUDA_PLUGIN_PATH"
+fi
+((PLUGIN_ONLY)) && exit 0
+
+# ---------------------------------------------------------------------------------------------
 # gpusnap binaries
 # ---------------------------------------------------------------------------------------------
 TARGET=${CARGO_TARGET_DIR:-}
@@ -73,18 +182,35 @@ if [[ -z $TARGET ]] && command -v cargo >/dev/null; then
         python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || true)
 fi
 TARGET=${TARGET:-$ROOT/target}
-if ((BUILD)) && [[ -z ${SHIM_BIN:-} ]]; then
-    log "cargo build --release -p gpusnap-shim"
-    cargo build --release -p gpusnap-shim
+if ((BUILD)); then
+    log "cargo build --release -p gpusnap-shim -p gpusnap-runc -p gpusnap-cli"
+    nice -n 10 cargo build --release -p gpusnap-shim -p gpusnap-runc -p gpusnap-cli ||
+        die "cargo build failed"
+    log "cargo build --release -p gpusnap-cuda --example posix_bench (optional)"
+    nice -n 10 cargo build --release -p gpusnap-cuda --example posix_bench 2>&1 | tail -n 3
+    ((PIPESTATUS[0] == 0)) || log "warning: posix_bench did not build; bundling without it"
 fi
 SHIM_BIN=${SHIM_BIN:-$TARGET/release/containerd-shim-gpusnap-v2}
-[[ -x $SHIM_BIN ]] || die "no shim at $SHIM_BIN (build it, or set SHIM_BIN)"
-if ((BUILD)) && [[ -z ${CLI_BIN:-} ]]; then
-    log "cargo build --release -p gpusnap-cli --bin gpusnap (optional)"
-    cargo build --release -p gpusnap-cli --bin gpusnap 2>&1 | tail -n 3 ||
-        log "warning: the gpusnap CLI did not build; bundling without it"
-fi
+RUNC_WRAPPER_BIN=${RUNC_WRAPPER_BIN:-$TARGET/release/gpusnap-runc}
 CLI_BIN=${CLI_BIN:-$TARGET/release/gpusnap}
+POSIX_BENCH_BIN=${POSIX_BENCH_BIN:-$TARGET/release/examples/posix_bench}
+[[ -x $SHIM_BIN ]] || die "no shim at $SHIM_BIN (build it, or set SHIM_BIN)"
+[[ -x $RUNC_WRAPPER_BIN ]] || die "no gpusnap-runc at $RUNC_WRAPPER_BIN (build it, or set RUNC_WRAPPER_BIN)"
+[[ -x $CLI_BIN ]] || die "no gpusnap CLI at $CLI_BIN (build it, or set CLI_BIN)"
+for b in "$SHIM_BIN" "$RUNC_WRAPPER_BIN" "$CLI_BIN"; do
+    # A binary older than the newest source file means a stale build (--no-build).
+    newer=$(find "$ROOT"/{shim,runc-wrapper,cli,transaction,checkpoint,criu-bridge,cuda/src,config,oci-image} \
+        -name '*.rs' -newer "$b" 2>/dev/null | head -n 1)
+    [[ -z $newer ]] || log "warning: $b is older than $newer"
+done
+CRICTL_XZ=${CRICTL_XZ:-$(cd "$ROOT/.." && pwd)/shared/tools/cri-tools/crictl.xz}
+if ((CRICTL)) && [[ ! -f $CRICTL_XZ ]]; then
+    die "crictl not found at $CRICTL_XZ (set CRICTL_XZ, or --no-crictl)"
+fi
+if [[ -n ${CUDA_CHECKPOINT_BIN:-} ]]; then
+    [[ -f $CUDA_CHECKPOINT_BIN ]] || die "CUDA_CHECKPOINT_BIN=$CUDA_CHECKPOINT_BIN does not exist"
+    head -c 4 "$CUDA_CHECKPOINT_BIN" | grep -q ELF || die "CUDA_CHECKPOINT_BIN=$CUDA_CHECKPOINT_BIN is not an ELF binary"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Stage
@@ -96,7 +222,7 @@ grep -qxF '/.bundle/' "$ROOT/.git/info/exclude" 2>/dev/null || grep -qxF '/.bund
 STAGE=$(mktemp -d /tmp/gpusnap-bundle.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
 B=$STAGE/gpusnap-gpu
-mkdir -p "$B"/{bin,libexec,lib/criu,lib/runc,lib/ip,tools,images}
+mkdir -p "$B"/{bin,libexec,lib/criu,lib/runc,lib/ip,tools,images,plugins/cuda}
 
 # copy_libs BINARY DEST: every resolved shared library of BINARY except glibc's own.
 copy_libs() {
@@ -113,11 +239,28 @@ copy_libs() {
 
 log "shim: $SHIM_BIN ($(stat -c %s "$SHIM_BIN") bytes) -> stripped"
 strip -o "$B/bin/containerd-shim-gpusnap-v2" "$SHIM_BIN"
-if [[ -x $CLI_BIN ]]; then
-    strip -o "$B/bin/gpusnap" "$CLI_BIN"
-    log "gpusnap CLI: $CLI_BIN"
+strip -o "$B/bin/gpusnap-runc" "$RUNC_WRAPPER_BIN"
+strip -o "$B/bin/gpusnap" "$CLI_BIN"
+log "gpusnap-runc: $RUNC_WRAPPER_BIN; gpusnap CLI: $CLI_BIN"
+if [[ -x $POSIX_BENCH_BIN ]]; then
+    strip -o "$B/bin/posix_bench" "$POSIX_BENCH_BIN"
+    log "posix_bench: $POSIX_BENCH_BIN"
 else
-    log "gpusnap CLI: not found at $CLI_BIN (optional; skipped)"
+    log "posix_bench: not found at $POSIX_BENCH_BIN (optional; the posixbench scenario will say so)"
+fi
+if ((CRICTL)); then
+    xz -dc "$CRICTL_XZ" >"$B/bin/crictl" && chmod 0755 "$B/bin/crictl"
+    log "crictl: $("$B/bin/crictl" --version 2>/dev/null)"
+fi
+if [[ -n ${CUDA_CHECKPOINT_BIN:-} ]]; then
+    install -m 0755 "$CUDA_CHECKPOINT_BIN" "$B/bin/cuda-checkpoint"
+    log "cuda-checkpoint: $CUDA_CHECKPOINT_BIN ($(sha256sum "$CUDA_CHECKPOINT_BIN" | cut -c1-16)) (not redistributed beyond this test bundle)"
+else
+    log "cuda-checkpoint: not given (CUDA_CHECKPOINT_BIN unset); the plugin scenarios and bench2's reference side will be skipped"
+fi
+if [[ -n $CUDA_PLUGIN_PATH ]]; then
+    install -m 0644 "$CUDA_PLUGIN_PATH" "$B/plugins/cuda/cuda_plugin.so"
+    [[ -f $(dirname "$CUDA_PLUGIN_PATH")/BUILD-INFO ]] && cp "$(dirname "$CUDA_PLUGIN_PATH")/BUILD-INFO" "$B/plugins/cuda/BUILD-INFO"
 fi
 for b in containerd ctr; do install -m 0755 "$RIG/bin/$b" "$B/bin/$b"; done
 ((RUNC_SHIM)) && install -m 0755 "$RIG/bin/containerd-shim-runc-v2" "$B/bin/"
@@ -152,6 +295,7 @@ fi
 # Images
 # ---------------------------------------------------------------------------------------------
 install -m 0644 "$RIG/images/busybox.oci.tar" "$B/images/busybox.oci.tar"
+install -m 0644 "$RIG/images/pause.oci.tar" "$B/images/pause.oci.tar"
 
 # gpu-base: busybox's layer + lib/lib64 symlinks into usr, as a second layer.
 blob() { # blob FILE LAYOUT -> "sha256:<hex> <size>"
@@ -210,6 +354,8 @@ tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
     echo "made: $(date -u +%FT%TZ) on $(hostname) ($(. /etc/os-release; echo "$PRETTY_NAME"))"
     echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty working tree)')"
     echo "shim source: $SHIM_BIN (mtime $(date -u -r "$SHIM_BIN" +%FT%TZ))"
+    echo "gpusnap-runc: $RUNC_WRAPPER_BIN (mtime $(date -u -r "$RUNC_WRAPPER_BIN" +%FT%TZ)); cli: $CLI_BIN"
+    echo "cuda plugin: ${CUDA_PLUGIN_PATH:-none}; cuda-checkpoint: ${CUDA_CHECKPOINT_BIN:-none}; crictl: $( ((CRICTL)) && echo "$CRICTL_XZ" || echo none)"
     echo "containerd: $("$RIG/bin/containerd" --version)"
     echo "runc: $("$RUNC_SRC" --version | head -n1)"
     echo "criu: $("$RIG/bin/criu" --version | head -n1)"

@@ -131,7 +131,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         .iter()
         .map(|&pid| ProcessRecord {
             container_pid: container_pid(pid),
-            command: None,
+            command: command_line(pid),
         })
         .collect();
 
@@ -409,6 +409,17 @@ fn runc_version_cached(global: &RuncGlobal, host: &dyn Host) -> Option<String> {
         .unwrap_or_else(|e| e.into_inner())
         .insert(global.binary.clone(), v.clone());
     Some(v)
+}
+
+/// A process's argv, when readable.
+fn command_line(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
 }
 
 /// The pid inside the container's pid namespace (last NSpid field), when readable.

@@ -213,7 +213,11 @@ pub fn default_config_text() -> String {
          checkpoint_root = {checkpoint_root}\n\
          # CRIU permissions every restore gets (tcp-established, ext-unix-sk, shell-job,\n\
          # file-locks). Never taken from the image.\n\
-         criu_flags = []\n",
+         criu_flags = []\n\
+         # Checkpoint images must carry a cosign signature by one of signature_keys before\n\
+         # they are pulled onto the node or restored by annotation: off, warn, require.\n\
+         signature_policy = \"off\"\n\
+         signature_keys = []\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,

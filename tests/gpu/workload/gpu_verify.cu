@@ -1,6 +1,6 @@
 // gpu_verify: a CUDA workload whose device memory must survive checkpoint/restore bit for bit.
 //
-//   gpu_verify MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0 (forever)]
+//   gpu_verify [--procs N] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0 (forever)]
 //
 // Holds MIB MiB of device memory (plain cudaMalloc). Step 0 fills it with pattern(i, 0). Then,
 // every INTERVAL_MS, it verifies the whole buffer on the GPU against pattern(i, step) (counting
@@ -9,7 +9,14 @@
 // on it across a checkpoint):
 //
 //   step=<verified step> mismatches=<this step> total=<all steps> ts=<unix ms> run=<id>
-//       pid=<pid> mib=<MIB> gpu_ms=<verify+rewrite time>
+//       pid=<pid> mib=<MIB> gpu_ms=<verify+rewrite time> proc=<process index>
+//
+// --procs N: the process forks N workers before any CUDA call (it never touches the GPU
+// itself) and waits for them. Worker i holds MIB/N MiB with its own buffer, its own `run` and
+// its own lines, all tagged proc=i, in the same LOG (each line is one O_APPEND write). The
+// parent writes `parent pid=<pid> procs=N ...` once, `child-exit proc=<i> ...` when a worker
+// ends, forwards SIGTERM/SIGINT to the workers and exits non-zero if any worker did. Without
+// --procs there is one process, which logs proc=0.
 //
 // `run` is drawn once at start: a restored process keeps it, a restarted one gets a new one, so
 // the log tells a continuation from a restart. The line also goes to stdout (non-blocking:
@@ -29,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifdef __CUDACC__
@@ -47,6 +55,7 @@ static HD inline uint64_t pattern(uint64_t i, uint64_t step) {
 }
 
 static const char *g_log;
+static int g_proc;  // worker index (proc=), 0 without --procs
 static volatile sig_atomic_t g_stop;
 
 static uint64_t now_ms(void) {
@@ -114,8 +123,9 @@ __global__ void verify_kernel(uint64_t *buf, uint64_t n, uint64_t step,
     do {                                                                                \
         cudaError_t e_ = (call);                                                        \
         if (e_ != cudaSuccess) {                                                        \
-            emit("ERROR cuda call %s failed: %s (%s) ts=%llu", #call, cudaGetErrorName(e_), \
-                 cudaGetErrorString(e_), (unsigned long long)now_ms());                  \
+            emit("ERROR cuda call %s failed: %s (%s) ts=%llu proc=%d", #call,            \
+                 cudaGetErrorName(e_), cudaGetErrorString(e_), (unsigned long long)now_ms(), \
+                 g_proc);                                                               \
             fprintf(stderr, "gpu_verify: %s: %s\n", #call, cudaGetErrorString(e_));     \
             exit(3);                                                                    \
         }                                                                               \
@@ -170,7 +180,7 @@ static void buf_init(Buf *b, uint64_t bytes) {
     b->n = bytes / sizeof(uint64_t);
     b->d = (uint64_t *)malloc(b->n * sizeof(uint64_t));
     if (!b->d) {
-        emit("ERROR malloc of %llu bytes failed", (unsigned long long)bytes);
+        emit("ERROR malloc of %llu bytes failed proc=%d", (unsigned long long)bytes, g_proc);
         exit(3);
     }
     for (uint64_t i = 0; i < b->n; i++) b->d[i] = pattern(i, 0);
@@ -192,27 +202,12 @@ static unsigned long long buf_step(Buf *b, uint64_t step, unsigned long long *fi
 static const char *engine_name(void) { return "cpu-stand-in"; }
 #endif
 
-int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0]\n", argv[0]);
-        return 2;
-    }
-    uint64_t mib = strtoull(argv[1], NULL, 10);
-    g_log = argv[2];
-    long interval_ms = argc > 3 ? atol(argv[3]) : 500;
-    uint64_t max_steps = argc > 4 ? strtoull(argv[4], NULL, 10) : 0;
-    if (mib == 0 || interval_ms <= 0) {
-        fprintf(stderr, "gpu_verify: MIB and INTERVAL_MS must be positive\n");
-        return 2;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGTERM, on_term);
-    signal(SIGINT, on_term);
-
+// One worker: the buffer, the verify loop, the log lines. Returns the exit status.
+static int worker(uint64_t mib, long interval_ms, uint64_t max_steps) {
     // The run id: unique per process start, kept by a restored process.
     char run[17];
     {
-        uint64_t seed = now_ms() ^ ((uint64_t)getpid() << 32);
+        uint64_t seed = now_ms() ^ ((uint64_t)getpid() << 32) ^ ((uint64_t)g_proc << 20);
         int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
             uint64_t r;
@@ -225,9 +220,9 @@ int main(int argc, char **argv) {
     double t0 = mono_ms();
     Buf b;
     buf_init(&b, mib << 20);
-    emit("start run=%s pid=%d mib=%llu interval_ms=%ld init_ms=%.1f ts=%llu %s", run, (int)getpid(),
-         (unsigned long long)mib, interval_ms, mono_ms() - t0, (unsigned long long)now_ms(),
-         engine_name());
+    emit("start run=%s pid=%d mib=%llu interval_ms=%ld init_ms=%.1f ts=%llu proc=%d %s", run,
+         (int)getpid(), (unsigned long long)mib, interval_ms, mono_ms() - t0,
+         (unsigned long long)now_ms(), g_proc, engine_name());
 
     unsigned long long total = 0;
     for (uint64_t step = 0; !g_stop && (max_steps == 0 || step < max_steps); step++) {
@@ -242,15 +237,99 @@ int main(int argc, char **argv) {
         total += bad;
         if (bad) {
             fprintf(stderr,
-                    "gpu_verify: MISMATCH!!! step=%llu mismatches=%llu first_index=%llu run=%s\n",
-                    (unsigned long long)step, bad, first, run);
-            emit("MISMATCH step=%llu mismatches=%llu first_index=%llu run=%s ts=%llu",
-                 (unsigned long long)step, bad, first, run, (unsigned long long)now_ms());
+                    "gpu_verify: MISMATCH!!! step=%llu mismatches=%llu first_index=%llu run=%s "
+                    "proc=%d\n",
+                    (unsigned long long)step, bad, first, run, g_proc);
+            emit("MISMATCH step=%llu mismatches=%llu first_index=%llu run=%s ts=%llu proc=%d",
+                 (unsigned long long)step, bad, first, run, (unsigned long long)now_ms(), g_proc);
         }
-        emit("step=%llu mismatches=%llu total=%llu ts=%llu run=%s pid=%d mib=%llu gpu_ms=%.2f",
+        emit("step=%llu mismatches=%llu total=%llu ts=%llu run=%s pid=%d mib=%llu gpu_ms=%.2f "
+             "proc=%d",
              (unsigned long long)step, bad, total, (unsigned long long)now_ms(), run,
-             (int)getpid(), (unsigned long long)mib, gms);
+             (int)getpid(), (unsigned long long)mib, gms, g_proc);
     }
-    emit("exit run=%s total=%llu ts=%llu", run, total, (unsigned long long)now_ms());
+    emit("exit run=%s total=%llu ts=%llu proc=%d", run, total, (unsigned long long)now_ms(),
+         g_proc);
     return total ? 1 : 0;
+}
+
+static pid_t g_children[256];
+static int g_nchildren;
+
+static void forward_term(int sig) {
+    g_stop = 1;
+    for (int i = 0; i < g_nchildren; i++)
+        if (g_children[i] > 0) kill(g_children[i], sig);
+}
+
+int main(int argc, char **argv) {
+    int procs = 0;
+    if (argc > 2 && strcmp(argv[1], "--procs") == 0) {
+        procs = atoi(argv[2]);
+        argv += 2;
+        argc -= 2;
+        if (procs < 1 || procs > 256) {
+            fprintf(stderr, "gpu_verify: --procs must be 1..256\n");
+            return 2;
+        }
+    }
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s [--procs N] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0]\n",
+                argv[0]);
+        return 2;
+    }
+    uint64_t mib = strtoull(argv[1], NULL, 10);
+    g_log = argv[2];
+    long interval_ms = argc > 3 ? atol(argv[3]) : 500;
+    uint64_t max_steps = argc > 4 ? strtoull(argv[4], NULL, 10) : 0;
+    if (mib == 0 || interval_ms <= 0 || (procs > 0 && mib < (uint64_t)procs)) {
+        fprintf(stderr, "gpu_verify: MIB and INTERVAL_MS must be positive (MIB >= procs)\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    if (procs == 0) return worker(mib, interval_ms, max_steps);
+
+    // --procs: workers only; this process never initialises CUDA (a CUDA context does not
+    // survive fork).
+    uint64_t each = mib / procs;
+    for (int i = 0; i < procs; i++) {
+        pid_t p = fork();
+        if (p < 0) {
+            emit("ERROR fork of worker %d failed: %s", i, strerror(errno));
+            forward_term(SIGKILL);
+            return 3;
+        }
+        if (p == 0) {
+            g_nchildren = 0;
+            g_proc = i;
+            _exit(worker(each, interval_ms, max_steps));
+        }
+        g_children[g_nchildren++] = p;
+    }
+    signal(SIGTERM, forward_term);
+    signal(SIGINT, forward_term);
+    emit("parent pid=%d procs=%d mib_each=%llu ts=%llu", (int)getpid(), procs,
+         (unsigned long long)each, (unsigned long long)now_ms());
+    int worst = 0, left = procs;
+    while (left > 0) {
+        int st = 0;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        int idx = -1;
+        for (int i = 0; i < g_nchildren; i++)
+            if (g_children[i] == p) idx = i;
+        if (idx < 0) continue;  // not ours (as pid 1 of a container, an orphan)
+        g_children[idx] = 0;
+        left--;
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code > worst) worst = code;
+        emit("child-exit proc=%d pid=%d status=%d ts=%llu", idx, (int)p, code,
+             (unsigned long long)now_ms());
+    }
+    return worst;
 }
