@@ -83,6 +83,11 @@ APT_PKGS=(
     python3-protobuf
     # OCI checkpoint images: a real registry on loopback and an independent image reader
     docker-registry skopeo
+    # the other front doors: Podman (with conmon and CNI), and what CRI-O links against
+    podman conmon containernetworking-plugins golang-github-containers-common
+    libseccomp2 libsqlite3-0
+    # TLS registry tests: a CA and an htpasswd made in the test
+    openssl apache2-utils
 )
 
 missing_pkgs() {
@@ -286,10 +291,39 @@ else
 fi
 
 # ---------------------------------------------------------------------------
+# 3b. The real CRI client (crictl), the CRI validation suite (critest) and CRI-O, from the
+#     steering repository's shared tools (no Go toolchain or module proxy is reachable)
+# ---------------------------------------------------------------------------
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SHARED_TOOLS=${GPUSNAP_SHARED_TOOLS:-$REPO_ROOT/../shared/tools}
+install_shared_tool() {
+    local xz=$1 name=$2
+    if [[ ! -f $xz ]]; then
+        log "warning: $xz not found (set GPUSNAP_SHARED_TOOLS): $name is not installed; the tests that need it fail"
+        return 0
+    fi
+    if [[ -x $BIN/$name && $BIN/$name -nt $xz ]]; then
+        return 0
+    fi
+    xz -dc "$xz" >"$BIN/$name.new"
+    chmod 0755 "$BIN/$name.new"
+    mv -f "$BIN/$name.new" "$BIN/$name"
+    changed "$name from $xz"
+}
+install_shared_tool "$SHARED_TOOLS/cri-tools/crictl.xz" crictl
+install_shared_tool "$SHARED_TOOLS/cri-tools/critest.xz" critest
+install_shared_tool "$SHARED_TOOLS/cri-o/crio.xz" crio
+install_shared_tool "$SHARED_TOOLS/cri-o/pinns.xz" pinns
+if [[ -f $SHARED_TOOLS/cri-tools/mkimages.py ]]; then
+    install -m 0755 "$SHARED_TOOLS/cri-tools/mkimages.py" "$BIN/cri-mkimages.py"
+fi
+
+# ---------------------------------------------------------------------------
 # 4. /usr/local/bin symlinks
 # ---------------------------------------------------------------------------
-for b in criu containerd ctr containerd-shim-runc-v2; do
+for b in criu containerd ctr containerd-shim-runc-v2 crictl; do
     [[ $LINKS == 1 ]] || break
+    [[ -x $BIN/$b ]] || continue
     link=/usr/local/bin/$b
     if [[ -L $link && $(readlink "$link") == "$BIN/$b" ]]; then
         continue
