@@ -39,6 +39,10 @@ pub struct RestoreConfig {
     pub signature_policy: SignaturePolicy,
     /// Public keys (PEM files, ECDSA P-256 as cosign makes them) trusted for signatures.
     pub signature_keys: Vec<PathBuf>,
+    /// The most file content a rootfs diff may write into a container's rootfs on restore
+    /// (after decompression); accepts `68719476736` or `"64GiB"`.
+    #[serde(deserialize_with = "crate::bytes::deserialize")]
+    pub max_rootfs_diff_bytes: u64,
 }
 
 impl Default for RestoreConfig {
@@ -48,6 +52,7 @@ impl Default for RestoreConfig {
             criu_flags: Vec::new(),
             signature_policy: SignaturePolicy::Off,
             signature_keys: Vec::new(),
+            max_rootfs_diff_bytes: 64 << 30,
         }
     }
 }

@@ -363,6 +363,21 @@ pub(crate) static SETTINGS: &[Setting] = &[
         check: |_| Ok(()),
     },
     Setting {
+        key: "restore.max_rootfs_diff_bytes",
+        annotation: None,
+        set: |c, v| {
+            c.restore.max_rootfs_diff_bytes = v.bytes()?;
+            Ok(())
+        },
+        check: |c| {
+            if c.restore.max_rootfs_diff_bytes > 0 {
+                Ok(())
+            } else {
+                Err(invalid("restore.max_rootfs_diff_bytes", 0, "a size greater than 0"))
+            }
+        },
+    },
+    Setting {
         key: "restore.signature_policy",
         annotation: None,
         set: |c, v| {

@@ -217,7 +217,9 @@ pub fn default_config_text() -> String {
          # Checkpoint images must carry a cosign signature by one of signature_keys before\n\
          # they are pulled onto the node or restored by annotation: off, warn, require.\n\
          signature_policy = \"off\"\n\
-         signature_keys = []\n",
+         signature_keys = []\n\
+         # The most file content a rootfs diff may write on restore.\n\
+         max_rootfs_diff_bytes = \"64GiB\"\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,
