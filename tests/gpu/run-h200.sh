@@ -9,11 +9,22 @@
 #                        through gpusnap, a small raw CUDA+CRIU cycle); no GPU checkpoint
 #                        through the shim. full (default): scenarios + benchmark.
 #   --mib N              workload size of the functional scenarios (default 1024)
-#   --scenarios LIST     of run,a,b,c,p,x (default all; p = posix engine refused on this driver; "none" for the benchmark alone):
+#   --scenarios LIST     of run,a,b,c,p,x (default: these six; p = posix engine refused on this
+#                        driver; "none" for the benchmark alone):
 #                        a = checkpoint leaving it running, b = checkpoint, kill, restore,
 #                        c = checkpoint the restored one, kill, restore again (C->R->C),
 #                        x = `ctr t checkpoint --exit --image-path DIR` on it (the task must
 #                        stop; the manifest is read from DIR; ctr cannot restore from a path)
+#                        and, only when named (see tests/gpu/README.md):
+#                        plugin = CRIU's cuda_plugin.so in /usr/lib/criu: gpusnap keeps it out;
+#                          the reference runc.v2 + plugin + cuda-checkpoint does the same C/R
+#                        runc = gpusnap-runc driving runc directly (Podman/CRI-O style), with
+#                          and without the plugin installed
+#                        runcv2 = containerd-shim-runc-v2 with BinaryName=gpusnap-runc
+#                        k8s = containerd CRI + crictl: checkpoint --export, restore from the
+#                          archive (CreateContainer image=/x.tar) and by gpusnap.io/restore-from
+#                        bench2 = gpusnap vs reference benchmark (--bench2-* options)
+#                        posixbench = cuda/examples/posix_bench on a tmpfs
 #   --bench LIST         benchmark sizes in MiB, e.g. 8192,32768 (default: none)
 #   --no-raw             benchmark gpusnap only (skip the by-hand driver API + criu baseline)
 #   --raw-mib N          smoke mode's raw cycle size (default 256)
@@ -27,6 +38,19 @@
 #   --cpu                rehearsal without a GPU (any Linux box with the bundle): the workload
 #                        is built with g++, no devices, no CUDA calls in the raw path
 #   --keep               leave containerd, work dir and checkpoints in place
+#   --keep-plugin        leave CRIU's cuda_plugin.so in /usr/lib/criu at the end
+#   --bench2-sizes LIST  bench2 workload sizes in MiB (default 8192)
+#   --bench2-procs LIST  bench2 process counts; N processes share the size (default 1,4)
+#   --bench2-reps N      repetitions per case, the side that goes first alternating (default 1)
+#   --bench2-warmup-mib N  size of the throw-away warm-up checkpoint per side (default 256)
+#   --bench2-prefault G  GiB of RAM to touch once (tmpfs write) before bench2: auto (default:
+#                        2 x the largest size + 4, at most MemTotal - 16 GiB) or a number, 0 = off
+#   --bench2-annot auto|on|off  bench2 (v): restore by gpusnap.io/restore-from through CRI
+#                        (auto: for 1-process cases up to 8192 MiB)
+#   --bench2-sides LIST  gpusnap,reference (default both)
+#   --posixbench-sizes LIST  posix_bench sizes in MiB (default 4096,32768)
+#   --posixbench-args "ARGS"  posix_bench slot/chunk arguments (default: 4096 MiB and less:
+#                        --slots 1,4,8 --chunks-mib 16,64; larger: --slots 4,8 --chunks-mib 64)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
 #   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz).
 # Exit status: 0 when every verification passed, 1 otherwise, 2 on a setup failure.
@@ -35,7 +59,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 T_START=$(date +%s%3N)
 
 MODE=full MIB=1024 SCENARIOS=run,a,b,c,p,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
-CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0
+CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0 KEEP_PLUGIN=0
+BENCH2_SIZES=8192 BENCH2_PROCS=1,4 BENCH2_REPS=1 BENCH2_WARMUP=256 BENCH2_PREFAULT=auto
+BENCH2_ANNOT=auto BENCH2_SIDES=gpusnap,reference POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
 while (($#)); do
     case $1 in
     --mode) MODE=$2; shift ;;
@@ -51,6 +77,16 @@ while (($#)); do
     --privileged) PRIVILEGED=1 ;;
     --cpu) CPU=1 ;;
     --keep) KEEP=1 ;;
+    --keep-plugin) KEEP_PLUGIN=1 ;;
+    --bench2-sizes) BENCH2_SIZES=$2; shift ;;
+    --bench2-procs) BENCH2_PROCS=$2; shift ;;
+    --bench2-reps) BENCH2_REPS=$2; shift ;;
+    --bench2-warmup-mib) BENCH2_WARMUP=$2; shift ;;
+    --bench2-prefault) BENCH2_PREFAULT=$2; shift ;;
+    --bench2-annot) BENCH2_ANNOT=$2; shift ;;
+    --bench2-sides) BENCH2_SIDES=$2; shift ;;
+    --posixbench-sizes) POSIXBENCH_SIZES=$2; shift ;;
+    --posixbench-args) POSIXBENCH_ARGS=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -98,6 +134,7 @@ finish() {
     local rc=$?
     trap - EXIT
     set +e
+    declare -F extra_cleanup >/dev/null && extra_cleanup
     if ((KEEP == 0)); then
         if [[ -n $CONTAINERD_PID ]]; then
             for id in $(ctr t ls -q 2>/dev/null); do ctr t kill -s SIGKILL "$id" >/dev/null 2>&1; done
@@ -145,6 +182,7 @@ finish() {
             done
         } | tee -a "$OUTDIR/timings.txt"
     fi
+    declare -F extra_report >/dev/null && extra_report
     if ((${#NOTES[@]})); then
         say "notes"
         printf '  - %s\n' "${NOTES[@]}"
@@ -248,7 +286,28 @@ for t in containerd ctr runc criu containerd-shim-gpusnap-v2; do
     [[ $t == containerd-shim-gpusnap-v2 ]] && v=$("$t" -v 2>&1 | tr '\n' ' ')
     printf '  %-28s %s\n' "$t" "$v"
 done
-if [[ -x $B/bin/gpusnap ]]; then printf '  %-28s %s\n' gpusnap "$("$B/bin/gpusnap" --version 2>&1 | head -n1)"; fi
+for t in gpusnap gpusnap-runc crictl posix_bench cuda-checkpoint; do
+    if [[ -x $B/bin/$t ]]; then
+        case $t in
+        gpusnap-runc) v=$(GPUSNAP_RUNC=$B/bin/runc "$B/bin/$t" --version 2>&1 | tail -n 1) ;;
+        posix_bench) v="present" ;;
+        cuda-checkpoint) v="$(sha256sum "$B/bin/$t" | cut -c1-16) (help text comes from the driver)" ;;
+        *) v=$("$B/bin/$t" --version 2>&1 | head -n 1) ;;
+        esac
+        printf '  %-28s %s\n' "$t" "$v"
+    else
+        printf '  %-28s %s\n' "$t" "not in the bundle"
+    fi
+done
+if [[ -f $B/plugins/cuda/cuda_plugin.so ]]; then
+    printf '  %-28s %s\n' cuda_plugin.so "$(sha256sum "$B/plugins/cuda/cuda_plugin.so" | cut -c1-16); $(grep -h '^built:' "$B/plugins/cuda/BUILD-INFO" 2>/dev/null)"
+else
+    printf '  %-28s %s\n' cuda_plugin.so "not in the bundle"
+fi
+if ((CPU == 0)) && [[ -x $B/bin/cuda-checkpoint ]]; then
+    cuda-checkpoint --help 2>&1 | head -n 12 | sed 's/^/  cuda-checkpoint --help: /'
+fi
+ls -la /usr/lib/criu 2>/dev/null | sed 's/^/  \/usr\/lib\/criu: /'
 runc --version >/dev/null 2>&1 || setup_die "runc does not run here: $(runc --version 2>&1 | tail -n 2)"
 criu --version >/dev/null 2>&1 || setup_die "criu does not run here: $(criu --version 2>&1 | tail -n 2)"
 info "ip used by CRIU: $(command -v ip)"
@@ -278,6 +337,8 @@ CFG=$WORK/gpusnap-config.toml
     fi
     echo "[criu]"
     echo "binary_dir = \"$B/bin\""
+    echo "[restore]"
+    echo "checkpoint_root = \"$WORK/ramtmp/checkpoints\""
 } >"$CFG"
 export GPUSNAP_CONFIG=$CFG
 if ((CPU == 0)); then
@@ -320,16 +381,54 @@ SOCK=$WORK/containerd/containerd.sock
 SNAP=overlayfs
 case $(stat -f -c %T "$WORK/containerd") in overlayfs | overlay) SNAP=native ;; esac
 export CONTAINERD_SNAPSHOTTER=$SNAP
-cat >"$WORK/containerd/config.toml" <<TOML
-version = 3
-root = "$WORK/containerd/root"
-state = "$WORK/containerd/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
-[grpc]
-  address = "$SOCK"
-[ttrpc]
-  address = "$SOCK.ttrpc"
+# CRI only when a scenario uses it (k8s, bench2's restore-from): it adds startup work.
+CRI=0
+if has k8s || { has bench2 && [[ $BENCH2_ANNOT != off ]]; }; then CRI=1; fi
+REG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+{
+    echo "version = 3"
+    echo "root = \"$WORK/containerd/root\""
+    echo "state = \"$WORK/containerd/state\""
+    if ((CRI)); then
+        echo 'disabled_plugins = ["io.containerd.nri.v1.nri"]'
+    else
+        echo 'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]'
+    fi
+    echo "[grpc]"
+    echo "  address = \"$SOCK\""
+    echo "[ttrpc]"
+    echo "  address = \"$SOCK.ttrpc\""
+    if ((CRI)); then
+        mkdir -p "$WORK/containerd/cni/bin" "$WORK/containerd/cni/net.d" "$WORK/containerd/certs.d/127.0.0.1:$REG_PORT"
+        printf 'server = "http://127.0.0.1:%s"\n\n[host."http://127.0.0.1:%s"]\n  capabilities = ["pull", "resolve"]\n' \
+            "$REG_PORT" "$REG_PORT" >"$WORK/containerd/certs.d/127.0.0.1:$REG_PORT/hosts.toml"
+        cat <<TOML
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap]
+  runtime_type = "io.containerd.gpusnap.v2"
+  pod_annotations = ["gpusnap.io/*"]
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap-runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap-runc.options]
+  BinaryName = "$B/bin/gpusnap-runc"
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["$WORK/containerd/cni/bin"]
+  conf_dir = "$WORK/containerd/cni/net.d"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "docker.io/gpusnap/pause:test"
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = "$WORK/containerd/certs.d"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 TOML
+    fi
+} >"$WORK/containerd/config.toml"
 # TMPDIR: containerd's temporary checkpoint directories (CRIU's images before containerd copies
 # them into its content store, and the unpacked images before a restore).
 TMPDIR=$CTD_TMP containerd --config "$WORK/containerd/config.toml" --log-level debug >"$WORK/containerd.log" 2>&1 &
@@ -340,6 +439,11 @@ ctr version >/dev/null 2>&1 || { tail -n 30 "$WORK/containerd.log"; setup_die "c
 info "containerd up (pid $CONTAINERD_PID, snapshotter $SNAP, root $WORK/containerd/root, TMPDIR $CTD_TMP [$CKPT_TMP])"
 ctr images import "$B/images/busybox.oci.tar" >/dev/null || setup_die "import busybox failed"
 ctr images import "$B/images/gpu-base.oci.tar" >/dev/null || setup_die "import gpu-base failed"
+if ((CRI)); then
+    # CRI's sandbox image: imported under the pinned name, so CRI never pulls it.
+    command ctr -a "$SOCK" -n k8s.io images import "$B/images/pause.oci.tar" >/dev/null || setup_die "import pause (k8s.io) failed"
+    info "CRI enabled (namespace k8s.io, sandbox image docker.io/gpusnap/pause:test, registry hosts for 127.0.0.1:$REG_PORT)"
+fi
 ctr images ls -q | sed 's/^/  image: /'
 
 # ---------------------------------------------------------------------------------------------
@@ -390,8 +494,10 @@ gpu_run() {
     ((NET_HOST)) && args+=(--net-host)
     args+=(--mount "type=bind,src=/usr,dst=/usr,options=bind:ro"
         --mount "type=bind,src=$WORK/gpu,dst=/gpu,options=bind:rw")
+    local procs=()
+    [[ -n ${GPU_PROCS:-} ]] && procs=(--procs "$GPU_PROCS")
     ctr run -d --null-io --runtime "${GPU_RT:-$RT}" "${args[@]}" "${GPU_EXTRA[@]}" "$GPU_IMAGE" "$id" \
-        /gpu/bin/gpu_verify "$mib" "/gpu/log/$id.log" "$INTERVAL"
+        /gpu/bin/gpu_verify "${procs[@]}" "$mib" "/gpu/log/$id.log" "$INTERVAL"
 }
 
 # ctr_stop ID: kill the task, wait until it has exited, delete task and container.
@@ -425,10 +531,10 @@ log_mark() { LOGMARK=$(wc -l <"$WORK/containerd.log"); }
 # shim_lines: the shim's lines logged since log_mark that carry timings or errors.
 shim_lines() {
     tail -n +"$((LOGMARK + 1))" "$WORK/containerd.log" |
-        grep -E 'checkpoint complete|restore complete|_ms[=":]|cuda|CUDA|level=(error|warn)|"level":"(ERROR|WARN)|ERROR|WARN' |
+        grep -E 'checkpoint complete|checkpoint sealed|restore complete|_ms[=": ]|cuda|CUDA|level=(error|warn)|"level":"(ERROR|WARN)|ERROR|WARN' |
         grep -vE 'msg="(loading plugin|skip loading plugin)' | head -n 40
 }
-shim_total() { shim_lines | grep -E "$1 complete" | grep -oE 'total_ms[=": ]+[0-9]+' | grep -oE '[0-9]+$' | tail -n 1; }
+shim_total() { shim_lines | grep -E "$1 (complete|sealed)" | grep -oE 'total_ms[=": ]+[0-9]+' | grep -oE '[0-9]+$' | tail -n 1; }
 
 # manifest_of REF FILE: gpusnap-manifest.json out of a checkpoint image in the content store.
 manifest_of() {
@@ -844,7 +950,9 @@ if has c && time_left 90; then
         fail "c: $ID is not running (b failed?); C->R->C skipped"
     fi
 fi
-if has p && time_left 60; then
+if has p && ((CPU)); then
+    note "p: skipped with --cpu (the refusal comes from the real driver's missing CUDA 13.4 API)"
+elif has p && time_left 60; then
     say "p: storage engine posix on a driver without the CUDA 13.4 API is refused, workload untouched"
     PID_ID=gpu-posix
     PLOG=$WORK/gpu/log/$PID_ID.log
@@ -930,6 +1038,12 @@ if has x && time_left 60; then
 fi
 if ctr c ls -q | grep -qx "$ID"; then ctr_stop "$ID"; fi
 gpu_wait_free
+
+# ---------------------------------------------------------------------------------------------
+# 6b. plugin, runc, runcv2, k8s, bench2, posixbench (each only when named in --scenarios)
+# ---------------------------------------------------------------------------------------------
+# shellcheck source=tests/gpu/scenarios-more.sh
+source "$REPO/tests/gpu/scenarios-more.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 7. Benchmark
