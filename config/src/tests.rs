@@ -512,3 +512,12 @@ fn numeric_annotations_are_bounded() {
         );
     }
 }
+
+#[test]
+fn rootfs_diff_limit_reads_sizes() {
+    let c = Config::from_toml_str(
+        "[restore]\ncheckpoint_root = \"/x\"\n\nmax_rootfs_diff_bytes = \"1MiB\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.restore.max_rootfs_diff_bytes, 1 << 20);
+}

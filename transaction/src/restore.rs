@@ -162,19 +162,25 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
         let rootfs = req.bundle.join("rootfs");
-        let applied =
-            dir::rootfs_diff::apply(&diff.path, &rootfs, dir::rootfs_diff::Limits::default())
-                .map_err(|e| match e {
-                    // Refused whole before anything was written.
-                    dir::rootfs_diff::DiffError::Refused { .. }
-                    | dir::rootfs_diff::DiffError::TooLarge { .. }
-                    | dir::rootfs_diff::DiffError::Unreadable { .. } => {
-                        Error::precondition(format!("rootfs diff: {e}"))
-                    }
-                    dir::rootfs_diff::DiffError::Apply { .. } => {
-                        Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
-                    }
-                })?;
+        let applied = dir::rootfs_diff::apply(
+            &diff.path,
+            &rootfs,
+            dir::rootfs_diff::Limits {
+                max_bytes: req.config.restore.max_rootfs_diff_bytes,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| match e {
+            // Refused whole before anything was written.
+            dir::rootfs_diff::DiffError::Refused { .. }
+            | dir::rootfs_diff::DiffError::TooLarge { .. }
+            | dir::rootfs_diff::DiffError::Unreadable { .. } => {
+                Error::precondition(format!("rootfs diff: {e}"))
+            }
+            dir::rootfs_diff::DiffError::Apply { .. } => {
+                Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
+            }
+        })?;
         timings.add("rootfs-diff", t.elapsed());
         tracing::debug!(
             entries = applied.entries,
