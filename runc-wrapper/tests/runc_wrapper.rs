@@ -634,13 +634,13 @@ fn posix_engine_gpu_checkpoint_restores() {
     let id = unique("gsr-posix");
     let c = BusyboxContainer::create(dir.path(), &id, COUNTER);
     // The fake keys this CUDA process by the id and its pid in the container (1), which — like
-    // real driver state in process memory — survives the restore under a new host pid.
+    // real driver state in process memory — survives the restore under a new host pid; so do
+    // its device memory and the sizes the CustomStorage checkpoint records.
     c.add_env(&format!("GPUSNAP_FAKE_CUDA_ID={id}"));
-    fs::write(
-        fake.dir().join("procs").join(format!("id-{id}-1")),
-        "running\n",
-    )
-    .unwrap();
+    let key = FakeCuda::id_key(&id, 1);
+    fs::write(fake.dir().join("procs").join(&key), "running\n").unwrap();
+    let device_memory = gpusnap_testkit::fixtures::noise(96 * 1024, u64::from(std::process::id()));
+    fake.set_device_memory_of(&key, 0, &device_memory).unwrap();
     c.start();
     assert!(wait_some(Duration::from_secs(20), || c.count().filter(|n| *n >= 10)).is_some());
     let old_pid = c.pid().unwrap();
@@ -679,21 +679,15 @@ fn posix_engine_gpu_checkpoint_restores() {
         })
         .collect();
     assert_eq!(extents.len(), 1, "one extent for the one GPU: {extents:?}");
+    assert!(
+        fs::read(&extents[0]).unwrap() == device_memory,
+        "the extent holds exactly the device memory"
+    );
 
-    // The fake keeps device memory by host pid and, at restore, maps regions of the size it
-    // recorded for that pid. The restored init's host pid is not known in advance: record the
-    // size for the pids that come next.
-    let size = fs::read_to_string(fake.dir().join(format!("vram/{old_pid}/0.size"))).unwrap();
-    let last: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    for p in last + 1..last + 3000 {
-        let d = fake.dir().join(format!("vram/{p}"));
-        fs::create_dir_all(&d).unwrap();
-        fs::write(d.join("0.size"), &size).unwrap();
-    }
+    // What CRIU hands the driver: the process CHECKPOINTED, its device memory gone (it is in
+    // the extent).
+    fake.emulate_criu_restore(&key, false).unwrap();
+    assert_eq!(fake.device_memory_of(&key, 0).unwrap(), None);
 
     let rwork = dir.path().join("restore-work");
     fs::create_dir_all(&rwork).unwrap();
@@ -721,17 +715,13 @@ fn posix_engine_gpu_checkpoint_restores() {
         ["restore 0", "operation_complete 0", "unlock 0"],
         "CUDA restore, CustomStorage commit, then unlock of the restored pid"
     );
-    // The device memory came back from the extent: the fake's pattern for the old pid.
+    // The device memory came back from the extent.
     let vram = fake
-        .device_memory(new_pid, 0)
+        .device_memory_of(&key, 0)
         .unwrap()
         .expect("device memory restored");
-    assert_eq!(vram.len(), size.trim().parse::<usize>().unwrap());
     assert!(
-        vram.iter()
-            .enumerate()
-            .all(|(i, b)| *b
-                == ((i as u32).wrapping_mul(31).wrapping_add(old_pid as u32) & 0xff) as u8),
+        vram == device_memory,
         "restored device memory differs from what was checkpointed"
     );
     let after = wait_some(Duration::from_secs(10), || {

@@ -376,6 +376,10 @@ impl FakeCuda {
     /// CHECKPOINTED whose device memory is gone. With the driver-managed engine the memory was
     /// in the process's host memory, which CRIU restored (`staged/`); with a storage engine it
     /// is in gpusnap's files and the device holds nothing until gpusnap's restore.
+    ///
+    /// Driver-managed: a process resumed after its checkpoint (left running) has its memory on
+    /// the device again, and that is what the dump holds; one that stayed CHECKPOINTED until it
+    /// was killed still has it staged, which is kept.
     pub fn emulate_criu_restore(&self, key: &str, driver_managed: bool) -> io::Result<()> {
         fs::create_dir_all(self.dir.join("procs"))?;
         fs::write(self.dir.join("procs").join(key), "checkpointed\n")?;
@@ -383,8 +387,8 @@ impl FakeCuda {
         if driver_managed {
             let staged = self.dir.join("staged");
             fs::create_dir_all(&staged)?;
-            let _ = fs::remove_dir_all(staged.join(key));
             if vram.exists() {
+                let _ = fs::remove_dir_all(staged.join(key));
                 fs::rename(&vram, staged.join(key))?;
             }
         } else if let Ok(entries) = fs::read_dir(&vram) {

@@ -11,6 +11,8 @@
 //!   snapshots and digest helpers;
 //! - [`cmd`], [`wait`]: running commands and polling; [`paths`]: where the rig's tools and the
 //!   workspace's binaries are ([`paths::binary`]);
+//! - [`gpu`]: the CUDA driver double at a chosen version and storage engine, the driver calls
+//!   a checkpoint and a restore must make, and checks of a checkpoint's GPU state;
 //! - [`checkpoint`], [`scenario`]: checkpoint/restore helpers for `ctr` scenarios and the
 //!   both-runtimes harness ([`scenario_tests!`]).
 //!
@@ -53,6 +55,7 @@ pub mod cmd;
 pub mod containerd;
 pub mod cri;
 pub mod fixtures;
+pub mod gpu;
 pub mod paths;
 pub mod pty;
 pub mod registry;
