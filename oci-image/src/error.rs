@@ -136,8 +136,7 @@ pub enum ImageError {
         hint: String,
     },
     #[error(
-        "{what} {name} is {size} bytes, over the limit of {limit} bytes ({location}); refused \
-         before reading it{}",
+        "{what} {name} is {size} bytes, over the limit of {limit} bytes ({location}); refused{}",
         if setting.is_empty() { String::new() } else { format!(" — raise {setting} if it is genuine") }
     )]
     TooLarge {

@@ -365,8 +365,8 @@ impl<R: Read> Read for CappedReader<R> {
         self.read += n as u64;
         if self.read > self.limit {
             return Err(std::io::Error::other(ImageError::TooLarge {
-                what: "decompressed layer".into(),
-                name: self.location.clone(),
+                what: "layer".into(),
+                name: "(decompressed)".into(),
                 size: self.read,
                 limit: self.limit,
                 location: self.location.clone(),
