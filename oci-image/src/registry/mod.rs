@@ -155,8 +155,10 @@ impl PullReport {
     }
 }
 
-/// Runs `f` to completion on a private current-thread runtime. The registry code is async
-/// (`oci-client`), the callers are not.
+/// Runs `f` to completion on a private current-thread runtime (the registry code is async,
+/// `oci-client`; the callers are not). An interruption ([`crate::interrupt::request`]) drops
+/// `f` within a tenth of a second even while it waits on the network, and returns
+/// [`ImageError::Interrupted`]; the caller's guards then remove what was written.
 pub(crate) fn block_on<T>(f: impl Future<Output = Result<T, ImageError>>) -> Result<T, ImageError> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(ImageError::invalid(
@@ -169,7 +171,17 @@ pub(crate) fn block_on<T>(f: impl Future<Output = Result<T, ImageError>>) -> Res
         .enable_all()
         .build()
         .map_err(ImageError::io("starting", Path::new("the registry client runtime")))?;
-    rt.block_on(f)
+    rt.block_on(async {
+        let watch = async {
+            while !interrupt::requested() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            r = f => r,
+            () = watch => Err(ImageError::Interrupted),
+        }
+    })
 }
 
 /// Pushes the image in `image` (OCI layout directory or oci-archive) to `reference`, and signs
