@@ -428,8 +428,12 @@ fn catch_interrupts() {
 }
 
 fn is_interrupted(e: &anyhow::Error) -> bool {
-    e.chain()
-        .any(|c| matches!(c.downcast_ref::<ImageError>(), Some(ImageError::Interrupted)))
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<ImageError>(),
+            Some(ImageError::Interrupted)
+        )
+    })
 }
 
 fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {

@@ -331,7 +331,15 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let key = dir.join(format!("{name}.key"));
     let public = dir.join(format!("{name}.pub"));
     for args in [
-        vec!["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", s(&key)],
+        vec![
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            s(&key),
+        ],
         vec!["pkey", "-in", s(&key), "-pubout", "-out", s(&public)],
     ] {
         let out = Command::new("openssl").args(&args).output().unwrap();
@@ -342,7 +350,10 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
 
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -365,7 +376,15 @@ fn secure_registry_sign_and_pull_by_policy() {
     let unsigned = reg.image("ckpt/plain:unsigned");
 
     // push --sign-key, and a plain push.
-    let mut args = vec!["image", "push", s(&image), &signed, "--sign-key", s(&key), "--json"];
+    let mut args = vec![
+        "image",
+        "push",
+        s(&image),
+        &signed,
+        "--sign-key",
+        s(&key),
+        "--json",
+    ];
     args.extend(conn);
     let pushed = json(&ok(None, &args));
     let digest = pushed["digest"].as_str().unwrap().to_owned();
@@ -374,10 +393,22 @@ fn secure_registry_sign_and_pull_by_policy() {
     args.extend(conn);
     ok(None, &args);
     // Without the CA file the push fails on the certificate, not silently over HTTP.
-    let out = gpusnap(None, &["image", "push", s(&image), &unsigned, "--registry-config", s(&docker)]);
+    let out = gpusnap(
+        None,
+        &[
+            "image",
+            "push",
+            s(&image),
+            &unsigned,
+            "--registry-config",
+            s(&docker),
+        ],
+    );
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).to_lowercase().contains("certificate"),
+        String::from_utf8_lossy(&out.stderr)
+            .to_lowercase()
+            .contains("certificate"),
         "{}",
         describe(&out)
     );
@@ -387,7 +418,10 @@ fn secure_registry_sign_and_pull_by_policy() {
     let mut args = vec!["image", "sign", &pinned, "--key", s(&key)];
     args.extend(conn);
     let text = String::from_utf8(ok(None, &args).stdout).unwrap();
-    assert!(text.contains(&format!("sha256-{}.sig", &digest[7..])), "{text}");
+    assert!(
+        text.contains(&format!("sha256-{}.sig", &digest[7..])),
+        "{text}"
+    );
 
     // Policy require with the key: signed pull extracts, origin record says verified.
     let root = w.join("checkpoints");

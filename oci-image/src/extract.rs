@@ -410,8 +410,9 @@ fn refuse(location: &str, name: &str, reason: impl std::fmt::Display) -> ImageEr
 /// An `openat2`/`*at` failure on an entry: the ones the resolution rules produce get a reason.
 fn at_error(location: &str, name: &str, e: std::io::Error) -> ImageError {
     let reason = match e.raw_os_error() {
-        Some(libc_errno) if libc_errno == rustix::io::Errno::NOTDIR.raw_os_error()
-            || libc_errno == rustix::io::Errno::LOOP.raw_os_error() =>
+        Some(libc_errno)
+            if libc_errno == rustix::io::Errno::NOTDIR.raw_os_error()
+                || libc_errno == rustix::io::Errno::LOOP.raw_os_error() =>
         {
             format!("its path passes through a symlink or a non-directory ({e}); refused")
         }
@@ -475,8 +476,8 @@ fn unpack_tar(
         }
         let mtime = entry.header().mtime().unwrap_or(0);
         let rel = Path::new(&name);
-        let (parent, last) = beneath::parent_of(root, rel, Some(0o700))
-            .map_err(|e| at_error(location, &name, e))?;
+        let (parent, last) =
+            beneath::parent_of(root, rel, Some(0o700)).map_err(|e| at_error(location, &name, e))?;
         if kind.is_dir() {
             match rfs::mkdirat(&parent, &last, Mode::from_raw_mode(0o700)) {
                 Ok(()) => {}
@@ -544,7 +545,10 @@ fn unpack_tar(
                 return Err(refuse(
                     location,
                     &name,
-                    format!("symlink to {} leads outside the checkpoint; refused", target.display()),
+                    format!(
+                        "symlink to {} leads outside the checkpoint; refused",
+                        target.display()
+                    ),
                 ));
             }
             // Created as data: nothing gpusnap does resolves through it (RESOLVE_NO_SYMLINKS).

@@ -73,7 +73,11 @@ fn put_blob(layout: &Path, bytes: &[u8]) -> (Digest, u64) {
 /// An OCI layout at `layout` with these layers (tar bytes; gzip-compressed when `gz`).
 fn hostile_image(layout: &Path, layers: &[(Vec<u8>, bool)]) {
     fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
     let mut descs = Vec::new();
     let mut diff_ids = Vec::new();
     for (tar, gz) in layers {
@@ -137,18 +141,31 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
     let bomb = {
         // 64 MiB of zeros in one file: a gzip layer of about 64 KiB.
         let big = vec![0u8; 64 << 20];
-        layer_tar(&[E::Dir("checkpoint"), E::File("checkpoint/pages-1.img", &big)])
+        layer_tar(&[
+            E::Dir("checkpoint"),
+            E::File("checkpoint/pages-1.img", &big),
+        ])
     };
     let cases = vec![
         Case {
             name: "absolute symlink",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/evil", &sentinel_abs)]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/evil", &sentinel_abs),
+                ]),
+                false,
+            )],
             expect: "absolute symlink",
         },
         Case {
             name: "checkpoint is a symlink",
             layers: vec![(
-                layer_tar(&[E::Dir("real"), E::Symlink("checkpoint", "real"), E::File("checkpoint/x", b"x")]),
+                layer_tar(&[
+                    E::Dir("real"),
+                    E::Symlink("checkpoint", "real"),
+                    E::File("checkpoint/x", b"x"),
+                ]),
                 false,
             )],
             expect: "symlink where the checkpoint has its own files",
@@ -156,7 +173,10 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         Case {
             name: "relative symlink out of the root",
             layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/up", "../../sentinel")]),
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/up", "../../sentinel"),
+                ]),
                 false,
             )],
             expect: "leads outside",
@@ -168,42 +188,81 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         },
         Case {
             name: "dot-dot inside a path",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::File("checkpoint/../../sentinel/pwned", b"x")]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/../../sentinel/pwned", b"x"),
+                ]),
+                false,
+            )],
             expect: "..",
         },
         Case {
             name: "absolute entry name",
-            layers: vec![(layer_tar(&[E::File(&format!("{sentinel_abs}/pwned"), b"x")]), false)],
+            layers: vec![(
+                layer_tar(&[E::File(&format!("{sentinel_abs}/pwned"), b"x")]),
+                false,
+            )],
             expect: "absolute",
         },
         Case {
             name: "whiteout",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::File("checkpoint/.wh.pages-1.img", b"")]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/.wh.pages-1.img", b""),
+                ]),
+                false,
+            )],
             expect: "whiteout",
         },
         Case {
             name: "opaque whiteout",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::File("checkpoint/.wh..wh..opq", b"")]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/.wh..wh..opq", b""),
+                ]),
+                false,
+            )],
             expect: "whiteout",
         },
         Case {
             name: "character device",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::CharDev("checkpoint/null")]), false)],
+            layers: vec![(
+                layer_tar(&[E::Dir("checkpoint"), E::CharDev("checkpoint/null")]),
+                false,
+            )],
             expect: "character device",
         },
         Case {
             name: "fifo",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")]), false)],
+            layers: vec![(
+                layer_tar(&[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")]),
+                false,
+            )],
             expect: "FIFO",
         },
         Case {
             name: "hard link out (absolute)",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::HardLink("checkpoint/hl", &passwd_abs)]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::HardLink("checkpoint/hl", &passwd_abs),
+                ]),
+                false,
+            )],
             expect: "hard link",
         },
         Case {
             name: "hard link out (relative)",
-            layers: vec![(layer_tar(&[E::Dir("checkpoint"), E::HardLink("checkpoint/hl", "../../sentinel/passwd")]), false)],
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
+                ]),
+                false,
+            )],
             expect: "hard link",
         },
         Case {
@@ -214,7 +273,14 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         Case {
             name: "path through a symlink an earlier layer made",
             layers: vec![
-                (layer_tar(&[E::Dir("checkpoint"), E::Dir("checkpoint/d"), E::Symlink("checkpoint/link", "d")]), false),
+                (
+                    layer_tar(&[
+                        E::Dir("checkpoint"),
+                        E::Dir("checkpoint/d"),
+                        E::Symlink("checkpoint/link", "d"),
+                    ]),
+                    false,
+                ),
                 (layer_tar(&[E::File("checkpoint/link/pwned", b"x")]), false),
             ],
             expect: "passes through a symlink",
@@ -222,7 +288,11 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         Case {
             name: "path through a symlink to the parent, same layer",
             layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/up", ".."), E::File("checkpoint/up/config.dump", b"x")]),
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/up", ".."),
+                    E::File("checkpoint/up/config.dump", b"x"),
+                ]),
                 false,
             )],
             expect: "passes through a symlink",
@@ -230,7 +300,10 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         Case {
             name: "file over a symlink an earlier layer made",
             layers: vec![
-                (layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/f", "g")]), false),
+                (
+                    layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/f", "g")]),
+                    false,
+                ),
                 (layer_tar(&[E::File("checkpoint/f", b"x")]), false),
             ],
             expect: "appears twice",
@@ -256,7 +329,11 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
             .unwrap_or_else(|| panic!("{}: extracted", case.name));
         let msg = err.to_string();
         assert!(msg.contains(case.expect), "{}: {msg}", case.name);
-        assert!(!matches!(err, ImageError::Io { .. }), "{}: a bare I/O error: {msg}", case.name);
+        assert!(
+            !matches!(err, ImageError::Io { .. }),
+            "{}: a bare I/O error: {msg}",
+            case.name
+        );
         assert!(!dest.exists(), "{}: left {}", case.name, dest.display());
         assert_eq!(
             fs::read_dir(&out).unwrap().count(),
@@ -264,7 +341,12 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
             "{}: left a staging directory",
             case.name
         );
-        assert_eq!(tree(&sentinel_dir), before, "{}: the sentinel changed", case.name);
+        assert_eq!(
+            tree(&sentinel_dir),
+            before,
+            "{}: the sentinel changed",
+            case.name
+        );
         eprintln!("{:<48} refused: {msg}", case.name);
     }
 }
@@ -292,8 +374,8 @@ fn benign_layers_get_private_modes_and_inside_symlinks_are_data() {
     };
     // No gpusnap manifest in it, so extract refuses at the end — after every layer applied
     // cleanly; the staging directory is gone all the same.
-    let err = image::extract_with(&layout, None, &dest, &seed, &ExtractOptions::default())
-        .unwrap_err();
+    let err =
+        image::extract_with(&layout, None, &dest, &seed, &ExtractOptions::default()).unwrap_err();
     assert!(matches!(err, ImageError::ManifestMissing { .. }), "{err}");
     assert!(!dest.exists());
 

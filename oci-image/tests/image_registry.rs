@@ -263,7 +263,9 @@ fn secure_registry() -> Registry {
 fn secure_opts(reg: &Registry, dir: &Path) -> RegistryOptions {
     RegistryOptions {
         ca_files: vec![reg.ca_file().unwrap()],
-        credentials: Credentials::DockerConfig(reg.write_docker_config(&dir.join("docker")).unwrap()),
+        credentials: Credentials::DockerConfig(
+            reg.write_docker_config(&dir.join("docker")).unwrap(),
+        ),
         ..opts()
     }
 }
@@ -320,11 +322,21 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     let tag = reg.image("gpusnap/secure:v1");
 
     // No CA: the registry's certificate is not trusted; nothing falls back to plain HTTP.
-    let err = image::push(&layout, &tag, &RegistryOptions { ca_files: vec![], ..o.clone() })
-        .unwrap_err();
+    let err = image::push(
+        &layout,
+        &tag,
+        &RegistryOptions {
+            ca_files: vec![],
+            ..o.clone()
+        },
+    )
+    .unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, ImageError::Transport { .. }), "{msg}");
-    assert!(msg.to_lowercase().contains("certificate") || msg.contains("UnknownIssuer"), "{msg}");
+    assert!(
+        msg.to_lowercase().contains("certificate") || msg.contains("UnknownIssuer"),
+        "{msg}"
+    );
     // No credentials: 401, and the message says where credentials were looked for.
     let err = image::push(
         &layout,
@@ -336,7 +348,10 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }),
+        matches!(
+            err,
+            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
+        ),
         "{err}"
     );
     // Wrong password.
@@ -353,7 +368,10 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }),
+        matches!(
+            err,
+            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
+        ),
         "{err}"
     );
 
@@ -379,7 +397,11 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     assert!(!report.pinned);
     assert_eq!(report.manifests, vec![built.manifest_digest.clone()]);
     assert_eq!(report.signature, SignatureCheck::NotChecked);
-    assert!(report.verification().contains("not pinned"), "{}", report.verification());
+    assert!(
+        report.verification().contains("not pinned"),
+        "{}",
+        report.verification()
+    );
     assert_eq!(assert_layout_blobs_verified(&by_tag), 9);
 
     // Pull by digest: pinned.
@@ -473,7 +495,10 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
         },
     )
     .unwrap_err();
-    assert!(matches!(&err, ImageError::TooLarge { limit: 256, .. }), "{err}");
+    assert!(
+        matches!(&err, ImageError::TooLarge { limit: 256, .. }),
+        "{err}"
+    );
     check_nothing_left("manifest over the cap");
 
     // A blob over the global cap: refused from its descriptor, before a byte is read.
@@ -593,14 +618,23 @@ fn signatures_require_warn_off() {
     fs::create_dir_all(&out).unwrap();
 
     // require + the right key: verified, recorded.
-    let report = image::pull(&signed, &out.join("a"), &with(SignaturePolicy::Require, vec![public.clone()])).unwrap();
+    let report = image::pull(
+        &signed,
+        &out.join("a"),
+        &with(SignaturePolicy::Require, vec![public.clone()]),
+    )
+    .unwrap();
     assert_eq!(
         report.signature,
         SignatureCheck::Verified {
             key: public.display().to_string()
         }
     );
-    assert!(report.verification().contains("signed"), "{}", report.verification());
+    assert!(
+        report.verification().contains("signed"),
+        "{}",
+        report.verification()
+    );
     let dest = w.join("extracted");
     let seed = image::OriginSeed {
         source: signed.clone(),
@@ -613,20 +647,50 @@ fn signatures_require_warn_off() {
     assert_eq!(origin["signature"]["key"], public.to_str().unwrap());
 
     // require + unsigned: refused, nothing on disk.
-    let err = image::pull(&unsigned, &out.join("b"), &with(SignaturePolicy::Require, vec![public.clone()])).unwrap_err();
-    assert!(matches!(&err, ImageError::SignatureRequired { .. }), "{err}");
+    let err = image::pull(
+        &unsigned,
+        &out.join("b"),
+        &with(SignaturePolicy::Require, vec![public.clone()]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ImageError::SignatureRequired { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("no signature"), "{err}");
     // require + a key that did not sign it: refused.
-    let err = image::pull(&signed, &out.join("b"), &with(SignaturePolicy::Require, vec![other_public.clone()])).unwrap_err();
-    assert!(matches!(&err, ImageError::SignatureRequired { .. }), "{err}");
+    let err = image::pull(
+        &signed,
+        &out.join("b"),
+        &with(SignaturePolicy::Require, vec![other_public.clone()]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ImageError::SignatureRequired { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("none by a trusted key"), "{err}");
     assert_eq!(entries(&out), vec!["a".to_owned()]);
 
     // warn: proceeds, records why.
-    let report = image::pull(&unsigned, &out.join("c"), &with(SignaturePolicy::Warn, vec![public.clone()])).unwrap();
-    assert!(matches!(&report.signature, SignatureCheck::Missing { reason } if reason.contains("no signature")), "{:?}", report.signature);
+    let report = image::pull(
+        &unsigned,
+        &out.join("c"),
+        &with(SignaturePolicy::Warn, vec![public.clone()]),
+    )
+    .unwrap();
+    assert!(
+        matches!(&report.signature, SignatureCheck::Missing { reason } if reason.contains("no signature")),
+        "{:?}",
+        report.signature
+    );
     // off: not checked.
-    let report = image::pull(&unsigned, &out.join("d"), &with(SignaturePolicy::Off, vec![])).unwrap();
+    let report = image::pull(
+        &unsigned,
+        &out.join("d"),
+        &with(SignaturePolicy::Off, vec![]),
+    )
+    .unwrap();
     assert_eq!(report.signature, SignatureCheck::NotChecked);
 
     // A second key signs the same image: both signatures are kept, either key verifies.
@@ -636,8 +700,21 @@ fn signatures_require_warn_off() {
     assert!(!second.pinned);
     for k in [&public, &public2] {
         let dir = out.join(format!("k-{}", k.file_name().unwrap().to_string_lossy()));
-        let r = image::pull(&signed, &dir, &with(SignaturePolicy::Require, vec![other_public.clone(), k.clone()])).unwrap();
-        assert_eq!(r.signature, SignatureCheck::Verified { key: k.display().to_string() });
+        let r = image::pull(
+            &signed,
+            &dir,
+            &with(
+                SignaturePolicy::Require,
+                vec![other_public.clone(), k.clone()],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            r.signature,
+            SignatureCheck::Verified {
+                key: k.display().to_string()
+            }
+        );
     }
 
     // A valid signature of another image, replayed under this image's .sig tag, is refused:
@@ -679,12 +756,36 @@ fn signatures_require_warn_off() {
         &creds,
         "--dest-creds",
         &creds,
-        &format!("docker://{}", reg.image(&format!("gpusnap/replay:sha256-{}.sig", built.index_digest.hex()))),
-        &format!("docker://{}", reg.image(&format!("gpusnap/replay:sha256-{}.sig", cri_built.index_digest.hex()))),
+        &format!(
+            "docker://{}",
+            reg.image(&format!(
+                "gpusnap/replay:sha256-{}.sig",
+                built.index_digest.hex()
+            ))
+        ),
+        &format!(
+            "docker://{}",
+            reg.image(&format!(
+                "gpusnap/replay:sha256-{}.sig",
+                cri_built.index_digest.hex()
+            ))
+        ),
     ]));
-    let err = image::pull(&replay, &out.join("f"), &with(SignaturePolicy::Require, vec![public.clone()])).unwrap_err();
-    assert!(matches!(&err, ImageError::SignatureRequired { .. }), "{err}");
-    assert!(err.to_string().contains(&format!("for {}", built.index_digest)), "{err}");
+    let err = image::pull(
+        &replay,
+        &out.join("f"),
+        &with(SignaturePolicy::Require, vec![public.clone()]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ImageError::SignatureRequired { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("for {}", built.index_digest)),
+        "{err}"
+    );
 
     // An encrypted cosign.key (scrypt + secretbox, as `cosign generate-key-pair` writes it).
     let pair = sigstore::crypto::SigningScheme::ECDSA_P256_SHA256_ASN1
@@ -694,7 +795,13 @@ fn signatures_require_warn_off() {
         .unwrap();
     let cosign_key = w.join("cosign.key");
     let cosign_pub = w.join("cosign.pub");
-    fs::write(&cosign_key, pair.private_key_to_encrypted_pem(b"hunter2").unwrap().as_bytes()).unwrap();
+    fs::write(
+        &cosign_key,
+        pair.private_key_to_encrypted_pem(b"hunter2")
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
     fs::write(&cosign_pub, pair.public_key_to_pem().unwrap()).unwrap();
     let err = image::sign(&unsigned, &cosign_key, &o).unwrap_err();
     assert!(err.to_string().contains("COSIGN_PASSWORD"), "{err}");
@@ -703,6 +810,16 @@ fn signatures_require_warn_off() {
     let s = image::sign(&unsigned_pinned, &cosign_key, &o).unwrap();
     assert!(s.pinned);
     std::env::remove_var("COSIGN_PASSWORD");
-    let r = image::pull(&unsigned, &out.join("e"), &with(SignaturePolicy::Require, vec![cosign_pub.clone()])).unwrap();
-    assert_eq!(r.signature, SignatureCheck::Verified { key: cosign_pub.display().to_string() });
+    let r = image::pull(
+        &unsigned,
+        &out.join("e"),
+        &with(SignaturePolicy::Require, vec![cosign_pub.clone()]),
+    )
+    .unwrap();
+    assert_eq!(
+        r.signature,
+        SignatureCheck::Verified {
+            key: cosign_pub.display().to_string()
+        }
+    );
 }

@@ -144,7 +144,11 @@ fn parse_entry(
         .find(|(k, _)| normalize_key(k) == registry)
         .map(|(_, v)| v);
     let bad = |reason: String| {
-        ImageError::malformed("docker config", shown.to_string(), format!("auths[{registry:?}]: {reason}"))
+        ImageError::malformed(
+            "docker config",
+            shown.to_string(),
+            format!("auths[{registry:?}]: {reason}"),
+        )
     };
     if let Some(e) = entry {
         if let Some(encoded) = e.auth.as_deref().filter(|a| !a.is_empty()) {
@@ -226,7 +230,10 @@ mod tests {
         let (a, hint) = parse(&json, "tok:1").unwrap();
         assert!(matches!(a, RegistryAuth::Anonymous) && hint.contains("identity token"));
         let (a, hint) = parse(&json, "helped:1").unwrap();
-        assert!(matches!(a, RegistryAuth::Anonymous) && hint.contains("ecr-login"), "{hint}");
+        assert!(
+            matches!(a, RegistryAuth::Anonymous) && hint.contains("ecr-login"),
+            "{hint}"
+        );
         let (a, hint) = parse(&json, "unknown:1").unwrap();
         assert!(matches!(a, RegistryAuth::Anonymous) && hint.contains("no auths entry"));
         assert!(parse(r#"{"auths":{"h:1":{"auth":"!!"}}}"#, "h:1").is_err());

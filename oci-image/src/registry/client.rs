@@ -78,7 +78,7 @@ pub(crate) fn load_ca_files(paths: &[PathBuf]) -> Result<Vec<Certificate>, Image
             if let Some(start) = block.find("-----BEGIN CERTIFICATE-----") {
                 out.push(Certificate {
                     encoding: CertificateEncoding::Pem,
-                    data: block[start..].as_bytes().to_vec(),
+                    data: block.as_bytes()[start..].to_vec(),
                 });
             }
         }
@@ -100,7 +100,10 @@ pub(crate) fn load_ca_files(paths: &[PathBuf]) -> Result<Vec<Certificate>, Image
 }
 
 impl Session {
-    pub(crate) fn new(reference: &Reference, opts: &RegistryOptions) -> Result<Session, ImageError> {
+    pub(crate) fn new(
+        reference: &Reference,
+        opts: &RegistryOptions,
+    ) -> Result<Session, ImageError> {
         let certs = load_ca_files(&opts.ca_files)?;
         let (auth, auth_hint) = super::auth::resolve(&opts.credentials, &reference.registry)?;
         let user_agent = concat!("gpusnap/", env!("CARGO_PKG_VERSION"));
@@ -233,7 +236,8 @@ impl Session {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let content_type = header("content-type").map(|c| c.split(';').next().unwrap_or(&c).trim().to_owned());
+        let content_type =
+            header("content-type").map(|c| c.split(';').next().unwrap_or(&c).trim().to_owned());
         let digest_header = header("docker-content-digest");
         if let Some(len) = resp.content_length() {
             if len > cap {

@@ -209,7 +209,7 @@ async fn find_valid(
             continue;
         };
         candidates += 1;
-        let layer_digest = match Digest::parse(&layer.digest().to_string()) {
+        let layer_digest = match Digest::parse(layer.digest().as_ref()) {
             Ok(d) => d,
             Err(e) => {
                 reasons.push(format!("layer {i}: {e}"));
@@ -217,7 +217,12 @@ async fn find_valid(
             }
         };
         let payload = match session
-            .fetch_small_blob(&layer_digest, layer.size(), MAX_PAYLOAD_BYTES, "signature payload")
+            .fetch_small_blob(
+                &layer_digest,
+                layer.size(),
+                MAX_PAYLOAD_BYTES,
+                "signature payload",
+            )
             .await
         {
             Ok(p) => p,
@@ -229,7 +234,9 @@ async fn find_valid(
         let simple_signing: SimpleSigning = match serde_json::from_slice(&payload) {
             Ok(s) => s,
             Err(e) => {
-                reasons.push(format!("layer {i}: payload is not simple signing JSON ({e})"));
+                reasons.push(format!(
+                    "layer {i}: payload is not simple signing JSON ({e})"
+                ));
                 continue;
             }
         };
@@ -266,7 +273,10 @@ async fn find_valid(
         }
     }
     if candidates > 0 && reasons.is_empty() {
-        let keys: Vec<String> = verifiers.iter().map(|(p, _)| p.display().to_string()).collect();
+        let keys: Vec<String> = verifiers
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect();
         reasons.push(format!(
             "{candidates} signature(s) in {tag}, none by a trusted key ({})",
             keys.join(", ")
@@ -279,11 +289,7 @@ async fn find_valid(
 
 /// Signs the image `reference` points at with the private key `key` and pushes the signature
 /// the way cosign does (adding to the signatures already there).
-pub fn sign(
-    reference: &str,
-    key: &Path,
-    opts: &RegistryOptions,
-) -> Result<SignReport, ImageError> {
+pub fn sign(reference: &str, key: &Path, opts: &RegistryOptions) -> Result<SignReport, ImageError> {
     let r = Reference::parse(reference, opts.plain_http)?;
     let keypair = load_private_key(key)?;
     block_on(async {
@@ -375,7 +381,11 @@ pub(crate) async fn sign_digest(
             let size = bytes.len() as u64;
             let body: Box<dyn std::io::Read> = Box::new(std::io::Cursor::new(bytes));
             session
-                .upload_blob(d, size, VerifyingReader::new(body, d, size, "signature blob", "memory"))
+                .upload_blob(
+                    d,
+                    size,
+                    VerifyingReader::new(body, d, size, "signature blob", "memory"),
+                )
                 .await?;
         }
     }

@@ -170,7 +170,10 @@ pub(crate) fn block_on<T>(f: impl Future<Output = Result<T, ImageError>>) -> Res
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(ImageError::io("starting", Path::new("the registry client runtime")))?;
+        .map_err(ImageError::io(
+            "starting",
+            Path::new("the registry client runtime"),
+        ))?;
     rt.block_on(async {
         let watch = async {
             while !interrupt::requested() {
@@ -448,8 +451,10 @@ async fn pull_async(
         out
     } else if is_manifest_media_type(&media_type) {
         manifest_digests.push(actual.clone());
-        vec![oci_spec::image::ImageManifest::from_reader(&fetched.bytes[..])
-            .map_err(|e| ImageError::malformed("image manifest", &location, e))?]
+        vec![
+            oci_spec::image::ImageManifest::from_reader(&fetched.bytes[..])
+                .map_err(|e| ImageError::malformed("image manifest", &location, e))?,
+        ]
     } else {
         return Err(ImageError::UnsupportedMediaType {
             what: "manifest",
@@ -540,16 +545,19 @@ async fn fetch_manifest_by_digest(
         });
     }
     // One byte over the descriptor's size is enough to tell a longer document.
-    let fetched = session.get_manifest(digest.as_str(), size + 1).await.map_err(|e| match e {
-        ImageError::TooLarge { size: got, .. } => ImageError::SizeMismatch {
-            what: "manifest".into(),
-            digest: digest.clone(),
-            expected: size,
-            actual: got,
-            location: url.clone(),
-        },
-        other => other,
-    })?;
+    let fetched = session
+        .get_manifest(digest.as_str(), size + 1)
+        .await
+        .map_err(|e| match e {
+            ImageError::TooLarge { size: got, .. } => ImageError::SizeMismatch {
+                what: "manifest".into(),
+                digest: digest.clone(),
+                expected: size,
+                actual: got,
+                location: url.clone(),
+            },
+            other => other,
+        })?;
     if fetched.bytes.len() as u64 != size {
         return Err(ImageError::SizeMismatch {
             what: "manifest".into(),
@@ -585,4 +593,3 @@ fn document_media_type(bytes: &[u8], content_type: Option<&str>) -> Option<Strin
         // OCI allows a manifest without mediaType; one with a config is a manifest.
         .or_else(|| probe.config.map(|_| MEDIA_TYPE_MANIFEST.to_owned()))
 }
-
