@@ -823,3 +823,127 @@ fn signatures_require_warn_off() {
         }
     );
 }
+
+/// A minimal registry that answers every blob request with a redirect to `/storage/<hex>`,
+/// where it serves `tamper(blob)`. Plain HTTP/1.1, one request per connection.
+fn redirecting_registry(
+    manifest: Vec<u8>,
+    blobs: Vec<(Digest, Vec<u8>)>,
+) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(64) {
+            let Ok(mut conn) = conn else { break };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
+                    break;
+                }
+            }
+            let path = line.split(' ').nth(1).unwrap_or("").to_owned();
+            seen.lock().unwrap().push(path.clone());
+            let respond =
+                |conn: &mut std::net::TcpStream, status: &str, headers: &str, body: &[u8]| {
+                    let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
+                    body.len()
+                );
+                    let _ = conn.write_all(body);
+                };
+            if path == "/v2/" {
+                respond(&mut conn, "200 OK", "", b"{}");
+            } else if path.contains("/manifests/") {
+                respond(
+                    &mut conn,
+                    "200 OK",
+                    "Content-Type: application/vnd.oci.image.manifest.v1+json\r\n",
+                    &manifest,
+                );
+            } else if let Some(d) = path.split("/blobs/").nth(1) {
+                respond(
+                    &mut conn,
+                    "307 Temporary Redirect",
+                    &format!("Location: /storage/{}\r\n", d.trim_start_matches("sha256:")),
+                    b"",
+                );
+            } else if let Some(hex) = path.strip_prefix("/storage/") {
+                match blobs.iter().find(|(d, _)| d.hex() == hex) {
+                    Some((_, bytes)) => respond(&mut conn, "200 OK", "", bytes),
+                    None => respond(&mut conn, "404 Not Found", "", b""),
+                }
+            } else {
+                respond(&mut conn, "404 Not Found", "", b"");
+            }
+        }
+    });
+    (port, log)
+}
+
+#[test]
+fn redirected_blobs_are_held_to_their_digest() {
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
+            .to_vec();
+    let layer = vec![7u8; 10_000];
+    let (cd, ld) = (Digest::of(&config), Digest::of(&layer));
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": ld.to_string(), "size": layer.len(),
+                    "urls": ["http://127.0.0.1:1/never-fetched"]}],
+    }))
+    .unwrap();
+    let w = tempfile::tempdir().unwrap();
+
+    // Honest storage behind the redirect: the pull works, through the redirect.
+    let (port, log) = redirecting_registry(
+        manifest.clone(),
+        vec![(cd.clone(), config.clone()), (ld.clone(), layer.clone())],
+    );
+    let reference = format!("http://127.0.0.1:{port}/r/x:v1");
+    let report = image::pull(&reference, &w.path().join("ok"), &opts()).unwrap();
+    assert_eq!(report.blobs, 3);
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|p| p.starts_with("/storage/")));
+
+    // Storage serving other bytes of the same length: refused by digest.
+    let mut bad = layer.clone();
+    bad[5000] ^= 1;
+    let (port, _) = redirecting_registry(
+        manifest.clone(),
+        vec![(cd.clone(), config.clone()), (ld.clone(), bad)],
+    );
+    let dest = w.path().join("bad");
+    let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
+    assert!(
+        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == ld),
+        "{err}"
+    );
+    assert!(!dest.exists());
+
+    // Storage serving more bytes: refused by size.
+    let mut long = layer.clone();
+    long.extend_from_slice(b"more");
+    let (port, _) = redirecting_registry(manifest, vec![(cd, config), (ld.clone(), long)]);
+    let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
+    assert!(
+        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == ld),
+        "{err}"
+    );
+    assert!(!dest.exists());
+    assert_eq!(entries(w.path()), vec!["ok".to_owned()]);
+}
