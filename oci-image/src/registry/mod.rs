@@ -148,8 +148,19 @@ impl PullReport {
                 ),
             }
         };
+        let children: Vec<&str> = self
+            .manifests
+            .iter()
+            .filter(|d| **d != self.digest)
+            .map(Digest::as_str)
+            .collect();
+        let tree = if children.is_empty() {
+            String::new()
+        } else {
+            format!(" → image manifest {}", children.join(", "))
+        };
         format!(
-            "{binding}; {} blobs checked against that digest's tree (every size and digest)",
+            "{binding}{tree}; {} blobs checked against that tree (every size and digest)",
             self.blobs
         )
     }
