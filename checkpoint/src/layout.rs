@@ -164,6 +164,9 @@ pub fn classify(rel: &Path) -> EntryKind {
     match name.as_ref() {
         MANIFEST_FILE => EntryKind::Manifest,
         n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
+        // Written by a pull beside what it extracted (inside the checkpoint directory for an
+        // image built from one), after sealing: not checkpoint data.
+        crate::origin::ORIGIN_FILE => EntryKind::Other,
         n if n.starts_with(GPUSNAP_PREFIX) => EntryKind::GpusnapData,
         "descriptors.json" | "stats-dump" | "irmap-cache" => EntryKind::CriuMetadata,
         "stats-restore" => EntryKind::Log,

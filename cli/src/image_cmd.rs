@@ -1,4 +1,4 @@
-//! `gpusnap image build|push|pull`: thin wrappers around [`gpusnap_criu_bridge::image`].
+//! `gpusnap image build|push|pull|sign`: thin wrappers around [`gpusnap_oci_image`].
 //!
 //! Each subcommand prints a short summary (or, with `--json`, one JSON document on stdout) and
 //! fails with the library's error, which names the file, blob or URL involved; integrity
@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{ArgGroup, Args, Subcommand};
+use gpusnap_checkpoint::origin::SignatureCheck;
+use gpusnap_oci_image::registry::{DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES};
 use gpusnap_oci_image::{
-    self as image, BuildOptions, BuiltImage, Extracted, ImageInfo, LayerRole, PullReport,
-    PushReport, RegistryOptions,
+    self as image, BuildOptions, BuiltImage, Credentials, Extracted, ImageError, ImageInfo,
+    LayerRole, PullReport, PushReport, RegistryOptions, SignReport, SignatureOptions,
 };
 use serde::Serialize;
 
@@ -24,10 +26,67 @@ use crate::term;
 pub enum ImageCommand {
     /// Build a combined OCI checkpoint image from a CRI checkpoint archive or checkpoint directory.
     Build(BuildArgs),
-    /// Push an OCI checkpoint image (oci-archive or layout) to a registry (plain HTTP only).
+    /// Push an OCI checkpoint image (oci-archive or layout) to a registry.
     Push(PushArgs),
     /// Pull a checkpoint image from a registry: save it, or extract the checkpoint (verified).
     Pull(PullArgs),
+    /// Sign an image in a registry, cosign-compatible (key-based, no transparency log).
+    Sign(SignArgs),
+}
+
+/// How to reach and authenticate to the registry (push, pull, sign).
+#[derive(Args, Clone)]
+pub struct RegistryArgs {
+    /// Talk plain HTTP to the registry (also implied by an http:// reference). Meant for a
+    /// loopback or node-local registry only.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// PEM file of CA certificates (a bundle is fine) trusted in addition to the system
+    /// roots (repeatable).
+    #[arg(long = "ca-file", value_name = "PEM")]
+    pub ca_files: Vec<PathBuf>,
+    /// docker config.json to take credentials from (auths[REGISTRY].auth)
+    /// [default: $DOCKER_CONFIG/config.json, else ~/.docker/config.json].
+    #[arg(long, value_name = "CONFIG.json")]
+    pub registry_config: Option<PathBuf>,
+    /// Refuse any manifest, index or image config larger than this.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MANIFEST_BYTES)]
+    pub max_manifest_bytes: u64,
+    /// Refuse any blob (layer) larger than this, whatever its descriptor says; also caps a
+    /// gzip layer once decompressed.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BLOB_BYTES)]
+    pub max_blob_bytes: u64,
+}
+
+impl RegistryArgs {
+    fn options(&self) -> RegistryOptions {
+        RegistryOptions {
+            plain_http: self.plain_http,
+            ca_files: self.ca_files.clone(),
+            credentials: match &self.registry_config {
+                Some(p) => Credentials::DockerConfig(p.clone()),
+                None => Credentials::Auto,
+            },
+            max_manifest_bytes: self.max_manifest_bytes,
+            max_blob_bytes: self.max_blob_bytes,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct SignArgs {
+    /// The image: REGISTRY/REPOSITORY:TAG (the digest it points at now is signed) or
+    /// ...@sha256:DIGEST.
+    pub reference: String,
+    /// Private key: PKCS#8 PEM, or cosign's encrypted cosign.key (password in $COSIGN_PASSWORD).
+    #[arg(long, value_name = "KEY")]
+    pub key: PathBuf,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// One JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -67,9 +126,11 @@ pub struct PushArgs {
     pub image: PathBuf,
     /// Destination: [http://]REGISTRY/REPOSITORY:TAG.
     pub reference: String,
-    /// Talk plain HTTP to the registry (also implied by an http:// reference).
-    #[arg(long)]
-    pub plain_http: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Sign the pushed image with this private key (as `gpusnap image sign` does).
+    #[arg(long, value_name = "KEY")]
+    pub sign_key: Option<PathBuf>,
     /// Which image to push when the layout holds several (its name in index.json).
     #[arg(long, value_name = "NAME")]
     pub image_name: Option<String>,
@@ -94,9 +155,8 @@ pub struct PullArgs {
     /// where the pod annotation `gpusnap.io/restore-from: NAME` finds it.
     #[arg(long, value_name = "DIR|NAME")]
     pub extract: Option<String>,
-    /// Talk plain HTTP to the registry (also implied by an http:// reference).
-    #[arg(long)]
-    pub plain_http: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -116,6 +176,7 @@ pub fn run(config: &Path, cmd: ImageCommand) -> Result<u8> {
         ImageCommand::Build(a) => cmd_build(a),
         ImageCommand::Push(a) => cmd_push(a),
         ImageCommand::Pull(a) => cmd_pull(config, a),
+        ImageCommand::Sign(a) => cmd_sign(a),
     }
 }
 
@@ -220,9 +281,9 @@ fn render_built(b: &BuiltImage, source: &Path, verified: bool) -> String {
 
 fn cmd_push(a: PushArgs) -> Result<u8> {
     let opts = RegistryOptions {
-        plain_http: a.plain_http,
         image_name: a.image_name.clone(),
-        ..Default::default()
+        sign_key: a.sign_key.clone(),
+        ..a.registry.options()
     };
     let report = image::push(&a.image, &a.reference, &opts)
         .with_context(|| format!("gpusnap image push {} {}", a.image.display(), a.reference))?;
@@ -235,7 +296,7 @@ fn cmd_push(a: PushArgs) -> Result<u8> {
 }
 
 fn render_push(p: &PushReport) -> String {
-    rows(&[
+    let mut out = rows(&[
         ("Pushed", p.reference.clone()),
         ("Digest", format!("{} ({})", p.digest, p.media_type)),
         (
@@ -247,6 +308,48 @@ fn render_push(p: &PushReport) -> String {
                 p.skipped.len()
             ),
         ),
+    ]);
+    if let Some(sig) = &p.signature {
+        out.push_str(&render_sign(sig));
+    }
+    out
+}
+
+fn cmd_sign(a: SignArgs) -> Result<u8> {
+    let report = image::sign(&a.reference, &a.key, &a.registry.options())
+        .with_context(|| format!("gpusnap image sign {}", a.reference))?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        print!("{}", render_sign(&report));
+    }
+    Ok(0)
+}
+
+fn render_sign(s: &SignReport) -> String {
+    rows(&[
+        (
+            "Signed",
+            format!(
+                "{} ({}{})",
+                s.digest,
+                s.reference,
+                if s.pinned {
+                    ""
+                } else {
+                    ", the digest its tag pointed at now"
+                }
+            ),
+        ),
+        (
+            "Signature",
+            format!(
+                "{} with {} ({} signature(s) there now)",
+                s.signature_reference,
+                s.key.display(),
+                s.signatures
+            ),
+        ),
     ])
 }
 
@@ -254,6 +357,8 @@ fn render_push(p: &PushReport) -> String {
 #[derive(Debug, Serialize)]
 pub struct PullOutput {
     pub pull: PullReport,
+    /// What was verified, in one sentence ([`PullReport::verification`]).
+    pub verification: String,
     /// The oci-archive written with `-o`.
     pub archive: Option<PathBuf>,
     /// The layout kept with `--layout`.
@@ -277,18 +382,12 @@ pub fn is_checkpoint_name(name: &str) -> bool {
 
 /// `--extract` argument → (destination, checkpoint root). A bare name resolves under the
 /// configured `restore.checkpoint_root`; anything with a '/' is a path.
-fn extract_dest(config: &Path, arg: &str) -> Result<(PathBuf, PathBuf)> {
+fn extract_dest(cfg: &gpusnap_config::Config, arg: &str) -> Result<(PathBuf, PathBuf)> {
+    let root = cfg.restore.checkpoint_root.clone();
     if arg.contains('/') {
-        // A path needs no config; the root only tells whether to print the annotation.
-        let root = gpusnap_config::Config::load(config)
-            .unwrap_or_default()
-            .restore
-            .checkpoint_root;
+        // The root only tells whether to print the annotation.
         return Ok((PathBuf::from(arg), root));
     }
-    let cfg = gpusnap_config::Config::load(config)
-        .with_context(|| format!("reading restore.checkpoint_root from {}", config.display()))?;
-    let root = cfg.restore.checkpoint_root.clone();
     if !is_checkpoint_name(arg) {
         bail!(
             "--extract {arg:?}: not a checkpoint name (letters, digits, '.', '_', '-') nor a \
@@ -299,9 +398,61 @@ fn extract_dest(config: &Path, arg: &str) -> Result<(PathBuf, PathBuf)> {
     Ok((root.join(arg), root))
 }
 
+/// While a pull runs, SIGINT and SIGTERM only ask it to stop ([`image::interrupt`]): it then
+/// fails like any other error, and its staging directories and scratch files are removed. A
+/// second signal, or a pull that does not stop within 30 s, ends the process (status 130).
+fn catch_interrupts() {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    // Blocked in this thread before any other starts, so every thread inherits the mask and
+    // only the waiter below receives them.
+    if nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).is_err() {
+        return;
+    }
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            eprintln!("gpusnap: {sig}: stopping the pull and removing what it wrote");
+            image::interrupt::request();
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let second = std::thread::spawn(move || {
+                let _ = set.wait();
+                let _ = tx.send(());
+            });
+            drop(second);
+            let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+            std::process::exit(130);
+        }
+    });
+}
+
+fn is_interrupted(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<ImageError>(),
+            Some(ImageError::Interrupted)
+        )
+    })
+}
+
 fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
+    // The node's signature policy applies to every pull, whatever it is pulled for.
+    let cfg = gpusnap_config::Config::load(config)
+        .with_context(|| format!("reading {}", config.display()))?;
+    catch_interrupts();
+    match pull_with(&cfg, a) {
+        Err(e) if is_interrupted(&e) => {
+            eprintln!("gpusnap: {e:#}");
+            Ok(130)
+        }
+        other => other,
+    }
+}
+
+fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
     let extract = match &a.extract {
-        Some(arg) => Some(extract_dest(config, arg)?),
+        Some(arg) => Some(extract_dest(cfg, arg)?),
         None => None,
     };
     if let Some((dest, root)) = &extract {
@@ -312,8 +463,11 @@ fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
         }
     }
     let opts = RegistryOptions {
-        plain_http: a.plain_http,
-        ..Default::default()
+        signatures: SignatureOptions {
+            policy: cfg.restore.signature_policy,
+            keys: cfg.restore.signature_keys.clone(),
+        },
+        ..a.registry.options()
     };
     // Pull into the kept layout, or a scratch one next to where the result goes.
     let scratch_parent = a
@@ -343,32 +497,49 @@ fn cmd_pull(config: &Path, a: PullArgs) -> Result<u8> {
     let report = image::pull(&a.reference, &layout_dir, &opts)
         .with_context(|| format!("gpusnap image pull {}", a.reference))?;
     let mut out = PullOutput {
+        verification: report.verification(),
         pull: report,
         archive: None,
         layout: a.layout.clone(),
         extracted: None,
         restore_from: None,
     };
-    if let Some(archive) = &a.output {
-        pack_layout(&layout_dir, archive)
-            .with_context(|| format!("writing oci-archive {}", archive.display()))?;
-        out.archive = Some(archive.clone());
-    }
-    if let Some((dest, root)) = &extract {
-        let seed = image::OriginSeed {
-            source: a.reference.clone(),
-            pinned: a.reference.contains('@'),
-            signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
-        };
-        let ex = image::extract_as(&layout_dir, None, dest, &seed)
-            .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
-        if dest.parent() == Some(root.as_path()) {
-            out.restore_from = dest
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .filter(|n| is_checkpoint_name(n));
+    let result = (|| -> Result<()> {
+        if let Some(archive) = &a.output {
+            pack_layout(&layout_dir, archive)
+                .with_context(|| format!("writing oci-archive {}", archive.display()))?;
+            out.archive = Some(archive.clone());
         }
-        out.extracted = Some(ex);
+        if let Some((dest, root)) = &extract {
+            let seed = image::OriginSeed {
+                source: out.pull.reference.clone(),
+                pinned: out.pull.pinned,
+                signature: out.pull.signature.clone(),
+            };
+            let limits = image::ExtractOptions {
+                max_layer_bytes: opts.max_blob_bytes,
+            };
+            let ex = image::extract_with(&layout_dir, None, dest, &seed, &limits)
+                .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
+            if dest.parent() == Some(root.as_path()) {
+                out.restore_from = dest
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .filter(|n| is_checkpoint_name(n));
+            }
+            out.extracted = Some(ex);
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        // A kept layout that was made for this pull goes too: a failed pull leaves nothing.
+        if a.layout.is_some() {
+            let _ = fs::remove_dir_all(&layout_dir);
+        }
+        if let Some(archive) = out.archive.as_ref() {
+            let _ = fs::remove_file(archive);
+        }
+        return Err(e);
     }
     if a.json {
         print_json(&out)?;
@@ -387,11 +558,20 @@ fn render_pull(o: &PullOutput) -> String {
         ),
         (
             "Blobs",
-            format!(
-                "{} ({}), every digest verified",
-                o.pull.blobs,
-                human_bytes(o.pull.bytes)
-            ),
+            format!("{} ({})", o.pull.blobs, human_bytes(o.pull.bytes)),
+        ),
+        ("Verified", o.verification.clone()),
+        (
+            "Signature",
+            match &o.pull.signature {
+                SignatureCheck::Verified { key } => format!("verified with {key}"),
+                SignatureCheck::NotChecked => {
+                    "not checked (restore.signature_policy = off)".to_owned()
+                }
+                SignatureCheck::Missing { reason } => {
+                    format!("MISSING ({reason}); kept because restore.signature_policy = warn")
+                }
+            },
         ),
     ];
     if let Some(p) = &o.archive {

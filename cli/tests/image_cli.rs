@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gpusnap_testkit::fixtures::{assert_same_tree, fixture, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::fixtures::{fixture, tree, CONTAINER_ID, GPU_EXTENTS};
 use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
@@ -43,6 +43,17 @@ fn json(out: &Output) -> Value {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// `got` holds what `want` holds, plus the origin record extract writes.
+fn assert_same_tree_with_origin(got: &Path, want: &Path) {
+    let mut g = tree(got);
+    assert!(
+        g.remove("gpusnap-origin.json").is_some(),
+        "no origin record in {}",
+        got.display()
+    );
+    assert_eq!(g, tree(want), "{} vs {}", got.display(), want.display());
 }
 
 /// Config whose `restore.checkpoint_root` is `root`.
@@ -152,7 +163,7 @@ fn build_push_pull_extract_round_trip() {
         pulled["extracted"]["checkpoint_dir"],
         s(&dest.join("checkpoint"))
     );
-    assert_same_tree(&dest, &fx.archive_root);
+    assert_same_tree_with_origin(&dest, &fx.archive_root);
     // No scratch layout left behind next to it.
     let left: Vec<_> = fs::read_dir(&root)
         .unwrap()
@@ -183,9 +194,10 @@ fn build_push_pull_extract_round_trip() {
         ],
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("every digest verified"), "{text}");
+    assert!(text.contains("not pinned"), "{text}");
+    assert!(text.contains("Signature   not checked"), "{text}");
     assert!(!text.contains("restore-from"), "{text}");
-    assert_same_tree(&dest2, &fx.archive_root);
+    assert_same_tree_with_origin(&dest2, &fx.archive_root);
     // The pulled oci-archive is a valid image with the same digest.
     let info2 = json(&ok(None, &["inspect", s(&archive2), "--json"]));
     assert_eq!(info2["index_digest"], built["index_digest"]);
@@ -309,4 +321,213 @@ fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(GPU_EXTENT), "{err}");
     assert!(!w.join("bad.oci.tar").exists());
+}
+
+// ---- TLS + htpasswd registry, signatures by policy, interruption ----------------------------
+
+use gpusnap_testkit::registry::RegistrySetup;
+
+fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = dir.join(format!("{name}.key"));
+    let public = dir.join(format!("{name}.pub"));
+    for args in [
+        vec![
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            s(&key),
+        ],
+        vec!["pkey", "-in", s(&key), "-pubout", "-out", s(&public)],
+    ] {
+        let out = Command::new("openssl").args(&args).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", describe(&out));
+    }
+    (key, public)
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn secure_registry_sign_and_pull_by_policy() {
+    let reg = Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"));
+    let fx = fixture();
+    let w = fx.work.path();
+    let image = w.join("trainer.oci.tar");
+    ok(None, &["image", "build", s(&fx.archive), "-o", s(&image)]);
+    let ca = reg.ca_file().unwrap();
+    let docker = reg.write_docker_config(&w.join("docker")).unwrap();
+    let conn = ["--ca-file", s(&ca), "--registry-config", s(&docker)];
+    let (key, public) = key_pair(w, "signer");
+    let signed = reg.image("ckpt/trainer:signed");
+    // Another repository: a signature binds a digest, so any tag of the same digest in the
+    // same repository is signed too.
+    let unsigned = reg.image("ckpt/plain:unsigned");
+
+    // push --sign-key, and a plain push.
+    let mut args = vec![
+        "image",
+        "push",
+        s(&image),
+        &signed,
+        "--sign-key",
+        s(&key),
+        "--json",
+    ];
+    args.extend(conn);
+    let pushed = json(&ok(None, &args));
+    let digest = pushed["digest"].as_str().unwrap().to_owned();
+    assert_eq!(pushed["signature"]["digest"], digest.as_str());
+    let mut args = vec!["image", "push", s(&image), &unsigned];
+    args.extend(conn);
+    ok(None, &args);
+    // Without the CA file the push fails on the certificate, not silently over HTTP.
+    let out = gpusnap(
+        None,
+        &[
+            "image",
+            "push",
+            s(&image),
+            &unsigned,
+            "--registry-config",
+            s(&docker),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .to_lowercase()
+            .contains("certificate"),
+        "{}",
+        describe(&out)
+    );
+
+    // `image sign` by digest (a second signature, same key is fine).
+    let pinned = reg.image(&format!("ckpt/trainer@{digest}"));
+    let mut args = vec!["image", "sign", &pinned, "--key", s(&key)];
+    args.extend(conn);
+    let text = String::from_utf8(ok(None, &args).stdout).unwrap();
+    assert!(
+        text.contains(&format!("sha256-{}.sig", &digest[7..])),
+        "{text}"
+    );
+
+    // Policy require with the key: signed pull extracts, origin record says verified.
+    let root = w.join("checkpoints");
+    let config = w.join("gpusnap.toml");
+    fs::write(
+        &config,
+        format!(
+            "[restore]\ncheckpoint_root = \"{}\"\nsignature_policy = \"require\"\nsignature_keys = [\"{}\"]\n",
+            root.display(),
+            public.display()
+        ),
+    )
+    .unwrap();
+    let mut args = vec!["image", "pull", &signed, "--extract", "signed", "--json"];
+    args.extend(conn);
+    let pulled = json(&ok(Some(&config), &args));
+    assert_eq!(pulled["pull"]["signature"]["status"], "verified");
+    assert_eq!(pulled["pull"]["pinned"], false);
+    assert!(
+        pulled["verification"].as_str().unwrap().contains("signed"),
+        "{pulled:#}"
+    );
+    let origin: Value =
+        serde_json::from_slice(&fs::read(root.join("signed/gpusnap-origin.json")).unwrap())
+            .unwrap();
+    assert_eq!(origin["signature"]["status"], "verified");
+    assert_eq!(origin["signature"]["key"], s(&public));
+    assert_eq!(origin["pinned"], false);
+
+    // Unsigned under require: refused, nothing in the checkpoint root but the first one.
+    let mut args = vec!["image", "pull", &unsigned, "--extract", "unsigned"];
+    args.extend(conn);
+    let out = gpusnap(Some(&config), &args);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("signature_policy = require"), "{err}");
+    assert_eq!(entries(&root), vec!["signed".to_owned()]);
+
+    // warn: pulled, and the origin record says what was missing.
+    fs::write(
+        &config,
+        fs::read_to_string(&config)
+            .unwrap()
+            .replace("\"require\"", "\"warn\""),
+    )
+    .unwrap();
+    let mut args = vec!["image", "pull", &unsigned, "--extract", "unsigned"];
+    args.extend(conn);
+    let text = String::from_utf8(ok(Some(&config), &args).stdout).unwrap();
+    assert!(text.contains("MISSING"), "{text}");
+    let origin: Value =
+        serde_json::from_slice(&fs::read(root.join("unsigned/gpusnap-origin.json")).unwrap())
+            .unwrap();
+    assert_eq!(origin["signature"]["status"], "missing");
+}
+
+/// SIGINT during a pull: the pull stops at once (even while waiting on the network), exits
+/// 130, and leaves nothing beside its destination.
+#[test]
+fn interrupted_pull_leaves_nothing() {
+    // A "registry" that accepts connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in listener.incoming().take(4) {
+            conns.push(c);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(20));
+    });
+    drop(hold);
+    let w = tempfile::tempdir().unwrap();
+    let out_dir = w.path().join("out");
+    fs::create_dir_all(&out_dir).unwrap();
+    let mut child = Command::new(paths::binary("gpusnap"))
+        .args([
+            "image",
+            "pull",
+            &format!("http://127.0.0.1:{port}/ckpt/x:v1"),
+            "--extract",
+            s(&out_dir.join("ck")),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Give it time to create its staging directories and block on the registry.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the pull ended before the signal"
+    );
+    // Only the child this test started, by its pid.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("interrupted"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(entries(&out_dir), Vec::<String>::new());
 }

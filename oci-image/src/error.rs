@@ -111,12 +111,6 @@ pub enum ImageError {
         names: String,
     },
     #[error(
-        "{reference}: https registries are not supported by this build; push/pull over plain \
-         HTTP with an explicit http:// reference (or RegistryOptions::plain_http) to an insecure \
-         registry"
-    )]
-    TlsUnsupported { reference: String },
-    #[error(
         "{method} {url} returned HTTP {status}{}{}",
         code.as_ref().map(|c| format!(" {c}")).unwrap_or_default(),
         if message.is_empty() { String::new() } else { format!(": {message}") }
@@ -128,11 +122,47 @@ pub enum ImageError {
         code: Option<String>,
         message: String,
     },
+    #[error("{method} {url} needs credentials the registry accepts (HTTP 401): {hint}")]
+    AuthRequired {
+        method: &'static str,
+        url: String,
+        /// Where credentials were looked for, and what was found.
+        hint: String,
+    },
+    #[error("authenticating to {registry} failed: {reason} (credentials: {hint})")]
+    AuthFailed {
+        registry: String,
+        reason: String,
+        hint: String,
+    },
     #[error(
-        "{method} {url} needs authentication (HTTP 401); registry authentication is not \
-         supported yet — use a registry that allows anonymous push/pull"
+        "{what} {name} is {size} bytes, over the limit of {limit} bytes ({location}); refused{}",
+        if setting.is_empty() { String::new() } else { format!(" — raise {setting} if it is genuine") }
     )]
-    AuthRequired { method: &'static str, url: String },
+    TooLarge {
+        what: String,
+        name: String,
+        size: u64,
+        limit: u64,
+        location: String,
+        /// The option that sets the limit, when there is one.
+        setting: &'static str,
+    },
+    #[error(
+        "{reference} ({digest}): no valid signature by a trusted key ({reason}); refused by \
+         restore.signature_policy = require, nothing was written"
+    )]
+    SignatureRequired {
+        reference: String,
+        digest: Digest,
+        reason: String,
+    },
+    #[error("key {}: {reason}", path.display())]
+    Key { path: PathBuf, reason: String },
+    #[error("signing {reference}: {reason}")]
+    Signing { reference: String, reason: String },
+    #[error("interrupted (signal); everything written so far was removed")]
+    Interrupted,
     #[error("{method} {url}: {reason}")]
     Transport {
         method: &'static str,

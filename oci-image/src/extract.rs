@@ -1,22 +1,27 @@
 //! `image::extract`: materialise a checkpoint image back into a directory, verifying every blob
 //! digest and every layer's diff_id on the way. The reverse of [`crate::build`].
 //!
-//! Layers are unpacked into a staging directory beside the destination and renamed into place
-//! only after every digest matched, so a damaged or tampered image never leaves a plausible
-//! checkpoint directory behind.
+//! Layers are unpacked into a staging directory (0700) beside the destination and renamed into
+//! place only after every digest matched, so a damaged or tampered image never leaves a
+//! plausible checkpoint directory behind. Entries are created beneath the staging directory
+//! with `gpusnap_checkpoint::beneath` (openat2 `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), never
+//! through a path: see [`unpack_tar`] for what is refused.
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use flate2::read::GzDecoder;
+use gpusnap_checkpoint::beneath;
+use rustix::fs::{self as rfs, Mode, OFlags};
 
 use super::annotations::{keys, SourceLayout};
 use super::digest::{io_to_image, Digest, HashingReader};
 use super::error::ImageError;
-use super::oci_layout::{entry_name, prepare_empty_dir, ImageSource, RemoveOnDrop};
+use super::interrupt;
+use super::oci_layout::{entry_name, ImageSource, RemoveOnDrop};
 use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 use super::spec::{layer_compression, Compression, Descriptor};
 use gpusnap_checkpoint::layout::CheckpointLayout;
@@ -51,6 +56,22 @@ pub struct OriginSeed {
     pub signature: SignatureCheck,
 }
 
+/// Limits for [`extract_with`].
+#[derive(Debug, Clone)]
+pub struct ExtractOptions {
+    /// Largest layer accepted, compressed (its descriptor) or decompressed (a gzip layer is
+    /// refused as soon as it inflates past this).
+    pub max_layer_bytes: u64,
+}
+
+impl Default for ExtractOptions {
+    fn default() -> Self {
+        ExtractOptions {
+            max_layer_bytes: crate::registry::DEFAULT_MAX_BLOB_BYTES,
+        }
+    }
+}
+
 /// Extracts the only image of `image` (an OCI layout directory or oci-archive) into `dest`, which
 /// must not exist or be an empty directory.
 pub fn extract(image: &Path, dest: &Path) -> Result<Extracted, ImageError> {
@@ -78,6 +99,17 @@ pub fn extract_as(
     dest: &Path,
     seed: &OriginSeed,
 ) -> Result<Extracted, ImageError> {
+    extract_with(image, name, dest, seed, &ExtractOptions::default())
+}
+
+/// Like [`extract_as`], with limits.
+pub fn extract_with(
+    image: &Path,
+    name: Option<&str>,
+    dest: &Path,
+    seed: &OriginSeed,
+    opts: &ExtractOptions,
+) -> Result<Extracted, ImageError> {
     let started = std::time::Instant::now();
     let src = ImageSource::open(image)?;
     let resolved = src.resolve(name)?;
@@ -101,11 +133,7 @@ pub fn extract_as(
         .unwrap_or(SourceLayout::CriArchive);
 
     // Refuse a non-empty destination before doing any work.
-    if fs::read_dir(dest).is_ok_and(|mut d| d.next().is_some()) || dest.is_file() {
-        return Err(ImageError::DestinationExists {
-            path: dest.to_path_buf(),
-        });
-    }
+    crate::registry::check_destination(dest)?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -117,30 +145,36 @@ pub fn extract_as(
             .map_or_else(|| "image".into(), |n| n.to_string_lossy()),
         std::process::id()
     ));
-    if staging.exists() {
+    if fs::symlink_metadata(&staging).is_ok() {
         fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
     }
-    prepare_empty_dir(&staging)?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&staging)
+            .map_err(ImageError::io("creating", &staging))?;
+    }
     let mut cleanup = RemoveOnDrop::new(&staging, true);
-    let as_root = fs::metadata(&staging)
-        .map_err(ImageError::io("reading", &staging))?
-        .uid()
-        == 0;
+    let root = beneath::open_root(&staging).map_err(ImageError::io("opening", &staging))?;
+    rfs::fchmod(&root, Mode::from_raw_mode(0o700))
+        .map_err(|e| ImageError::io("chmod", &staging)(e.into()))?;
 
     let mut dir_times = Vec::new();
     let mut layer_bytes = 0;
     for (i, (desc, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
-        unpack_layer(&src, desc, diff_id, i, &staging, as_root, &mut dir_times)?;
+        unpack_layer(&src, desc, diff_id, i, root.as_fd(), opts, &mut dir_times)?;
         layer_bytes += desc.size;
     }
     // Parents were modified by their children's creation; restore the recorded times last,
     // deepest first.
-    dir_times.sort_by_key(|(dir, _): &(PathBuf, u64)| std::cmp::Reverse(dir.components().count()));
+    dir_times.sort_by_key(|(dir, _): &(String, u64)| std::cmp::Reverse(dir.matches('/').count()));
     for (dir, mtime) in &dir_times {
-        if let Ok(f) = File::open(dir) {
-            let _ = f.set_modified(UNIX_EPOCH + Duration::from_secs(*mtime));
+        if let Ok(fd) = beneath::open_dir(root.as_fd(), Path::new(dir)) {
+            let _ = File::from(fd).set_modified(UNIX_EPOCH + Duration::from_secs(*mtime));
         }
     }
+    drop(root);
 
     let staged_cp = staging.join(CHECKPOINT_DIR);
     let gpusnap_manifest = read_gpusnap_manifest(&staged_cp, &resolved.manifest.annotations, &src)?;
@@ -248,9 +282,9 @@ fn unpack_layer(
     desc: &Descriptor,
     diff_id: &Digest,
     index: usize,
-    staging: &Path,
-    as_root: bool,
-    dir_times: &mut Vec<(PathBuf, u64)>,
+    root: BorrowedFd<'_>,
+    opts: &ExtractOptions,
+    dir_times: &mut Vec<(String, u64)>,
 ) -> Result<(), ImageError> {
     let location = format!("{} layer {index} ({})", src.location(), desc.digest);
     let Some(compression) = layer_compression(&desc.media_type) else {
@@ -268,17 +302,31 @@ fn unpack_layer(
             format!("diff_id {diff_id} differs from the uncompressed layer's digest"),
         ));
     }
+    if desc.size > opts.max_layer_bytes {
+        return Err(ImageError::TooLarge {
+            what: "layer".into(),
+            name: desc.digest.to_string(),
+            size: desc.size,
+            limit: opts.max_layer_bytes,
+            location,
+            setting: "--max-blob-bytes",
+        });
+    }
     let mut blob = src.blob(desc, "layer")?;
     let diff_digest = {
-        // Gzip layers: the decompressed stream is hashed too, against the config's diff_id.
-        let mut decoded: Option<HashingReader<GzDecoder<&mut dyn Read>>> = None;
+        // Gzip layers: the decompressed stream is hashed too, against the config's diff_id,
+        // and capped.
+        let mut decoded: Option<HashingReader<CappedReader<GzDecoder<&mut dyn Read>>>> = None;
         let reader: &mut dyn Read = match compression {
             Compression::None => &mut blob,
-            Compression::Gzip => decoded.insert(HashingReader::new(GzDecoder::new(
-                &mut blob as &mut dyn Read,
-            ))),
+            Compression::Gzip => decoded.insert(HashingReader::new(CappedReader {
+                inner: GzDecoder::new(&mut blob as &mut dyn Read),
+                limit: opts.max_layer_bytes,
+                read: 0,
+                location: location.clone(),
+            })),
         };
-        unpack_tar(reader, staging, as_root, dir_times, &location)?;
+        unpack_tar(reader, root, dir_times, &location)?;
         match decoded {
             Some(h) => Some(
                 h.drain_and_finish()
@@ -303,28 +351,116 @@ fn unpack_layer(
     Ok(())
 }
 
+/// Refuses a layer past `limit` bytes once decompressed (a gzip bomb), as soon as it passes.
+struct CappedReader<R> {
+    inner: R,
+    limit: u64,
+    read: u64,
+    location: String,
+}
+
+impl<R: Read> Read for CappedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.limit {
+            return Err(std::io::Error::other(ImageError::TooLarge {
+                what: "layer".into(),
+                name: "(decompressed)".into(),
+                size: self.read,
+                limit: self.limit,
+                location: self.location.clone(),
+                setting: "--max-blob-bytes",
+            }));
+        }
+        Ok(n)
+    }
+}
+
+/// Names a symlink entry may not take: what gpusnap and the runtimes open in the checkpoint.
+fn reserved_for_files(name: &str) -> bool {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    !name.contains('/') || last.starts_with("gpusnap-") || name == CHECKPOINT_DIR
+}
+
+/// Whether the relative symlink `target`, found at `name`, stays inside the extraction root
+/// when resolved lexically from the link's directory.
+fn symlink_stays_inside(name: &str, target: &Path) -> bool {
+    let mut depth = name.matches('/').count() as i64;
+    for c in target.components() {
+        match c {
+            std::path::Component::Normal(_) => depth += 1,
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn refuse(location: &str, name: &str, reason: impl std::fmt::Display) -> ImageError {
+    ImageError::malformed("layer", location, format!("entry {name:?}: {reason}"))
+}
+
+/// An `openat2`/`*at` failure on an entry: the ones the resolution rules produce get a reason.
+fn at_error(location: &str, name: &str, e: std::io::Error) -> ImageError {
+    let reason = match e.raw_os_error() {
+        Some(libc_errno)
+            if libc_errno == rustix::io::Errno::NOTDIR.raw_os_error()
+                || libc_errno == rustix::io::Errno::LOOP.raw_os_error() =>
+        {
+            format!("its path passes through a symlink or a non-directory ({e}); refused")
+        }
+        Some(libc_errno) if libc_errno == rustix::io::Errno::XDEV.raw_os_error() => {
+            format!("its path leaves the extraction root ({e}); refused")
+        }
+        Some(libc_errno) if libc_errno == rustix::io::Errno::EXIST.raw_os_error() => {
+            "it appears twice, or overlaps an entry of an earlier layer; refused".to_owned()
+        }
+        _ => return io_to_image(e, &format!("{location} entry {name:?}")),
+    };
+    refuse(location, name, reason)
+}
+
+/// Unpacks one layer's tar beneath `root` (an open directory): every name is resolved with
+/// `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)` from `root` and every change made with an
+/// `*at` call on one name in a trusted parent, so no entry can reach outside the root or through
+/// a symlink, including one an earlier entry or layer created. Regular files are created
+/// exclusively with mode 0600 and directories get 0700, whatever the tar says; ownership is not
+/// taken from the tar. Hard links, device nodes, FIFOs, whiteouts and absolute or escaping
+/// symlinks are refused.
 fn unpack_tar(
     reader: &mut dyn Read,
-    staging: &Path,
-    as_root: bool,
-    dir_times: &mut Vec<(PathBuf, u64)>,
+    root: BorrowedFd<'_>,
+    dir_times: &mut Vec<(String, u64)>,
     location: &str,
 ) -> Result<(), ImageError> {
     let mut archive = tar::Archive::new(reader);
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_mtime(true);
-    archive.set_preserve_ownerships(as_root);
-    archive.set_unpack_xattrs(false);
-    archive.set_overwrite(true);
     let entries = archive.entries().map_err(|e| io_to_image(e, location))?;
     for entry in entries {
+        interrupt::check()?;
         let mut entry = entry.map_err(|e| io_to_image(e, location))?;
+        let kind = entry.header().entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::XGlobalHeader | tar::EntryType::XHeader
+        ) {
+            continue;
+        }
         let raw = entry
             .path()
             .map_err(|e| io_to_image(e, location))?
             .into_owned();
         let Some(name) = normalize_member(Path::new(location), &raw)? else {
-            continue;
+            if kind.is_dir() {
+                continue; // "./": the root itself
+            }
+            return Err(refuse(location, &raw.display().to_string(), "empty name"));
         };
         // gpusnap never writes whiteouts; one means the image is not ours or was altered.
         if name
@@ -338,33 +474,122 @@ fn unpack_tar(
                 format!("whiteout entry {name:?}"),
             ));
         }
-        let kind = entry.header().entry_type();
-        if !(kind.is_file()
-            || kind.is_dir()
-            || kind.is_symlink()
-            || kind == tar::EntryType::Continuous)
-        {
-            return Err(ImageError::malformed(
-                "layer",
-                location,
-                format!("entry {name:?} has unsupported type {kind:?}"),
-            ));
-        }
+        let mtime = entry.header().mtime().unwrap_or(0);
+        let rel = Path::new(&name);
+        let (parent, last) =
+            beneath::parent_of(root, rel, Some(0o700)).map_err(|e| at_error(location, &name, e))?;
         if kind.is_dir() {
-            if let Ok(mtime) = entry.header().mtime() {
-                dir_times.push((staging.join(&name), mtime));
+            match rfs::mkdirat(&parent, &last, Mode::from_raw_mode(0o700)) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::EXIST) => {
+                    match beneath::file_type_at(parent.as_fd(), &last)
+                        .map_err(|e| at_error(location, &name, e))?
+                    {
+                        Some(rfs::FileType::Directory) => {}
+                        _ => {
+                            return Err(refuse(
+                                location,
+                                &name,
+                                "a directory where an earlier entry put something else",
+                            ))
+                        }
+                    }
+                }
+                Err(e) => return Err(at_error(location, &name, e.into())),
             }
-        }
-        let unpacked = entry
-            .unpack_in(staging)
-            .map_err(|e| io_to_image(e, location))?;
-        if !unpacked {
+            let fd = beneath::openat2(
+                parent.as_fd(),
+                Path::new(&last),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(|e| at_error(location, &name, e))?;
+            rfs::fchmod(&fd, Mode::from_raw_mode(0o700))
+                .map_err(|e| at_error(location, &name, e.into()))?;
+            dir_times.push((name, mtime));
+        } else if kind.is_file() || kind == tar::EntryType::Continuous {
+            let fd = beneath::openat2(
+                parent.as_fd(),
+                Path::new(&last),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(|e| at_error(location, &name, e))?;
+            let mut file = File::from(fd);
+            copy_interruptible(&mut entry, &mut file, location, &name)?;
+            rfs::fchmod(&file, Mode::from_raw_mode(0o600))
+                .map_err(|e| at_error(location, &name, e.into()))?;
+            file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime))
+                .map_err(|e| at_error(location, &name, e))?;
+        } else if kind.is_symlink() {
+            let target = entry
+                .link_name()
+                .map_err(|e| io_to_image(e, location))?
+                .ok_or_else(|| refuse(location, &name, "symlink without a target"))?
+                .into_owned();
+            if target.is_absolute() {
+                return Err(refuse(
+                    location,
+                    &name,
+                    format!("absolute symlink to {}; refused", target.display()),
+                ));
+            }
+            if reserved_for_files(&name) {
+                return Err(refuse(
+                    location,
+                    &name,
+                    "a symlink where the checkpoint has its own files; refused",
+                ));
+            }
+            if !symlink_stays_inside(&name, &target) {
+                return Err(refuse(
+                    location,
+                    &name,
+                    format!(
+                        "symlink to {} leads outside the checkpoint; refused",
+                        target.display()
+                    ),
+                ));
+            }
+            // Created as data: nothing gpusnap does resolves through it (RESOLVE_NO_SYMLINKS).
+            rfs::symlinkat(&target, &parent, &last)
+                .map_err(|e| at_error(location, &name, e.into()))?;
+        } else {
+            let what = match kind {
+                tar::EntryType::Link => "a hard link",
+                tar::EntryType::Char => "a character device",
+                tar::EntryType::Block => "a block device",
+                tar::EntryType::Fifo => "a FIFO",
+                _ => "an unsupported entry type",
+            };
             return Err(ImageError::malformed(
                 "layer",
                 location,
-                format!("entry {name:?} points outside the image root"),
+                format!("entry {name:?} is {what} ({kind:?}); checkpoint images hold only files, directories and symlinks"),
             ));
         }
     }
     Ok(())
+}
+
+/// Copies an entry's data, checking for an interruption every few MiB.
+fn copy_interruptible(
+    from: &mut dyn Read,
+    to: &mut File,
+    location: &str,
+    name: &str,
+) -> Result<(), ImageError> {
+    use std::io::Write as _;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        interrupt::check()?;
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_to_image(e, location)),
+        };
+        to.write_all(&buf[..n])
+            .map_err(|e| at_error(location, name, e))?;
+    }
 }

@@ -62,7 +62,8 @@
 //! import` uses.
 //!
 //! Every blob is addressed and verified by SHA-256; [`extract`] and [`pull`] refuse any blob,
-//! manifest or diff_id that does not match.
+//! manifest or diff_id that does not match. What [`pull`] verifies, in which order, and what a
+//! tag pull does *not* verify is in [`registry`]; signatures in [`registry::cosign`].
 
 pub mod annotations;
 mod build;
@@ -70,6 +71,7 @@ pub mod digest;
 mod error;
 mod extract;
 mod inspect;
+pub mod interrupt;
 mod layer;
 mod oci_layout;
 pub mod registry;
@@ -80,9 +82,14 @@ pub use annotations::{keys, LayerRole, SourceLayout};
 pub use build::{build, BuildOptions, BuiltImage};
 pub use digest::Digest;
 pub use error::ImageError;
-pub use extract::{extract, extract_as, extract_named, Extracted, OriginSeed};
+pub use extract::{
+    extract, extract_as, extract_named, extract_with, ExtractOptions, Extracted, OriginSeed,
+};
 pub use inspect::{inspect, inspect_named, ImageInfo};
-pub use registry::{pull, push, PullReport, PushReport, Reference, RegistryOptions};
+pub use registry::{
+    pull, push, sign, Credentials, PullReport, PushReport, Reference, RegistryOptions, SignReport,
+    SignatureOptions,
+};
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 
 use spec::Descriptor;

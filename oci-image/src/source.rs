@@ -77,11 +77,25 @@ pub(crate) struct SourceEntry<'a> {
     pub body: Body<'a>,
 }
 
-/// Calls `f` for every entry of `source`, parents before children.
+/// Calls `f` for every entry of `source`, parents before children. The origin record a pull
+/// wrote (`gpusnap-origin.json`) is node-local state, not part of the checkpoint: it is left
+/// out, so an image rebuilt from an extracted checkpoint is the image it was extracted from.
 pub(crate) fn for_each_entry(
     source: &BuildSource,
     f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
 ) -> Result<(), ImageError> {
+    use gpusnap_checkpoint::origin::ORIGIN_FILE;
+    let skipped = [
+        ORIGIN_FILE.to_owned(),
+        format!("{CHECKPOINT_DIR}/{ORIGIN_FILE}"),
+    ];
+    let f = &mut |e: SourceEntry<'_>| {
+        if skipped.contains(&e.path) {
+            Ok(())
+        } else {
+            f(e)
+        }
+    };
     match source {
         BuildSource::ArchiveTar(p) => walk_tar(p, f),
         BuildSource::ArchiveDir(p) => walk_dir(p, p, "", f),

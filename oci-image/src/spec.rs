@@ -1,8 +1,11 @@
-//! The parts of the OCI image-spec (v1.1) this module reads and writes.
+//! The parts of the OCI image-spec (v1.1) that `build`, the on-disk layout and `extract` read and
+//! write.
 //!
-//! Hand-written rather than taken from `oci-spec`: we need only a handful of fields, must accept
-//! documents from any registry leniently (unknown fields ignored, Docker media types tolerated on
-//! pull), and want field order in the JSON we write to follow the spec's examples.
+//! Documents from a registry are parsed with `oci-spec`'s image types (`registry`), and the
+//! cosign signature manifest is built with them. These structs remain for the layout and build
+//! code, where digests are this crate's sha256-only [`Digest`] (an `oci-spec` descriptor accepts
+//! any algorithm) and the JSON gpusnap writes keeps the field order of the spec's examples, so
+//! rebuilt images stay byte-identical.
 
 use std::collections::BTreeMap;
 

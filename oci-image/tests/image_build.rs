@@ -361,7 +361,7 @@ fn extract_round_trips_the_archive_byte_for_byte_from_layout_and_archive() {
         assert_eq!(out.checkpoint_dir, dest.join("checkpoint"));
         assert_eq!(out.gpusnap_manifest, fx.manifest);
         assert_eq!(out.layers, 6);
-        assert_same_tree(&dest, &fx.archive_root);
+        assert_same_tree_with_origin(&dest, &fx.archive_root);
         // What a node restores from passes gpusnap's own pre-restore validation.
         validate_for_restore(&out.checkpoint_dir).unwrap();
         // No staging directory left beside it.
@@ -453,7 +453,7 @@ fn build_from_checkpoint_dir_round_trips_and_names_by_container_id() {
     let out = image::extract(&archive, &dest).unwrap();
     assert_eq!(out.checkpoint_dir, dest);
     assert_eq!(out.gpusnap_manifest, manifest);
-    assert_same_tree(&dest, &cp);
+    assert_same_tree_with_origin(&dest, &cp);
     validate_for_restore(&dest).unwrap();
 }
 
@@ -708,7 +708,7 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
     let dest = fx.work.path().join("from-skopeo");
     let out = image::extract(&copy, &dest).unwrap();
     assert_eq!(out.gpusnap_manifest, fx.manifest);
-    assert_same_tree(&dest, &fx.archive_root);
+    assert_same_tree_with_origin(&dest, &fx.archive_root);
     // skopeo gzips layers on the way into an oci: layout, so this also exercises extract's gzip
     // path: the compressed blobs differ, the diff_ids (uncompressed content) are ours.
     let info = image::inspect(&copy).unwrap();
@@ -733,4 +733,21 @@ fn copy_dir(from: &Path, to: &Path) {
             fs::copy(e.path(), t).unwrap();
         }
     }
+}
+
+/// `got` holds what `want` holds, plus the origin record extract writes beside it.
+fn assert_same_tree_with_origin(got: &Path, want: &Path) {
+    let mut g = gpusnap_testkit::fixtures::tree(got);
+    assert!(
+        g.remove("gpusnap-origin.json").is_some(),
+        "no origin record in {}",
+        got.display()
+    );
+    assert_eq!(
+        g,
+        gpusnap_testkit::fixtures::tree(want),
+        "{} vs {}",
+        got.display(),
+        want.display()
+    );
 }

@@ -1,34 +1,60 @@
-//! Pushing checkpoint images to, and pulling them from, an OCI distribution registry.
+//! Pushing checkpoint images to, pulling them from, and signing them in an OCI distribution
+//! registry.
 //!
-//! Plain HTTP only, and only when asked for explicitly (`http://` in the reference or
-//! [`RegistryOptions::plain_http`]): the intended registries are a node-local or
-//! cluster-internal insecure registry. No authentication yet.
+//! The protocol is `oci-client`'s ([`client`] says what is added on top). HTTPS by default,
+//! with the system roots plus any CA files given ([`RegistryOptions::ca_files`], PEM bundles
+//! split into certificates); plain HTTP only when asked for (`http://` in the reference or
+//! [`RegistryOptions::plain_http`]), meant for a loopback or node-local registry. Credentials
+//! come from a docker `config.json` ([`Credentials`]); Basic and Bearer-token registries both
+//! work.
 //!
-//! Integrity: push lets the registry verify each blob (the digest travels with the upload) and
-//! checks the local blob's digest as it streams; pull verifies every manifest and blob against
-//! its digest before it lands in the layout, so a tampered registry copy is refused with
-//! [`ImageError::DigestMismatch`].
+//! **Pull, in order.** (1) The top manifest or index is read by digest when the reference
+//! names one, else by tag, capped at [`RegistryOptions::max_manifest_bytes`] and hashed; a
+//! pinned digest, and the registry's `Docker-Content-Digest`, must match. For a tag, that digest
+//! is what the registry says the tag means *now*: nothing pins the binding unless a signature
+//! does. (2) The signature policy is applied to that digest ([`cosign`]); `require` refuses
+//! here, before any blob is fetched. (3) Every child manifest (by digest), config and layer is
+//! fetched with its size and digest checked while it streams, each capped. (4) Only then is the
+//! layout, written in a staging directory beside the destination, renamed into place; any
+//! failure or interruption ([`crate::interrupt`]) removes the staging directory.
+//!
+//! **Push.** Blobs the registry lacks are uploaded in chunks (the local file's digest checked as
+//! it is read, the registry checking the digest on commit), child manifests by digest, then the
+//! top document under the tag, as the exact bytes whose digest we computed.
 
+mod auth;
 mod client;
+pub mod cosign;
 pub mod reference;
 
 use std::collections::BTreeMap;
-use std::io::{self, BufWriter, Write};
+use std::future::Future;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gpusnap_checkpoint::origin::SignatureCheck;
+use oci_client::RegistryOperation;
+
 use super::annotations::keys;
-use super::digest::{io_to_image, Digest, VerifyingReader};
+use super::digest::Digest;
 use super::error::ImageError;
-use super::oci_layout::{
-    prepare_empty_dir, single_entry_index, ImageSource, LayoutWriter, RemoveOnDrop,
-};
+use super::interrupt;
+use super::oci_layout::{single_entry_index, ImageSource, LayoutWriter, RemoveOnDrop};
 use super::spec::{
     is_index_media_type, is_manifest_media_type, Descriptor, ImageIndex, ImageManifest,
-    MAX_JSON_BYTES, MEDIA_TYPE_MANIFEST,
+    MEDIA_TYPE_MANIFEST,
 };
-use client::Client;
+pub use auth::{default_docker_config, Credentials};
+use client::Session;
+pub use cosign::{sign, SignReport, SignatureOptions};
 pub use reference::Reference;
+
+/// Default cap on a manifest, index, image config or signature manifest read from a registry.
+pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// Default cap on one blob (a GPU extent can be tens of GiB; a registry serving more than this
+/// for one blob is refused before the first byte).
+pub const DEFAULT_MAX_BLOB_BYTES: u64 = 1 << 40;
 
 /// How to talk to the registry.
 #[derive(Debug, Clone)]
@@ -37,8 +63,19 @@ pub struct RegistryOptions {
     pub plain_http: bool,
     /// Which image of a multi-image layout to push (its `ref.name` / `io.containerd.image.name`).
     pub image_name: Option<String>,
-    /// Idle timeout for each socket read or write.
+    /// Idle timeout for each socket read.
     pub io_timeout: Duration,
+    /// PEM files (bundles allowed) of CAs trusted in addition to the system roots.
+    pub ca_files: Vec<PathBuf>,
+    pub credentials: Credentials,
+    /// Cap on every manifest, index and image config read.
+    pub max_manifest_bytes: u64,
+    /// Cap on every blob, whatever its descriptor says.
+    pub max_blob_bytes: u64,
+    /// Signature policy and trusted keys for [`pull`].
+    pub signatures: SignatureOptions,
+    /// [`push`]: sign the pushed image with this private key ([`cosign::sign`]).
+    pub sign_key: Option<PathBuf>,
 }
 
 impl Default for RegistryOptions {
@@ -47,6 +84,12 @@ impl Default for RegistryOptions {
             plain_http: false,
             image_name: None,
             io_timeout: Duration::from_secs(120),
+            ca_files: Vec::new(),
+            credentials: Credentials::Auto,
+            max_manifest_bytes: DEFAULT_MAX_MANIFEST_BYTES,
+            max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
+            signatures: SignatureOptions::default(),
+            sign_key: None,
         }
     }
 }
@@ -62,29 +105,121 @@ pub struct PushReport {
     /// Blobs the registry already had (`HEAD` answered 200).
     pub skipped: Vec<Digest>,
     pub bytes_uploaded: u64,
+    /// The signature pushed with [`RegistryOptions::sign_key`].
+    pub signature: Option<SignReport>,
 }
 
-/// What [`pull`] did.
+/// What [`pull`] did, and what it verified.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PullReport {
     pub reference: String,
     pub layout_dir: PathBuf,
+    /// Digest of the top document (index or manifest) everything else was checked against.
     pub digest: Digest,
     pub media_type: String,
-    /// Blobs written (manifests, configs and layers), all verified.
+    /// The reference named `digest` itself. When false, `digest` is what the registry said the
+    /// tag pointed at during this pull; the tag→digest binding itself was not verified (unless
+    /// `signature` is `Verified`).
+    pub pinned: bool,
+    /// The image manifests under the top document, each fetched by digest and checked.
+    pub manifests: Vec<Digest>,
+    /// Blobs written (manifests, configs and layers), each checked against its descriptor's
+    /// digest and size.
     pub blobs: usize,
     pub bytes: u64,
+    pub signature: SignatureCheck,
 }
 
-/// Pushes the image in `image` (OCI layout directory or oci-archive) to `reference`.
+impl PullReport {
+    /// One sentence saying what was verified (and what was not).
+    pub fn verification(&self) -> String {
+        let binding = if self.pinned {
+            format!("{} named by the reference", self.digest)
+        } else {
+            match &self.signature {
+                SignatureCheck::Verified { .. } => format!(
+                    "the tag resolved to {} at the registry; that digest is signed",
+                    self.digest
+                ),
+                _ => format!(
+                    "the tag resolved to {} at the registry (the tag→digest binding itself was \
+                     not pinned)",
+                    self.digest
+                ),
+            }
+        };
+        let children: Vec<&str> = self
+            .manifests
+            .iter()
+            .filter(|d| **d != self.digest)
+            .map(Digest::as_str)
+            .collect();
+        let tree = if children.is_empty() {
+            String::new()
+        } else {
+            format!(" → image manifest {}", children.join(", "))
+        };
+        format!(
+            "{binding}{tree}; {} blobs checked against that tree (every size and digest)",
+            self.blobs
+        )
+    }
+}
+
+/// Runs `f` to completion on a private current-thread runtime (the registry code is async,
+/// `oci-client`; the callers are not). An interruption ([`crate::interrupt::request`]) drops
+/// `f` within a tenth of a second even while it waits on the network, and returns
+/// [`ImageError::Interrupted`]; the caller's guards then remove what was written.
+pub(crate) fn block_on<T>(f: impl Future<Output = Result<T, ImageError>>) -> Result<T, ImageError> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(ImageError::invalid(
+            "caller",
+            "async context",
+            "registry operations block; call them from a blocking thread (spawn_blocking)",
+        ));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ImageError::io(
+            "starting",
+            Path::new("the registry client runtime"),
+        ))?;
+    rt.block_on(async {
+        let watch = async {
+            while !interrupt::requested() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            r = f => r,
+            () = watch => Err(ImageError::Interrupted),
+        }
+    })
+}
+
+/// Pushes the image in `image` (OCI layout directory or oci-archive) to `reference`, and signs
+/// it when [`RegistryOptions::sign_key`] is set.
 pub fn push(
     image: &Path,
     reference: &str,
     opts: &RegistryOptions,
 ) -> Result<PushReport, ImageError> {
-    let started = std::time::Instant::now();
     let r = Reference::parse(reference, opts.plain_http)?;
-    let client = Client::new(&r, opts)?;
+    let keypair = match &opts.sign_key {
+        Some(k) => Some(cosign::load_private_key(k)?),
+        None => None,
+    };
+    block_on(push_async(image, &r, opts, keypair.as_ref()))
+}
+
+async fn push_async(
+    image: &Path,
+    r: &Reference,
+    opts: &RegistryOptions,
+    keypair: Option<&sigstore::crypto::signing_key::SigStoreKeyPair>,
+) -> Result<PushReport, ImageError> {
+    let started = std::time::Instant::now();
     let src = ImageSource::open(image)?;
     let resolved = src.resolve(opts.image_name.as_deref())?;
     let top = resolved.top.clone();
@@ -92,12 +227,13 @@ pub fn push(
         if *d != top.digest {
             return Err(ImageError::invalid(
                 "image reference",
-                reference,
+                r.to_string(),
                 format!("the image's digest is {}, not {d}", top.digest),
             ));
         }
     }
-    client.ping()?;
+    let mut session = Session::new(r, opts)?;
+    session.authenticate(RegistryOperation::Push).await?;
 
     // Children first: a registry refuses a manifest whose blobs, or an index whose manifests,
     // it does not have.
@@ -112,6 +248,7 @@ pub fn push(
         uploaded: Vec::new(),
         skipped: Vec::new(),
         bytes_uploaded: 0,
+        signature: None,
     };
     let mut manifests = Vec::new();
     for child in &children {
@@ -127,31 +264,24 @@ pub fn push(
             if report.uploaded.contains(&blob.digest) || report.skipped.contains(&blob.digest) {
                 continue;
             }
-            if client.blob_exists(&blob.digest)? {
+            if session.blob_exists(&blob.digest).await? {
                 tracing::debug!(digest = %blob.digest, "blob already in registry");
                 report.skipped.push(blob.digest.clone());
                 continue;
             }
-            let mut body = src.blob(blob, "blob")?;
-            client.upload_blob(&blob.digest, blob.size, &mut body)?;
-            // Local corruption would also make the registry refuse the upload; checking here
-            // names the local file rather than a registry error code.
-            body.finish()?;
+            let body = src.blob(blob, "blob")?;
+            session.upload_blob(&blob.digest, blob.size, body).await?;
             report.bytes_uploaded += blob.size;
             report.uploaded.push(blob.digest.clone());
             tracing::debug!(digest = %blob.digest, size = blob.size, "blob uploaded");
         }
         manifests.push((child.clone(), bytes));
     }
-    for (desc, bytes) in &manifests {
-        if resolved.index.is_some() {
-            put_checked(
-                &client,
-                desc.digest.as_str(),
-                &desc.media_type,
-                bytes,
-                &desc.digest,
-            )?;
+    if resolved.index.is_some() {
+        for (desc, bytes) in &manifests {
+            session
+                .put_manifest(desc.digest.as_str(), &desc.media_type, bytes)
+                .await?;
         }
     }
     let top_bytes = match &resolved.index {
@@ -161,13 +291,20 @@ pub fn push(
             .map(|(_, b)| b.clone())
             .expect("one child when there is no index"),
     };
-    put_checked(
-        &client,
-        &r.manifest_ref(),
-        &top.media_type,
-        &top_bytes,
-        &top.digest,
-    )?;
+    let stored = session
+        .put_manifest(&r.manifest_ref(), &top.media_type, &top_bytes)
+        .await?;
+    if stored != top.digest {
+        return Err(ImageError::DigestMismatch {
+            what: "pushed top manifest".into(),
+            expected: top.digest.clone(),
+            actual: stored,
+            location: src.location(),
+        });
+    }
+    if let (Some(kp), Some(key)) = (keypair, &opts.sign_key) {
+        report.signature = Some(cosign::sign_digest(&session, r, &top.digest, kp, key).await?);
+    }
     tracing::info!(
         image = %src.location(),
         reference = %report.reference,
@@ -175,102 +312,160 @@ pub fn push(
         uploaded = report.uploaded.len(),
         skipped = report.skipped.len(),
         bytes_uploaded = report.bytes_uploaded,
+        signed = report.signature.is_some(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "checkpoint image pushed"
     );
     Ok(report)
 }
 
-fn put_checked(
-    client: &Client,
-    reference: &str,
-    media_type: &str,
-    bytes: &[u8],
-    digest: &Digest,
-) -> Result<(), ImageError> {
-    if let Some(got) = client.put_manifest(reference, media_type, bytes)? {
-        if got != digest.as_str() {
-            return Err(ImageError::Registry {
-                method: "PUT",
-                url: reference.to_owned(),
-                status: 201,
-                code: None,
-                message: format!("registry stored the manifest as {got}, expected {digest}"),
-            });
+/// A staging directory beside `dest`, unique to this process and call.
+fn staging_path(dest: &Path, what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = dest
+        .file_name()
+        .map_or_else(|| "image".into(), |n| n.to_string_lossy().into_owned());
+    parent.join(format!(
+        ".{name}.{what}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    ))
+}
+
+/// Refuses a destination that exists and is not an empty directory.
+pub(crate) fn check_destination(dest: &Path) -> Result<(), ImageError> {
+    match std::fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ImageError::io("reading", dest)(e)),
+        Ok(m) if m.is_dir() => {
+            let mut entries = std::fs::read_dir(dest).map_err(ImageError::io("reading", dest))?;
+            if entries.next().is_some() {
+                Err(ImageError::DestinationExists {
+                    path: dest.to_path_buf(),
+                })
+            } else {
+                Ok(())
+            }
         }
+        Ok(_) => Err(ImageError::DestinationExists {
+            path: dest.to_path_buf(),
+        }),
     }
-    Ok(())
 }
 
 /// Pulls `reference` into a new OCI image layout at `dest` (must not exist or be empty),
-/// verifying every manifest and blob digest. On any failure `dest` is left as it was.
+/// verifying every manifest and blob digest and applying the signature policy (see the module
+/// docs for the order). On any failure, `dest` is left as it was and nothing else remains.
 pub fn pull(
     reference: &str,
     dest: &Path,
     opts: &RegistryOptions,
 ) -> Result<PullReport, ImageError> {
-    let started = std::time::Instant::now();
     let r = Reference::parse(reference, opts.plain_http)?;
-    let client = Client::new(&r, opts)?;
-    let created = prepare_empty_dir(dest)?;
-    let mut cleanup = RemoveOnDrop::new(dest, created);
-    let mut layout = LayoutWriter::create(dest)?;
-    let mut stats = (0usize, 0u64);
+    check_destination(dest)?;
+    if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(ImageError::io("creating", parent))?;
+    }
+    let staging = staging_path(dest, "pull");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
+    }
+    std::fs::create_dir(&staging).map_err(ImageError::io("creating", &staging))?;
+    let mut cleanup = RemoveOnDrop::new(&staging, true);
+    let report = block_on(pull_async(&r, &staging, opts))?;
+    interrupt::check()?;
+    std::fs::rename(&staging, dest).map_err(ImageError::io("renaming into place", dest))?;
+    cleanup.disarm();
+    Ok(PullReport {
+        layout_dir: dest.to_path_buf(),
+        ..report
+    })
+}
 
-    let fetched = client.get_manifest(&r.manifest_ref())?;
+async fn pull_async(
+    r: &Reference,
+    staging: &Path,
+    opts: &RegistryOptions,
+) -> Result<PullReport, ImageError> {
+    let started = std::time::Instant::now();
+    let mut session = Session::new(r, opts)?;
+    session.authenticate(RegistryOperation::Pull).await?;
+    let mut layout = LayoutWriter::create(staging)?;
+    let mut stats = (0usize, 0u64);
     let location = format!("{}/{}", r.base_url(), r.repository);
-    let actual = Digest::of(&fetched.bytes);
-    let expected = match (&r.digest, &fetched.digest_header) {
-        (Some(d), _) => Some(d.clone()),
-        (None, Some(h)) => Some(Digest::parse(h)?),
-        (None, None) => None,
-    };
-    if let Some(expected) = expected {
-        if expected != actual {
+
+    // (1) The top document, by digest or tag.
+    let fetched = session
+        .get_manifest(&r.manifest_ref(), opts.max_manifest_bytes)
+        .await?;
+    if let Some(want) = &r.digest {
+        if *want != fetched.digest {
             return Err(ImageError::DigestMismatch {
                 what: "manifest".into(),
-                expected,
-                actual,
-                location: format!("{location} manifests/{}", r.manifest_ref()),
+                expected: want.clone(),
+                actual: fetched.digest,
+                location: fetched.url,
             });
         }
     }
+    let actual = fetched.digest.clone();
     let media_type = document_media_type(&fetched.bytes, fetched.content_type.as_deref())
         .ok_or_else(|| ImageError::malformed("manifest", &location, "no media type"))?;
+
+    // (2) The signature policy, before any blob is fetched.
+    let signature = cosign::check(&session, r, &actual, &opts.signatures).await?;
+
     layout.put_bytes(&fetched.bytes)?;
     stats.0 += 1;
     stats.1 += fetched.bytes.len() as u64;
     let mut top = Descriptor::new(&media_type, actual.clone(), fetched.bytes.len() as u64);
 
-    let manifests: Vec<ImageManifest> = if is_index_media_type(&media_type) {
-        let index: ImageIndex = serde_json::from_slice(&fetched.bytes)
+    // (3) Child manifests by digest, then configs and layers.
+    let mut manifest_digests = Vec::new();
+    let manifests: Vec<oci_spec::image::ImageManifest> = if is_index_media_type(&media_type) {
+        let index = oci_spec::image::ImageIndex::from_reader(&fetched.bytes[..])
             .map_err(|e| ImageError::malformed("image index", &location, e))?;
-        if let Some(name) = index.annotations.get(keys::CRIU_CONTAINER_NAME) {
+        if let Some(name) = index
+            .annotations()
+            .as_ref()
+            .and_then(|a| a.get(keys::CRIU_CONTAINER_NAME))
+        {
             top.annotations
                 .insert(keys::CRIU_CONTAINER_NAME.into(), name.clone());
         }
         let mut out = Vec::new();
-        for child in &index.manifests {
-            if !is_manifest_media_type(&child.media_type) {
+        for child in index.manifests() {
+            let child_mt = child.media_type().to_string();
+            if !is_manifest_media_type(&child_mt) {
                 return Err(ImageError::UnsupportedMediaType {
                     what: "image index entry",
-                    media_type: child.media_type.clone(),
+                    media_type: child_mt,
                     location: location.clone(),
                 });
             }
-            let bytes = fetch_manifest_by_digest(&client, child, &location)?;
+            let digest = Digest::parse(child.digest().as_ref())?;
+            let bytes = fetch_manifest_by_digest(&session, &digest, child.size(), opts).await?;
             layout.put_bytes(&bytes)?;
             stats.0 += 1;
             stats.1 += bytes.len() as u64;
+            manifest_digests.push(digest);
             out.push(
-                serde_json::from_slice(&bytes)
+                oci_spec::image::ImageManifest::from_reader(&bytes[..])
                     .map_err(|e| ImageError::malformed("image manifest", &location, e))?,
             );
         }
         out
     } else if is_manifest_media_type(&media_type) {
-        vec![serde_json::from_slice(&fetched.bytes)
-            .map_err(|e| ImageError::malformed("image manifest", &location, e))?]
+        manifest_digests.push(actual.clone());
+        vec![
+            oci_spec::image::ImageManifest::from_reader(&fetched.bytes[..])
+                .map_err(|e| ImageError::malformed("image manifest", &location, e))?,
+        ]
     } else {
         return Err(ImageError::UnsupportedMediaType {
             what: "manifest",
@@ -280,13 +475,39 @@ pub fn pull(
     };
 
     for m in &manifests {
-        for blob in std::iter::once(&m.config).chain(&m.layers) {
-            if layout.blob_path(&blob.digest).exists() {
+        let config = m.config();
+        let blobs = std::iter::once((config, "image config", opts.max_manifest_bytes))
+            .chain(m.layers().iter().map(|l| (l, "layer", opts.max_blob_bytes)));
+        for (desc, what, cap) in blobs {
+            interrupt::check()?;
+            let digest = Digest::parse(desc.digest().as_ref())?;
+            if layout.blob_path(&digest).exists() {
                 continue;
             }
-            fetch_blob(&client, &mut layout, blob)?;
+            if desc.size() > cap {
+                return Err(ImageError::TooLarge {
+                    what: what.into(),
+                    name: digest.to_string(),
+                    size: desc.size(),
+                    limit: cap,
+                    location: location.clone(),
+                    setting: if what == "layer" {
+                        "--max-blob-bytes"
+                    } else {
+                        "--max-manifest-bytes"
+                    },
+                });
+            }
+            let (tmp, file) = layout.tmp_file()?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            session
+                .fetch_blob(&digest, desc.size(), what, &mut w)
+                .await?;
+            w.flush().map_err(ImageError::io("writing", &tmp))?;
+            drop(w);
+            layout.commit(&tmp, &digest)?;
             stats.0 += 1;
-            stats.1 += blob.size;
+            stats.1 += desc.size();
         }
     }
     let name = r.name();
@@ -295,11 +516,10 @@ pub fn pull(
     top.annotations
         .insert(keys::CONTAINERD_IMAGE_NAME.into(), name.clone());
     layout.finish(&single_entry_index(top.clone(), BTreeMap::new()))?;
-    cleanup.disarm();
     tracing::info!(
         reference = %r,
-        dest = %dest.display(),
         digest = %actual,
+        pinned = r.digest.is_some(),
         blobs = stats.0,
         bytes = stats.1,
         elapsed_ms = started.elapsed().as_millis() as u64,
@@ -307,12 +527,66 @@ pub fn pull(
     );
     Ok(PullReport {
         reference: r.to_string(),
-        layout_dir: dest.to_path_buf(),
+        layout_dir: staging.to_path_buf(),
         digest: actual,
         media_type: top.media_type,
+        pinned: r.digest.is_some(),
+        manifests: manifest_digests,
         blobs: stats.0,
         bytes: stats.1,
+        signature,
     })
+}
+
+async fn fetch_manifest_by_digest(
+    session: &Session,
+    digest: &Digest,
+    size: u64,
+    opts: &RegistryOptions,
+) -> Result<Vec<u8>, ImageError> {
+    let url = session.url(&format!("manifests/{digest}"));
+    if size > opts.max_manifest_bytes {
+        return Err(ImageError::TooLarge {
+            what: "image manifest".into(),
+            name: digest.to_string(),
+            size,
+            limit: opts.max_manifest_bytes,
+            location: url,
+            setting: "--max-manifest-bytes",
+        });
+    }
+    // One byte over the descriptor's size is enough to tell a longer document.
+    let fetched = session
+        .get_manifest(digest.as_str(), size + 1)
+        .await
+        .map_err(|e| match e {
+            ImageError::TooLarge { size: got, .. } => ImageError::SizeMismatch {
+                what: "manifest".into(),
+                digest: digest.clone(),
+                expected: size,
+                actual: got,
+                location: url.clone(),
+            },
+            other => other,
+        })?;
+    if fetched.bytes.len() as u64 != size {
+        return Err(ImageError::SizeMismatch {
+            what: "manifest".into(),
+            digest: digest.clone(),
+            expected: size,
+            actual: fetched.bytes.len() as u64,
+            location: url,
+        });
+    }
+    if fetched.digest != *digest {
+        return Err(ImageError::DigestMismatch {
+            what: "manifest".into(),
+            expected: digest.clone(),
+            actual: fetched.digest,
+            location: url,
+        });
+    }
+    Ok(fetched.bytes)
 }
 
 /// The `mediaType` field of a manifest document, else the response's Content-Type.
@@ -329,63 +603,4 @@ fn document_media_type(bytes: &[u8], content_type: Option<&str>) -> Option<Strin
         .or_else(|| content_type.map(str::to_owned))
         // OCI allows a manifest without mediaType; one with a config is a manifest.
         .or_else(|| probe.config.map(|_| MEDIA_TYPE_MANIFEST.to_owned()))
-}
-
-fn fetch_manifest_by_digest(
-    client: &Client,
-    desc: &Descriptor,
-    location: &str,
-) -> Result<Vec<u8>, ImageError> {
-    if desc.size > MAX_JSON_BYTES {
-        return Err(ImageError::malformed(
-            "image index",
-            location,
-            format!("manifest {} claims {} bytes", desc.digest, desc.size),
-        ));
-    }
-    let fetched = client.get_manifest(desc.digest.as_str())?;
-    let actual = Digest::of(&fetched.bytes);
-    let where_ = format!("{location} manifests/{}", desc.digest);
-    if fetched.bytes.len() as u64 != desc.size {
-        return Err(ImageError::SizeMismatch {
-            what: "manifest".into(),
-            digest: desc.digest.clone(),
-            expected: desc.size,
-            actual: fetched.bytes.len() as u64,
-            location: where_,
-        });
-    }
-    if actual != desc.digest {
-        return Err(ImageError::DigestMismatch {
-            what: "manifest".into(),
-            expected: desc.digest.clone(),
-            actual,
-            location: where_,
-        });
-    }
-    Ok(fetched.bytes)
-}
-
-/// Streams one blob to a scratch file, verifying size and digest, then commits it.
-fn fetch_blob(
-    client: &Client,
-    layout: &mut LayoutWriter,
-    desc: &Descriptor,
-) -> Result<(), ImageError> {
-    let url = client.blob_url(&desc.digest);
-    let body = client.get_blob(&desc.digest)?;
-    let mut reader = VerifyingReader::new(body, &desc.digest, desc.size, "blob", url.clone());
-    let (tmp, file) = layout.tmp_file()?;
-    let result = (|| {
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        io::copy(&mut reader, &mut w).map_err(|e| io_to_image(e, &url))?;
-        w.flush().map_err(ImageError::io("writing", &tmp))?;
-        drop(w);
-        reader.finish()?;
-        layout.commit(&tmp, &desc.digest)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }

@@ -1,0 +1,408 @@
+//! Hostile checkpoint images, built by hand, against `extract`: every one is refused with an
+//! error that says why, leaves nothing at the destination or beside it, and changes nothing in
+//! a sentinel directory on the host (compared by a full tree checksum before and after).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gpusnap_oci_image::{self as image, Digest, ExtractOptions, ImageError, OriginSeed};
+use gpusnap_testkit::fixtures::{tree, Node};
+use serde_json::json;
+
+/// One tar entry, its name written verbatim into the header (the `tar` crate's builder refuses
+/// the names these tests need).
+enum E<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a [u8]),
+    Symlink(&'a str, &'a str),
+    HardLink(&'a str, &'a str),
+    CharDev(&'a str),
+    Fifo(&'a str),
+}
+
+fn header(name: &str, kind: tar::EntryType, size: u64, link: Option<&str>) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(0o6777); // setuid, setgid, world-writable: extract must not keep any of it
+    h.set_mtime(1_700_000_000);
+    h.set_uid(1234);
+    h.set_gid(1234);
+    let raw = h.as_old_mut();
+    raw.name[..name.len()].copy_from_slice(name.as_bytes());
+    if let Some(l) = link {
+        raw.linkname[..l.len()].copy_from_slice(l.as_bytes());
+    }
+    if kind == tar::EntryType::Char {
+        h.set_device_major(1).unwrap();
+        h.set_device_minor(3).unwrap();
+    }
+    h.set_cksum();
+    h
+}
+
+fn layer_tar(entries: &[E<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let (h, data): (tar::Header, &[u8]) = match e {
+            E::Dir(n) => (header(n, tar::EntryType::Directory, 0, None), &[]),
+            E::File(n, d) => (header(n, tar::EntryType::Regular, d.len() as u64, None), d),
+            E::Symlink(n, t) => (header(n, tar::EntryType::Symlink, 0, Some(t)), &[]),
+            E::HardLink(n, t) => (header(n, tar::EntryType::Link, 0, Some(t)), &[]),
+            E::CharDev(n) => (header(n, tar::EntryType::Char, 0, None), &[]),
+            E::Fifo(n) => (header(n, tar::EntryType::Fifo, 0, None), &[]),
+        };
+        b.append(&h, data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn put_blob(layout: &Path, bytes: &[u8]) -> (Digest, u64) {
+    let d = Digest::of(bytes);
+    fs::write(layout.join("blobs/sha256").join(d.hex()), bytes).unwrap();
+    (d, bytes.len() as u64)
+}
+
+/// An OCI layout at `layout` with these layers (tar bytes; gzip-compressed when `gz`).
+fn hostile_image(layout: &Path, layers: &[(Vec<u8>, bool)]) {
+    fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let mut descs = Vec::new();
+    let mut diff_ids = Vec::new();
+    for (tar, gz) in layers {
+        diff_ids.push(Digest::of(tar).to_string());
+        let (blob, mt) = if *gz {
+            (gzip(tar), "application/vnd.oci.image.layer.v1.tar+gzip")
+        } else {
+            (tar.clone(), "application/vnd.oci.image.layer.v1.tar")
+        };
+        let (d, size) = put_blob(layout, &blob);
+        descs.push(json!({"mediaType": mt, "digest": d.to_string(), "size": size}));
+    }
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids}
+    }))
+    .unwrap();
+    let (cd, cs) = put_blob(layout, &config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": cs},
+        "layers": descs,
+    }))
+    .unwrap();
+    let (md, ms) = put_blob(layout, &manifest);
+    fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md.to_string(), "size": ms}],
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+struct Case {
+    name: &'static str,
+    layers: Vec<(Vec<u8>, bool)>,
+    /// A word the error must contain.
+    expect: &'static str,
+}
+
+/// A host directory an escaping entry would reach, with its tree (modes, sizes, digests).
+fn sentinel(top: &Path) -> (PathBuf, std::collections::BTreeMap<String, Node>) {
+    let s = top.join("sentinel");
+    fs::create_dir_all(s.join("sub")).unwrap();
+    fs::write(s.join("passwd"), b"root:x:0:0::/root:/bin/sh\n").unwrap();
+    fs::write(s.join("sub/keep"), b"host data").unwrap();
+    let t = tree(&s);
+    (s, t)
+}
+
+#[test]
+fn hostile_layers_are_refused_and_touch_nothing_outside() {
+    let top = tempfile::tempdir().unwrap();
+    let (sentinel_dir, before) = sentinel(top.path());
+    let sentinel_abs = sentinel_dir.to_str().unwrap().to_owned();
+    let passwd_abs = format!("{sentinel_abs}/passwd");
+    let bomb = {
+        // 64 MiB of zeros in one file: a gzip layer of about 64 KiB.
+        let big = vec![0u8; 64 << 20];
+        layer_tar(&[
+            E::Dir("checkpoint"),
+            E::File("checkpoint/pages-1.img", &big),
+        ])
+    };
+    let cases = vec![
+        Case {
+            name: "absolute symlink",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/evil", &sentinel_abs),
+                ]),
+                false,
+            )],
+            expect: "absolute symlink",
+        },
+        Case {
+            name: "checkpoint is a symlink",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("real"),
+                    E::Symlink("checkpoint", "real"),
+                    E::File("checkpoint/x", b"x"),
+                ]),
+                false,
+            )],
+            expect: "symlink where the checkpoint has its own files",
+        },
+        Case {
+            name: "relative symlink out of the root",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/up", "../../sentinel"),
+                ]),
+                false,
+            )],
+            expect: "leads outside",
+        },
+        Case {
+            name: "dot-dot entry",
+            layers: vec![(layer_tar(&[E::File("../sentinel/pwned", b"x")]), false)],
+            expect: "..",
+        },
+        Case {
+            name: "dot-dot inside a path",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/../../sentinel/pwned", b"x"),
+                ]),
+                false,
+            )],
+            expect: "..",
+        },
+        Case {
+            name: "absolute entry name",
+            layers: vec![(
+                layer_tar(&[E::File(&format!("{sentinel_abs}/pwned"), b"x")]),
+                false,
+            )],
+            expect: "absolute",
+        },
+        Case {
+            name: "whiteout",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/.wh.pages-1.img", b""),
+                ]),
+                false,
+            )],
+            expect: "whiteout",
+        },
+        Case {
+            name: "opaque whiteout",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::File("checkpoint/.wh..wh..opq", b""),
+                ]),
+                false,
+            )],
+            expect: "whiteout",
+        },
+        Case {
+            name: "character device",
+            layers: vec![(
+                layer_tar(&[E::Dir("checkpoint"), E::CharDev("checkpoint/null")]),
+                false,
+            )],
+            expect: "character device",
+        },
+        Case {
+            name: "fifo",
+            layers: vec![(
+                layer_tar(&[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")]),
+                false,
+            )],
+            expect: "FIFO",
+        },
+        Case {
+            name: "hard link out (absolute)",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::HardLink("checkpoint/hl", &passwd_abs),
+                ]),
+                false,
+            )],
+            expect: "hard link",
+        },
+        Case {
+            name: "hard link out (relative)",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
+                ]),
+                false,
+            )],
+            expect: "hard link",
+        },
+        Case {
+            name: "gzip bomb",
+            layers: vec![(bomb, true)],
+            expect: "over the limit",
+        },
+        Case {
+            name: "path through a symlink an earlier layer made",
+            layers: vec![
+                (
+                    layer_tar(&[
+                        E::Dir("checkpoint"),
+                        E::Dir("checkpoint/d"),
+                        E::Symlink("checkpoint/link", "d"),
+                    ]),
+                    false,
+                ),
+                (layer_tar(&[E::File("checkpoint/link/pwned", b"x")]), false),
+            ],
+            expect: "passes through a symlink",
+        },
+        Case {
+            name: "path through a symlink to the parent, same layer",
+            layers: vec![(
+                layer_tar(&[
+                    E::Dir("checkpoint"),
+                    E::Symlink("checkpoint/up", ".."),
+                    E::File("checkpoint/up/config.dump", b"x"),
+                ]),
+                false,
+            )],
+            expect: "passes through a symlink",
+        },
+        Case {
+            name: "file over a symlink an earlier layer made",
+            layers: vec![
+                (
+                    layer_tar(&[E::Dir("checkpoint"), E::Symlink("checkpoint/f", "g")]),
+                    false,
+                ),
+                (layer_tar(&[E::File("checkpoint/f", b"x")]), false),
+            ],
+            expect: "appears twice",
+        },
+    ];
+    assert!(cases.len() >= 8);
+    for (i, case) in cases.into_iter().enumerate() {
+        let layout = top.path().join(format!("image-{i}"));
+        hostile_image(&layout, &case.layers);
+        let out = top.path().join(format!("out-{i}"));
+        fs::create_dir_all(&out).unwrap();
+        let dest = out.join("ck");
+        let seed = OriginSeed {
+            source: case.name.into(),
+            pinned: false,
+            signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
+        };
+        let limits = ExtractOptions {
+            max_layer_bytes: 8 << 20,
+        };
+        let err = image::extract_with(&layout, None, &dest, &seed, &limits)
+            .err()
+            .unwrap_or_else(|| panic!("{}: extracted", case.name));
+        let msg = err.to_string();
+        assert!(msg.contains(case.expect), "{}: {msg}", case.name);
+        assert!(
+            !matches!(err, ImageError::Io { .. }),
+            "{}: a bare I/O error: {msg}",
+            case.name
+        );
+        assert!(!dest.exists(), "{}: left {}", case.name, dest.display());
+        assert_eq!(
+            fs::read_dir(&out).unwrap().count(),
+            0,
+            "{}: left a staging directory",
+            case.name
+        );
+        assert_eq!(
+            tree(&sentinel_dir),
+            before,
+            "{}: the sentinel changed",
+            case.name
+        );
+        eprintln!("{:<48} refused: {msg}", case.name);
+    }
+}
+
+#[test]
+fn benign_layers_get_private_modes_and_inside_symlinks_are_data() {
+    let top = tempfile::tempdir().unwrap();
+    let layout = top.path().join("image");
+    let layers = vec![(
+        layer_tar(&[
+            E::Dir("checkpoint"),
+            E::File("checkpoint/pages-1.img", b"pages"),
+            E::Dir("checkpoint/sub"),
+            E::Symlink("checkpoint/sub/alias", "../pages-1.img"),
+            E::File("spec.dump", b"{}"),
+        ]),
+        false,
+    )];
+    hostile_image(&layout, &layers);
+    let dest = top.path().join("ck");
+    let seed = OriginSeed {
+        source: "benign".into(),
+        pinned: false,
+        signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
+    };
+    // No gpusnap manifest in it, so extract refuses at the end — after every layer applied
+    // cleanly; the staging directory is gone all the same.
+    let err =
+        image::extract_with(&layout, None, &dest, &seed, &ExtractOptions::default()).unwrap_err();
+    assert!(matches!(err, ImageError::ManifestMissing { .. }), "{err}");
+    assert!(!dest.exists());
+
+    // The modes extract gives: 0600 files, 0700 directories, whatever the tar said (the
+    // fixture's CRI archive, and the root itself).
+    let fx = gpusnap_testkit::fixtures::fixture();
+    let real = top.path().join("real");
+    image::build(
+        &fx.archive,
+        &image::BuildOptions {
+            layout_dir: Some(real.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dest = top.path().join("real-ck");
+    image::extract_with(&real, None, &dest, &seed, &ExtractOptions::default()).unwrap();
+    for (path, node) in tree(&dest) {
+        match node {
+            Node::Dir { mode, .. } => assert_eq!(mode, 0o700, "{path}"),
+            Node::File { mode, .. } => assert_eq!(mode, 0o600, "{path}"),
+            Node::Symlink { .. } => {}
+        }
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+}
