@@ -373,7 +373,11 @@ pub(crate) static SETTINGS: &[Setting] = &[
             if c.restore.max_rootfs_diff_bytes > 0 {
                 Ok(())
             } else {
-                Err(invalid("restore.max_rootfs_diff_bytes", 0, "a size greater than 0"))
+                Err(invalid(
+                    "restore.max_rootfs_diff_bytes",
+                    0,
+                    "a size greater than 0",
+                ))
             }
         },
     },

@@ -116,6 +116,13 @@ pub trait StorageEngine: Send + Sync + std::fmt::Debug {
     /// Checks that this engine can run with `caps`, before any process is touched.
     fn admit(&self, caps: &Capabilities) -> Result<(), EngineError>;
 
+    /// Whether a checkpointed process's device memory lives in files this engine wrote (which
+    /// the caller may move or delete once the checkpoint is handed over), rather than inside
+    /// the process.
+    fn keeps_memory_in_files(&self) -> bool {
+        false
+    }
+
     /// LOCKED → CHECKPOINTED. Runs on a watchdog thread.
     fn checkpoint(&self, op: &EngineOp) -> Result<EngineOutput, EngineError>;
 

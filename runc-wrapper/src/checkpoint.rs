@@ -16,6 +16,13 @@ use crate::{Context, EXIT_REFUSED, SCRATCH_DIR};
 /// removes).
 pub const PENDING_CUDA_FILE: &str = "gpusnap-pending-cuda.json";
 
+/// The pending CUDA resume as `gpusnap-runc resume` reads it back.
+#[derive(serde::Serialize)]
+pub struct PendingRecord<'a> {
+    pub memory_restored: bool,
+    pub records: &'a [gpusnap_cuda::orchestrate::ProcessRecord],
+}
+
 /// What the caller asked runc to do, as far as gpusnap is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
@@ -147,9 +154,12 @@ pub fn run(ctx: &Context) -> i32 {
     }
     if let Some(pending) = report.pending_cuda {
         let path = state_dir.join(PENDING_CUDA_FILE);
-        let saved = serde_json::to_vec(pending.records())
-            .map_err(std::io::Error::other)
-            .and_then(|json| std::fs::write(&path, json));
+        let saved = serde_json::to_vec(&PendingRecord {
+            memory_restored: pending.memory_restored(),
+            records: pending.records(),
+        })
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&path, json));
         if let Err(e) = saved {
             ctx.fail(&format!(
                 "checkpoint of {} is sealed, but the CUDA processes it left checkpointed could \

@@ -25,11 +25,17 @@ pub fn run(ctx: &Context) -> i32 {
     if !status.success() {
         return exit_code(status);
     }
+    #[derive(serde::Deserialize)]
+    struct Pending {
+        memory_restored: bool,
+        records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
+    }
     let resumed = std::fs::read(&pending)
         .map_err(|e| e.to_string())
-        .and_then(|json| serde_json::from_slice(&json).map_err(|e| e.to_string()))
-        .and_then(|records| {
-            PendingCudaResume::from_records(&ctx.config, records).map_err(|e| e.to_string())
+        .and_then(|json| serde_json::from_slice::<Pending>(&json).map_err(|e| e.to_string()))
+        .and_then(|p| {
+            PendingCudaResume::from_records(&ctx.config, p.records, p.memory_restored)
+                .map_err(|e| e.to_string())
         })
         .and_then(PendingCudaResume::resume);
     let _ = std::fs::remove_file(&pending);

@@ -233,7 +233,27 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }
     } else if let (Some(report), Some(orch)) = (&gpu_report, orchestrator) {
         if !report.left_running {
-            pending_cuda = Some(PendingCudaResume::new(orch, report.processes.clone()));
+            let keeps_files = orch.engine().keeps_memory_in_files();
+            let pending = PendingCudaResume::new(orch, report.processes.clone());
+            pending_cuda = Some(if keeps_files {
+                // The caller may move or delete the checkpoint directory as soon as this
+                // returns (containerd packs it into its content store and removes it), and the
+                // device memory lives in its extent files: bring it back now, leaving the
+                // processes LOCKED and the container frozen; only the unlock waits for the
+                // caller's resume.
+                restore_memory_now(&runc, pending).map_err(|e| {
+                    Error::failed(
+                        Outcome::CudaStateUnknown,
+                        format!(
+                            "the checkpoint in {} is sealed, but the device memory of the frozen \
+                             container's CUDA processes could not be restored: {e}",
+                            image_dir.display()
+                        ),
+                    )
+                })?
+            } else {
+                pending
+            });
         }
     }
     let elapsed = started.elapsed();
@@ -314,6 +334,20 @@ fn gpu_checkpoint(
             })
         }
     }
+}
+
+/// Device memory back into the frozen container's CUDA processes, thawing it for the driver
+/// and freezing it again.
+fn restore_memory_now(
+    runc: &Runc<'_>,
+    pending: PendingCudaResume,
+) -> std::result::Result<PendingCudaResume, String> {
+    runc.resume().map_err(|e| e.to_string())?;
+    let restored = pending.restore_memory_now();
+    let refrozen = runc.pause().map_err(|e| e.to_string());
+    let pending = restored?;
+    refrozen?;
+    Ok(pending)
 }
 
 /// CUDA restore + unlock of processes left CHECKPOINTED, in place; the driver needs them

@@ -314,6 +314,9 @@ impl GpuRestore {
 pub struct PendingCudaResume {
     orchestrator: Orchestrator,
     records: Vec<ProcessRecord>,
+    /// The device memory is back already (engines whose memory lives in files, which the
+    /// caller may delete once the checkpoint is handed over); only the unlock remains.
+    memory_restored: bool,
 }
 
 impl PendingCudaResume {
@@ -321,7 +324,35 @@ impl PendingCudaResume {
         PendingCudaResume {
             orchestrator,
             records,
+            memory_restored: false,
         }
+    }
+
+    /// Whether only the unlock remains (see [`PendingCudaResume::from_records`]).
+    pub fn memory_restored(&self) -> bool {
+        self.memory_restored
+    }
+
+    /// Brings the device memory back now, leaving the processes LOCKED, so the resume needs
+    /// nothing from the checkpoint directory. The processes must run (be thawed) for this.
+    pub(crate) fn restore_memory_now(mut self) -> std::result::Result<Self, String> {
+        let targets = self.targets();
+        self.orchestrator
+            .restore_locked(&targets, &GpuMap::new())
+            .map_err(|e| e.to_string())?;
+        self.memory_restored = true;
+        Ok(self)
+    }
+
+    fn targets(&self) -> Vec<RestoreTarget> {
+        self.records
+            .iter()
+            .cloned()
+            .map(|record| RestoreTarget {
+                host_pid: record.host_pid,
+                record,
+            })
+            .collect()
     }
 
     /// The records, to keep across processes (gpusnap-runc exits between the checkpoint and
@@ -330,8 +361,13 @@ impl PendingCudaResume {
         &self.records
     }
 
-    /// Loads the driver again for records kept by [`Self::records`].
-    pub fn from_records(config: &Config, records: Vec<ProcessRecord>) -> Result<Self> {
+    /// Loads the driver again for records kept by [`Self::records`]; `memory_restored` as
+    /// [`Self::memory_restored`] said.
+    pub fn from_records(
+        config: &Config,
+        records: Vec<ProcessRecord>,
+        memory_restored: bool,
+    ) -> Result<Self> {
         let driver = match load_driver(&config.cuda.library) {
             Ok(Some(d)) => d,
             Ok(None) => {
@@ -351,25 +387,22 @@ impl PendingCudaResume {
             storage_dir: None,
             ..orchestrator_options(config, Path::new("/"))
         };
-        Ok(PendingCudaResume::new(
-            Orchestrator::new(driver, engine, options),
+        Ok(PendingCudaResume {
+            orchestrator: Orchestrator::new(driver, engine, options),
             records,
-        ))
+            memory_restored,
+        })
     }
 
-    /// CUDA restore and unlock of the processes, in place (same pids). The container must be
-    /// running (thawed).
+    /// CUDA restore (unless done already) and unlock of the processes, in place (same pids).
+    /// The container must be running (thawed).
     pub fn resume(self) -> std::result::Result<(), String> {
-        let targets: Vec<RestoreTarget> = self
-            .records
-            .into_iter()
-            .map(|record| RestoreTarget {
-                host_pid: record.host_pid,
-                record,
-            })
-            .collect();
+        if self.memory_restored {
+            let pids: Vec<i32> = self.records.iter().map(|r| r.host_pid).collect();
+            return self.orchestrator.unlock(&pids).map_err(|e| e.to_string());
+        }
         self.orchestrator
-            .restore(&targets, &GpuMap::new())
+            .restore(&self.targets(), &GpuMap::new())
             .map(|_| ())
             .map_err(|e| e.to_string())
     }

@@ -31,7 +31,55 @@ impl Orchestrator {
     ) -> Result<RestoreReport, OrchestrateError> {
         let started = Instant::now();
         let budget = started + self.options.restore_budget;
-        self.restore_until(targets, gpu_map, budget, RestoreTimings::default(), started)
+        self.restore_until(
+            targets,
+            gpu_map,
+            budget,
+            RestoreTimings::default(),
+            started,
+            true,
+        )
+    }
+
+    /// Restores each target's device memory and leaves it LOCKED (its CUDA calls block): for a
+    /// caller that must not see the workload run yet. [`Orchestrator::unlock`] finishes it.
+    pub fn restore_locked(
+        &self,
+        targets: &[RestoreTarget],
+        gpu_map: &GpuMap,
+    ) -> Result<RestoreReport, OrchestrateError> {
+        let started = Instant::now();
+        let budget = started + self.options.restore_budget;
+        self.restore_until(
+            targets,
+            gpu_map,
+            budget,
+            RestoreTimings::default(),
+            started,
+            false,
+        )
+    }
+
+    /// Unlocks processes left LOCKED by [`Orchestrator::restore_locked`].
+    pub fn unlock(&self, host_pids: &[i32]) -> Result<(), OrchestrateError> {
+        let started = Instant::now();
+        let budget = started + self.options.restore_budget;
+        let mut tracked: Vec<Tracked> = host_pids
+            .iter()
+            .map(|&pid| Tracked::new(pid, ProcessState::Locked, Vec::new()))
+            .collect();
+        let all: Vec<usize> = (0..tracked.len()).collect();
+        let mode = StepMode {
+            parallel: false,
+            stop_on_failure: false,
+            undo_late: false,
+        };
+        let failures = self.step(Action::Unlock, &mut tracked, &all, mode, Some(budget));
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(self.restore_failed(Phase::Unlock, failures, &tracked))
+        }
     }
 
     fn restore_until(
@@ -41,6 +89,7 @@ impl Orchestrator {
         budget: Instant,
         mut timings: RestoreTimings,
         started: Instant,
+        unlock: bool,
     ) -> Result<RestoreReport, OrchestrateError> {
         let span = tracing::info_span!(
             "cuda_restore",
@@ -79,16 +128,18 @@ impl Orchestrator {
             return Err(self.restore_failed(Phase::Restore, failures, &tracked));
         }
 
-        let phase_start = Instant::now();
-        let mode = StepMode {
-            parallel: false,
-            stop_on_failure: false,
-            undo_late: false,
-        };
-        let failures = self.step(Action::Unlock, &mut tracked, &all, mode, Some(budget));
-        timings.unlock_ms = ms(phase_start.elapsed());
-        if !failures.is_empty() {
-            return Err(self.restore_failed(Phase::Unlock, failures, &tracked));
+        if unlock {
+            let phase_start = Instant::now();
+            let mode = StepMode {
+                parallel: false,
+                stop_on_failure: false,
+                undo_late: false,
+            };
+            let failures = self.step(Action::Unlock, &mut tracked, &all, mode, Some(budget));
+            timings.unlock_ms = ms(phase_start.elapsed());
+            if !failures.is_empty() {
+                return Err(self.restore_failed(Phase::Unlock, failures, &tracked));
+            }
         }
 
         timings.total_ms = ms(started.elapsed());

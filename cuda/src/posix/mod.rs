@@ -409,6 +409,10 @@ impl StorageEngine for Posix {
         Self::NAME
     }
 
+    fn keeps_memory_in_files(&self) -> bool {
+        true
+    }
+
     fn admit(&self, caps: &Capabilities) -> Result<(), EngineError> {
         if caps.custom_storage {
             Ok(())
