@@ -257,6 +257,19 @@ fn shares_pid_namespace(spec: Option<&serde_json::Value>) -> bool {
     })
 }
 
+/// Whether the spec gives the container NVIDIA devices (`/dev/nvidia*`).
+fn has_nvidia_devices(spec: Option<&serde_json::Value>) -> bool {
+    spec.and_then(|s| s.pointer("/linux/devices"))
+        .and_then(|d| d.as_array())
+        .is_some_and(|devices| {
+            devices.iter().any(|d| {
+                d.get("path")
+                    .and_then(|p| p.as_str())
+                    .is_some_and(|p| p.starts_with("/dev/nvidia"))
+            })
+        })
+}
+
 /// gpusnap's configuration for this container: the file (CRI's ConfigPath, else
 /// `$GPUSNAP_CONFIG`, else the default path), overlaid by the container's `gpusnap.io/`
 /// annotations. Invalid settings fail Create with the message naming the setting.
@@ -364,6 +377,9 @@ impl TaskService {
         let spec = read_spec(&bundle);
         let annotations = spec_annotations(spec.as_ref());
         let config = load_config(&settings, &annotations)?;
+        if has_nvidia_devices(spec.as_ref()) {
+            gpusnap_transaction::gpu::prewarm_driver(&config.cuda.library);
+        }
         let mounted = container::mount_rootfs(&bundle, &req.rootfs).map_err(internal)?;
         let unmount = || {
             if mounted {

@@ -42,30 +42,60 @@ pub fn orchestrator_options(config: &Config, checkpoint_dir: &Path) -> Orchestra
     }
 }
 
-pub fn driver_config(config: &Config) -> DriverConfig {
-    DriverConfig::with_library(&config.cuda.library)
+/// The driver for `library`, loaded once per process (a shim serves many checkpoints; a
+/// second caller waits for a load in progress instead of starting another).
+pub fn cached_driver(library: &str) -> std::result::Result<Arc<Driver>, LoadError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Driver>>>> = OnceLock::new();
+    static LOADING: Mutex<()> = Mutex::new(());
+    let cache = CACHE.get_or_init(Default::default);
+    let cached = || {
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(library)
+            .cloned()
+    };
+    if let Some(d) = cached() {
+        return Ok(d);
+    }
+    let _loading = LOADING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = cached() {
+        return Ok(d);
+    }
+    let d = Arc::new(Driver::load(&DriverConfig::with_library(library))?);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(library.to_string(), d.clone());
+    Ok(d)
 }
 
-/// The driver for `library`, loaded once per process (a shim serves many checkpoints).
-/// `Ok(None)` when the library cannot be opened at all: no NVIDIA driver on this node.
+/// [`cached_driver`], with `Ok(None)` when the library cannot be opened at all: no NVIDIA
+/// driver on this node.
 pub fn load_driver(library: &str) -> std::result::Result<Option<Arc<Driver>>, LoadError> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Driver>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(d) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(library) {
-        return Ok(Some(d.clone()));
-    }
-    match Driver::load(&DriverConfig::with_library(library)) {
-        Ok(d) => {
-            let d = Arc::new(d);
-            cache
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(library.to_string(), d.clone());
-            Ok(Some(d))
-        }
+    match cached_driver(library) {
+        Ok(d) => Ok(Some(d)),
         Err(LoadError::Library { .. }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Loads the driver in the background when a container has NVIDIA devices, so its first
+/// checkpoint or restore does not pay for `cuInit`.
+pub fn prewarm_driver(library: &str) {
+    let library = library.to_string();
+    let _ = std::thread::Builder::new()
+        .name("gpusnap-cuda-prewarm".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            match cached_driver(&library) {
+                Ok(_) => tracing::debug!(
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "CUDA driver loaded ahead of use"
+                ),
+                Err(e) => tracing::debug!(error = %e, "CUDA driver not loaded ahead of use"),
+            }
+        });
 }
 
 /// Whether any of `pids` has an NVIDIA device node open.

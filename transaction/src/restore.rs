@@ -110,7 +110,10 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         .ok()
         .and_then(|m| m.gpu)
         .filter(|g| !g.processes.is_empty())
-        .map(|_| PendingDriver::spawn(gpu::driver_config(&req.config)));
+        .map(|_| {
+            let library = req.config.cuda.library.clone();
+            PendingDriver::spawn_with(move || gpu::cached_driver(&library))
+        });
 
     let t = Instant::now();
     let manifest =

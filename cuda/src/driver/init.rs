@@ -19,20 +19,27 @@ pub struct PendingDriver {
 
 #[derive(Debug)]
 enum Pending {
-    Running(mpsc::Receiver<Result<Driver, LoadError>>),
+    Running(mpsc::Receiver<Result<Arc<Driver>, LoadError>>),
     NotStarted(LoadError),
 }
 
 impl PendingDriver {
     /// Starts `Driver::load(config)` on a thread named `gpusnap-cuda-init`.
     pub fn spawn(config: DriverConfig) -> Self {
+        Self::spawn_with(move || Driver::load(&config).map(Arc::new))
+    }
+
+    /// Starts `load` (e.g. a cached load) on a thread named `gpusnap-cuda-init`.
+    pub fn spawn_with(
+        load: impl FnOnce() -> Result<Arc<Driver>, LoadError> + Send + 'static,
+    ) -> Self {
         let started = Instant::now();
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("gpusnap-cuda-init".into())
             .spawn(move || {
                 // The receiver may be gone if the caller gave up; nothing to do then.
-                let _ = tx.send(Driver::load(&config));
+                let _ = tx.send(load());
             });
         let state = match spawned {
             Ok(_) => Pending::Running(rx),
@@ -59,7 +66,7 @@ impl PendingDriver {
                     since_start_ms = self.started.elapsed().as_secs_f64() * 1e3,
                     "CUDA driver initialisation joined"
                 );
-                Ok((Arc::new(driver), waited))
+                Ok((driver, waited))
             }
             Ok(Err(e)) => Err(e),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(LoadError::InitTimeout {
