@@ -386,8 +386,8 @@ pub fn io_threads(buffer_count: usize) -> usize {
 }
 
 /// Hashes slots in file order on its own thread (they may arrive out of order
-/// from several I/O threads), then frees them, so that the digest overlaps the
-/// file I/O instead of adding to it.
+/// from several I/O threads), each slot on all cores, then frees them, so that
+/// the digest overlaps the file I/O instead of adding to it.
 fn hash_slots(rx: mpsc::Receiver<(Slot, usize, u64)>, free_tx: mpsc::Sender<Slot>) -> String {
     let mut hasher = blake3::Hasher::new();
     let mut next = 0u64;
@@ -395,9 +395,11 @@ fn hash_slots(rx: mpsc::Receiver<(Slot, usize, u64)>, free_tx: mpsc::Sender<Slot
     for (slot, len, offset) in rx {
         waiting.insert(offset, (slot, len));
         while let Some((slot, len)) = waiting.remove(&next) {
+            // update_rayon spreads one slot over all cores (same digest as a serial
+            // update): a single hashing core would cap the pipeline below the storage rate.
             // SAFETY: the slot holds `len` valid bytes and nobody writes it until
             // it is freed below.
-            hasher.update(unsafe { std::slice::from_raw_parts(slot.ptr, len) });
+            hasher.update_rayon(unsafe { std::slice::from_raw_parts(slot.ptr, len) });
             next += len as u64;
             // The other side may be done already.
             let _ = free_tx.send(slot);
