@@ -170,23 +170,50 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
-/// Diagnostics on stderr, filtered by `$GPUSNAP_LOG`; colours only on a terminal (callers
-/// such as CRI-O pass stderr on to users verbatim).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+/// Diagnostics filtered by `$GPUSNAP_LOG` go where runc's own go: into the caller's `--log`
+/// file (JSON lines with `--log-format json`), so that stderr carries nothing but the one error
+/// line; containerd-shim-runc-v2 reports the first line of the runtime's output as the error,
+/// and conmon/CRI-O pass stderr on verbatim. Without `--log`, stderr, with colours only on a
+/// terminal.
+fn init_logging(log_file: Option<&Path>, json: bool) {
+    use std::sync::Mutex;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+    };
+    let file = log_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    });
+    let _ = match (file, json) {
+        (Some(f), true) => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter())
+            .with_writer(Mutex::new(f))
+            .with_target(false)
+            .try_init(),
+        (Some(f), false) => tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(Mutex::new(f))
+            .with_ansi(false)
+            .with_target(false)
+            .try_init(),
+        (None, _) => tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .try_init(),
+    };
 }
 
 /// Entry point; returns the exit code for the paths that do not exec.
 pub fn main(args: Vec<OsString>) -> i32 {
-    init_logging();
     let inv = Invocation::parse(args);
+    init_logging(inv.log_file().as_deref(), inv.log_json());
     let config_path = std::env::var_os(CONFIG_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));

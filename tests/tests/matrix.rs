@@ -9,6 +9,8 @@
 //! | `cri_restore` | CRI `CheckpointContainer` | CRI `CreateContainer` (image: the archive) in a new pod |
 //! | `restore_from_annotation` | CRI `CheckpointContainer` | `gpusnap image build` → registry → `gpusnap image pull --extract NAME` → pod annotation `gpusnap.io/restore-from: NAME` |
 //! | `gpusnap_runc` | `gpusnap-runc checkpoint --image-path DIR` (runc directly) | `gpusnap-runc restore -d` |
+//! | `runc_v2_task_checkpoint` | door 1 through containerd-shim-runc-v2 with `--runc-binary gpusnap-runc` | — |
+//! | `runc_v2_container_checkpoint` | door 2 through containerd-shim-runc-v2 with `--runc-binary gpusnap-runc` | the same |
 //!
 //! Each door is one function taking the cell's (engine, CUDA version); the table at the end
 //! names the cells. A cell asserts, for the container's CUDA process:
@@ -156,11 +158,24 @@ fn refused(engine: Engine, cuda: Cuda) -> bool {
 
 // ----- doors 1 and 2: ctr ------------------------------------------------------------------
 
-/// A private containerd with the gpusnap shim, and the double.
+/// Which shim `ctr` talks to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shim {
+    /// containerd-shim-gpusnap-v2, configured by `ctr run --runtime-config-path`.
+    Gpusnap,
+    /// containerd-shim-runc-v2 with gpusnap-runc as its runc binary (`ctr run --runc-binary`,
+    /// the runc options' `BinaryName`), configured by `GPUSNAP_CONFIG` in containerd's
+    /// environment. containerd freezes the task before the runtime's checkpoint and thaws it
+    /// afterwards, so this is the frozen-caller path of gpusnap-runc.
+    RuncV2BinaryName,
+}
+
+/// A private containerd with the shim under test, and the double.
 struct CtrCell {
     rig: CkRig,
     gpu: GpuDouble,
     config: PathBuf,
+    shim: Shim,
 }
 
 /// A counter container on a ctr cell whose init is a CUDA process.
@@ -172,31 +187,64 @@ struct CtrWorkload {
 }
 
 impl CtrCell {
-    fn start(engine: Engine, cuda: Cuda) -> Result<CtrCell> {
+    fn start_on(shim: Shim, engine: Engine, cuda: Cuda) -> Result<CtrCell> {
         let gpu = GpuDouble::new(engine, cuda)?;
-        let config = gpu.write_config("")?;
+        let rig = match shim {
+            Shim::Gpusnap => {
+                let config = gpu.write_config("")?;
+                (CkRig::start_for(Runtime::Gpusnap)?, config)
+            }
+            Shim::RuncV2BinaryName => {
+                // gpusnap-runc runs runc, which runs criu from its PATH; name CRIU's
+                // directory explicitly, as `gpusnap install` does.
+                let config = gpu.write_config(&format!(
+                    "[criu]\nbinary_dir = \"{}\"\n",
+                    paths::rig_bin_dir().display()
+                ))?;
+                let rig = CkRig::start_with(gpusnap_testkit::RigOptions {
+                    containerd_env: vec![("GPUSNAP_CONFIG".into(), config.display().to_string())],
+                    ..Default::default()
+                })?;
+                (rig, config)
+            }
+        };
         Ok(CtrCell {
-            rig: CkRig::start_for(Runtime::Gpusnap)?,
+            rig: rig.0,
             gpu,
-            config,
+            config: rig.1,
+            shim,
         })
     }
 
-    /// `ctr run -d --runtime-config-path <config>` of the counter, counted past [`WARM`].
+    /// `ctr run -d` of the counter, counted past [`WARM`]: with `--runtime-config-path
+    /// <config>` on the gpusnap shim, with `--runc-binary gpusnap-runc` on runc.v2.
     fn run_counter(&self, name: &str) -> Result<CtrWorkload> {
         let (cuda, bytes) = self.gpu.cuda_process(name)?;
         let id = cuda.id.clone();
+        let (rt, extra_args) = match self.shim {
+            Shim::Gpusnap => (
+                Runtime::Gpusnap,
+                vec![
+                    "--runtime-config-path".into(),
+                    self.config.display().to_string(),
+                ],
+            ),
+            Shim::RuncV2BinaryName => (
+                Runtime::RuncV2,
+                vec![
+                    "--runc-binary".into(),
+                    paths::binary("gpusnap-runc").display().to_string(),
+                ],
+            ),
+        };
         let opts = RunOpts {
             env: vec![cuda.env()],
-            extra_args: vec![
-                "--runtime-config-path".into(),
-                self.config.display().to_string(),
-            ],
+            extra_args,
             ..Default::default()
         };
-        let task =
-            self.rig
-                .run_detached_with(Runtime::Gpusnap, &id, &["sh", "-c", COUNTER], &opts)?;
+        let task = self
+            .rig
+            .run_detached_with(rt, &id, &["sh", "-c", COUNTER], &opts)?;
         wait_count(&id, WARM, || count_of(task.pid))?;
         Ok(CtrWorkload {
             id,
@@ -223,17 +271,24 @@ impl CtrCell {
 /// not found in index"), so this door is checked on the checkpoint side only: driver calls,
 /// manifest, extents, and the task still running with its CUDA process resumed.
 fn task_checkpoint_door(engine: Engine, cuda: Cuda) -> Result<()> {
-    task_checkpoint_cell(engine, cuda, false)
+    task_checkpoint_cell(Shim::Gpusnap, engine, cuda, false)
+}
+
+/// Door 1 through containerd-shim-runc-v2 with `BinaryName` = gpusnap-runc: containerd
+/// pauses the task, the shim runs `gpusnap-runc checkpoint --leave-running` on the frozen
+/// container, then containerd resumes it (`gpusnap-runc resume` finishes the CUDA resume).
+fn runc_v2_task_checkpoint_door(engine: Engine, cuda: Cuda) -> Result<()> {
+    task_checkpoint_cell(Shim::RuncV2BinaryName, engine, cuda, false)
 }
 
 /// Door 1 with `--exit`: the task is stopped once the checkpoint is sealed; its CUDA process
 /// stays CHECKPOINTED (no restore, no unlock). Checkpoint side only, as for door 1.
 fn task_checkpoint_exit_door(engine: Engine, cuda: Cuda) -> Result<()> {
-    task_checkpoint_cell(engine, cuda, true)
+    task_checkpoint_cell(Shim::Gpusnap, engine, cuda, true)
 }
 
-fn task_checkpoint_cell(engine: Engine, cuda: Cuda, exit: bool) -> Result<()> {
-    let cell = CtrCell::start(engine, cuda)?;
+fn task_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda, exit: bool) -> Result<()> {
+    let cell = CtrCell::start_on(shim, engine, cuda)?;
     let w = cell.run_counter(if exit { "tx" } else { "tc" })?;
     let dir = cell.gpu.scratch().join("image");
     let dir_arg = dir.to_str().context("image path")?;
@@ -290,7 +345,17 @@ fn task_checkpoint_cell(engine: Engine, cuda: Cuda, exit: bool) -> Result<()> {
 /// Door 2: `ctr containers checkpoint --task` (containerd's checkpoint image, the task left
 /// running), the container killed and deleted, then `ctr containers restore --live`.
 fn container_checkpoint_door(engine: Engine, cuda: Cuda) -> Result<()> {
-    let cell = CtrCell::start(engine, cuda)?;
+    container_checkpoint_cell(Shim::Gpusnap, engine, cuda)
+}
+
+/// Door 2 through containerd-shim-runc-v2 with `BinaryName` = gpusnap-runc (the container's
+/// runtime options carry the binary, so the restore runs `gpusnap-runc restore` too).
+fn runc_v2_container_checkpoint_door(engine: Engine, cuda: Cuda) -> Result<()> {
+    container_checkpoint_cell(Shim::RuncV2BinaryName, engine, cuda)
+}
+
+fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<()> {
+    let cell = CtrCell::start_on(shim, engine, cuda)?;
     let w = cell.run_counter("cc")?;
     let image_ref = format!("docker.io/gpusnap/ck-{}:1", w.id);
     let before = wait_count(&w.id, 0, || count_of(w.pid))?;
@@ -708,12 +773,15 @@ macro_rules! matrix {
 // Door 4 at posix/13.0 is not a cell of its own: its checkpoint is door 3's CRI
 // CheckpointContainer, refused the same way (`cri_restore_posix_cuda13_0_is_refused`).
 //
-// Doors 2, 3 and 4 with posix check a product behaviour found failing when this matrix was
-// written: ctr and CRI freeze the task around Checkpoint, so the CUDA process is resumed only
-// at the caller's Resume, from the extents in the checkpoint directory, which containerd has
-// already packed and deleted by then; the resume fails, the shim's Resume error is dropped by
-// the client, and the workload runs on with its CUDA process CHECKPOINTED. Those cells go on to
-// the restore and report that failure at the end (`Deferred`).
+// Doors 2, 3 and 4 with posix cover a failure this matrix found: ctr and CRI freeze the task
+// around Checkpoint and delete the checkpoint directory before their Resume, so the posix
+// engine restores device memory before Checkpoint returns and leaves only the unlock to
+// Resume. A cell that finds a failure after the checkpoint goes on to the restore and reports
+// everything at the end (`Deferred`).
+//
+// The runc.v2 rows (containerd-shim-runc-v2 with gpusnap-runc as `BinaryName`) take a subset
+// of the engine × driver cells: the frozen-caller path is the same code for both driver
+// versions, so one driver-managed and the posix cells cover it within the CI budget.
 matrix! {
     task_checkpoint_door:
         task_checkpoint_driver_managed_cuda13_0(DriverManaged, V13_0),
@@ -739,6 +807,13 @@ matrix! {
         restore_from_annotation_driver_managed_cuda13_0(DriverManaged, V13_0),
         restore_from_annotation_driver_managed_cuda13_4(DriverManaged, V13_4),
         restore_from_annotation_posix_cuda13_4(Posix, V13_4);
+    runc_v2_task_checkpoint_door:
+        runc_v2_task_checkpoint_driver_managed_cuda13_0(DriverManaged, V13_0),
+        runc_v2_task_checkpoint_posix_cuda13_4(Posix, V13_4),
+        runc_v2_task_checkpoint_posix_cuda13_0_is_refused(Posix, V13_0);
+    runc_v2_container_checkpoint_door:
+        runc_v2_container_checkpoint_restore_driver_managed_cuda13_4(DriverManaged, V13_4),
+        runc_v2_container_checkpoint_restore_posix_cuda13_4(Posix, V13_4);
     gpusnap_runc_door:
         gpusnap_runc_restore_driver_managed_cuda13_0(DriverManaged, V13_0),
         gpusnap_runc_restore_driver_managed_cuda13_4(DriverManaged, V13_4),
