@@ -359,7 +359,9 @@ fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<(
     let w = cell.run_counter("cc")?;
     let image_ref = format!("docker.io/gpusnap/ck-{}:1", w.id);
     let before = wait_count(&w.id, 0, || count_of(w.pid))?;
-    let out = container_checkpoint(&cell.rig, &w.id, &image_ref, false)?;
+    // --rw: the counter's shell may hold /tmp/count open at the dump, and CRIU reopens it on
+    // restore, so the container's writable layer travels with the checkpoint.
+    let out = container_checkpoint(&cell.rig, &w.id, &image_ref, true)?;
 
     if refused(engine, cuda) {
         ensure!(
@@ -397,7 +399,7 @@ fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<(
 
     kill_and_remove(&cell.rig, &w.id)?;
     cell.gpu.emulate_criu_restore(&w.cuda)?;
-    container_restore_live_ok(&cell.rig, &w.id, &image_ref, false)?;
+    container_restore_live_ok(&cell.rig, &w.id, &image_ref, true)?;
     let pid = cell.rig.task_pid(&w.id)?;
     ensure!(pid != w.pid, "restored under the old host pid {pid}");
     cell.gpu.check_restored(&w.cuda, pid, &w.bytes)?;
