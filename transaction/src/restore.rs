@@ -134,9 +134,16 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         }
     }
 
+    // Whether GPU state is restored follows the validated manifest only: the early read above
+    // is a hint for starting the driver, and a checkpoint whose validated manifest lists CUDA
+    // processes must never reach CRIU without its GPU gate and restore.
     let t = Instant::now();
-    let gpu = match (pending, &manifest.gpu) {
-        (Some(pending), Some(section)) => {
+    let gpu = match &manifest.gpu {
+        Some(section) if !section.processes.is_empty() => {
+            let pending = pending.unwrap_or_else(|| {
+                let library = req.config.cuda.library.clone();
+                PendingDriver::spawn_with(move || gpu::cached_driver(&library))
+            });
             Some(GpuRestore::prepare(pending, &req.config, section, ckpt)?)
         }
         _ => None,
