@@ -39,9 +39,10 @@ pub enum RestoreRefusal {
     NotGpusnap { manifest: PathBuf, kind: String },
     #[error(
         "{} has format_version {found}, but this gpusnap reads only format_version {supported}: \
-         restore it with the gpusnap release that made it{} or a newer one",
+         restore it with a gpusnap release that reads format_version {found}{}, or checkpoint \
+         the workload again with this one",
         manifest.display(),
-        made_by.as_ref().map(|v| format!(" ({v})")).unwrap_or_default()
+        made_by.as_ref().map(|v| format!(" (it was made by {v})")).unwrap_or_default()
     )]
     UnsupportedFormat {
         manifest: PathBuf,
@@ -479,7 +480,7 @@ mod tests {
                 )),
             "{msg}"
         );
-        assert!(msg.contains("(gpusnap "), "{msg}");
+        assert!(msg.contains("(it was made by gpusnap "), "{msg}");
     }
 
     #[test]
