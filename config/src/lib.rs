@@ -10,7 +10,6 @@
 //! engine = "posix"                 # or "driver-managed" (default)
 //! transfer_buffer_count = 4        # 1-8
 //! transfer_chunk_bytes = "64MiB"   # 1 MiB-256 MiB, multiple of 4096; count x chunk <= 1 GiB
-//! directory = "/var/lib/gpusnap"   # posix engine only; default: inside the checkpoint
 //!
 //! [cuda]
 //! max_operation_seconds = 3600     # 1-3600

@@ -175,10 +175,8 @@ pub struct StorageConfig {
     /// Size of each transfer buffer; accepts `67108864` or `"64MiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub transfer_chunk_bytes: u64,
-    /// Where the posix engine writes GPU memory; default: inside the checkpoint directory
-    /// (`gpusnap-gpu-*` files, flat in the checkpoint directory), so it travels with the checkpoint.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub directory: Option<PathBuf>,
+    // No `directory`: the posix engine's extents are always `gpusnap-gpu-*` files in the
+    // checkpoint directory, so that ctr images and CRI archives carry them.
 }
 
 impl Default for StorageConfig {
@@ -187,7 +185,6 @@ impl Default for StorageConfig {
             engine: StorageEngine::default(),
             transfer_buffer_count: 4,
             transfer_chunk_bytes: 64 * MIB,
-            directory: None,
         }
     }
 }

@@ -209,16 +209,6 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
-        key: "storage.directory",
-        // A pod choosing where root writes GPU memory on the host is a host-path write primitive.
-        annotation: None,
-        set: |c, v| {
-            c.storage.directory = Some(v.path()?);
-            Ok(())
-        },
-        check: |c| check_abs("storage.directory", c.storage.directory.as_deref()),
-    },
-    Setting {
         key: "cuda.max_operation_seconds",
         annotation: Some("cuda-max-operation-seconds"),
         set: |c, v| {
@@ -460,13 +450,6 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
                 describe(PINNED_BYTES_PER_GPU_MAX)
             ),
         ));
-    }
-    if c.storage.directory.is_some() && c.storage.engine != "posix" {
-        // Not an error: the file may set a directory for pods that opt into posix later.
-        tracing::debug!(
-            engine = %c.storage.engine,
-            "storage.directory is set but only the posix engine uses it"
-        );
     }
     Ok(())
 }

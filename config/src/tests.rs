@@ -29,7 +29,6 @@ fn defaults() {
     assert_eq!(c.storage.transfer_buffer_count, 4);
     assert_eq!(c.storage.transfer_chunk_bytes, 64 * MIB);
     assert_eq!(c.storage.pinned_bytes_per_gpu(), 256 * MIB);
-    assert_eq!(c.storage.directory, None);
     assert_eq!(c.cuda.max_operation(), Duration::from_secs(3600));
     assert_eq!(c.cuda.lock_timeout(), Some(Duration::from_secs(10)));
     assert_eq!(c.cuda.restore_budget(), Duration::from_secs(7200));
@@ -52,7 +51,6 @@ fn every_setting_parses_from_a_file() {
         engine = "posix"
         transfer_buffer_count = 8
         transfer_chunk_bytes = "128MiB"
-        directory = "/var/lib/gpusnap"
         [cuda]
         max_operation_seconds = 60
         lock_timeout_ms = 0
@@ -70,7 +68,6 @@ fn every_setting_parses_from_a_file() {
     .unwrap();
     assert_eq!(c.storage.engine, "posix");
     assert_eq!(c.storage.pinned_bytes_per_gpu(), GIB);
-    assert_eq!(c.storage.directory, Some(PathBuf::from("/var/lib/gpusnap")));
     assert_eq!(c.cuda.lock_timeout(), None);
     assert_eq!(c.cuda.restore_budget_seconds, 1);
     assert!(c.runc.systemd_cgroup);
@@ -231,10 +228,6 @@ fn path_settings() {
         "invalid runc.binary = \"./runc\": expected a name such as runc or an absolute path"
     );
     assert_eq!(
-        err("[storage]\ndirectory = \"gpusnap\"\n"),
-        "invalid storage.directory = \"gpusnap\": expected an absolute path"
-    );
-    assert_eq!(
         err("[criu]\nbinary_dir = \"bin\"\n"),
         "invalid criu.binary_dir = \"bin\": expected an absolute path"
     );
@@ -365,7 +358,6 @@ fn annotations_overlay_and_errors() {
     for (name, setting) in [
         ("gpusnap.io/runc-binary", "runc.binary"),
         ("gpusnap.io/cuda-library", "cuda.library"),
-        ("gpusnap.io/storage-directory", "storage.directory"),
         ("gpusnap.io/criu-binary-dir", "criu.binary_dir"),
     ] {
         let e = c.apply_annotations(&ann(&[(name, "/tmp/x")])).unwrap_err();
@@ -520,4 +512,14 @@ fn rootfs_diff_limit_reads_sizes() {
     )
     .unwrap();
     assert_eq!(c.restore.max_rootfs_diff_bytes, 1 << 20);
+}
+
+#[test]
+fn storage_directory_is_not_a_setting() {
+    // The posix engine's extents always live in the checkpoint directory; a key that looked
+    // like it moved them elsewhere would be a setting that does nothing.
+    let e = Config::from_toml_str("[storage]\ndirectory = \"/var/lib/gpusnap\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown setting `storage.directory`"), "{e}");
 }
