@@ -33,8 +33,9 @@ use gpusnap_criu_bridge::CriuFlags;
 pub const MANIFEST_KIND: &str = "gpusnap-checkpoint";
 /// The format this build writes and reads.
 ///
-/// 2: `options` became `criu` (the dump's CRIU flags by runc's names); host pids and the
-/// bundle path are no longer recorded.
+/// 2: `options` became `criu` (the dump's CRIU flags by runc's names); the processes list and
+/// the bundle path no longer carry host paths or host pids (the `gpu` section still records each
+/// CUDA process's host pid at checkpoint time, for matching restored processes).
 pub const MANIFEST_FORMAT_VERSION: u32 = 2;
 
 /// Everything gpusnap records about a checkpoint.
