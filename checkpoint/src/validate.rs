@@ -61,7 +61,7 @@ pub enum RestoreRefusal {
         host_arch: String,
     },
     #[error(
-        "manifest lists {entry:?}, which is not a plain relative path inside the checkpoint; the \
+        "manifest lists {entry:?}, which is not a plain file name in the (flat) checkpoint directory; the \
          manifest was tampered with — do not restore this checkpoint"
     )]
     UnsafePath { entry: String },
@@ -250,8 +250,13 @@ fn check_files(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, RestoreR
     let mut out = Vec::with_capacity(manifest.images.files.len());
     for rec in &manifest.images.files {
         let rel = Path::new(&rec.path);
-        // Only plain relative components: the manifest must not make us read outside `dir`.
-        if rec.path.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        // One plain name: a checkpoint directory is flat, and a name with a parent component
+        // could make us read through a symlinked directory outside `dir`.
+        let mut parts = rel.components();
+        if rec.path.is_empty()
+            || !matches!(parts.next(), Some(Component::Normal(_)))
+            || parts.next().is_some()
+        {
             return Err(RestoreRefusal::UnsafePath {
                 entry: rec.path.clone(),
             });
@@ -638,6 +643,25 @@ mod tests {
         let dir = sealed();
         let mut v = manifest_value(dir.path());
         v["images"]["files"][0]["path"] = "../../etc/passwd".into();
+        rewrite_manifest(dir.path(), &v);
+        let err = validate_for_restore(dir.path()).unwrap_err();
+        assert!(matches!(err, RestoreRefusal::UnsafePath { .. }), "{err}");
+    }
+
+    #[test]
+    fn nested_name_in_manifest_is_refused_even_when_the_file_exists() {
+        // `sub` is a symlink to a directory outside the checkpoint holding a file of the right
+        // size: only a flat name may be read.
+        let dir = sealed();
+        let outside = tempfile::tempdir().unwrap();
+        let mut v = manifest_value(dir.path());
+        let name = v["images"]["files"][0]["path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        fs::copy(dir.path().join(&name), outside.path().join(&name)).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("sub")).unwrap();
+        v["images"]["files"][0]["path"] = format!("sub/{name}").into();
         rewrite_manifest(dir.path(), &v);
         let err = validate_for_restore(dir.path()).unwrap_err();
         assert!(matches!(err, RestoreRefusal::UnsafePath { .. }), "{err}");
