@@ -1,7 +1,7 @@
 //! The checkpoint transaction.
 //!
 //! ```text
-//! request checked → directory locked → CRIU found (version, plugins) → pids → GPU plan
+//! request checked → directory locked → pids → GPU plan → CRIU found (version, plugins)
 //!   (engine admitted on this driver)                                  ← refusals end here
 //! directory cleared
 //! [frozen by the caller, GPU: thaw for the driver]
