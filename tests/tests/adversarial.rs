@@ -161,7 +161,7 @@ fn mutations() -> Vec<Mutation> {
                     v["images"]["files"][0]["path"] = "../../etc/passwd".into()
                 })
             },
-            says: "not a plain relative path",
+            says: "not a plain file name",
         },
         Mutation {
             name: "manifest-lists-absolute-path",
@@ -170,7 +170,7 @@ fn mutations() -> Vec<Mutation> {
                     v["images"]["files"][0]["path"] = "/etc/passwd".into()
                 })
             },
-            says: "not a plain relative path",
+            says: "not a plain file name",
         },
         Mutation {
             name: "manifest-is-a-symlink",
