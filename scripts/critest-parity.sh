@@ -21,6 +21,8 @@
 #   CRITEST_HANDLERS      handlers to run, in order (default "runc gpusnap")
 #   CRITEST_FOCUS         optional --ginkgo.focus regexp (debugging; parity needs the full suite)
 #   CRITEST_KEEP=1        keep the temporary directory (logs, reports)
+#   CRITEST_MAX_CONTROL_FAILURES  most failures the runc run may have before the environment
+#                         counts as broken (default 5; 2 fail offline for any runtime)
 #   CRITEST_COMPARE_ONLY=DIR  only compare the report-<handler>.json files a kept run left in DIR
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,7 +44,7 @@ die() { printf '[critest-parity] ERROR: %s\n' "$*" >&2; exit 2; }
 # exit 1 when a test passes with the first handler and not with the second, unless allowed.
 compare() {
 python3 - "$ALLOW" "$1" $HANDLERS <<'EOF'
-import json, sys
+import json, os, sys
 
 allow_file, tmp, handlers = sys.argv[1], sys.argv[2], sys.argv[3:]
 
@@ -101,6 +103,13 @@ if stale:
         print(f"  {n}")
 regressions = [n for n, (a, _), (b, _) in diffs if a == "passed" and b != "passed" and n not in allowed]
 print()
+# A broken environment fails the control run too, and then "no difference" would mean nothing.
+control_failed = [n for n, (s, _) in res[ref].items() if s == "failed"]
+max_control = int(os.environ.get("CRITEST_MAX_CONTROL_FAILURES", "5"))
+if len(control_failed) > max_control or not any(s == "passed" for s, _ in res[ref].values()):
+    print(f"FAIL: the control run ({ref}) failed {len(control_failed)} tests (more than "
+          f"{max_control}): the environment is broken, see critest-{ref}.log")
+    sys.exit(1)
 if regressions:
     print(f"FAIL: {len(regressions)} test(s) pass with {ref} and not with {test} (not in {allow_file})")
     sys.exit(1)
