@@ -20,6 +20,7 @@
 #   CRITEST_SEED          ginkgo seed (default 20261203)
 #   CRITEST_HANDLERS      handlers to run, in order (default "runc gpusnap")
 #   CRITEST_FOCUS         optional --ginkgo.focus regexp (debugging; parity needs the full suite)
+#   CRITEST_ARGS          more critest/ginkgo flags, e.g. --ginkgo.repeat=20 (debugging)
 #   CRITEST_KEEP=1        keep the temporary directory (logs, reports)
 #   CRITEST_MAX_CONTROL_FAILURES  most failures the runc run may have before the environment
 #                         counts as broken (default 5; 2 fail offline for any runtime)
@@ -140,15 +141,18 @@ BRIDGE=gsct$((RANDOM % 100000))
 SUBNET_OCTET=$((RANDOM % 250 + 1))
 SUBNET=10.231.$SUBNET_OCTET.0/24
 
+printf 'runtime-endpoint: unix://%s/c.sock\nimage-endpoint: unix://%s/c.sock\ntimeout: 30\n' \
+    "$TMP" "$TMP" >"$TMP/crictl.yaml"
+CRICTL=("$RIG_BIN/crictl" --config "$TMP/crictl.yaml")
+
 cleanup() {
     local rc=$?
     set +e
     if [[ -n $CONTAINERD_PID ]] && kill -0 "$CONTAINERD_PID" 2>/dev/null; then
         # Pods critest left behind (a hung teardown), removed through CRI first.
-        local crictl=("$RIG_BIN/crictl" --runtime-endpoint "unix://$TMP/c.sock" --timeout 30s)
-        for p in $("${crictl[@]}" pods -q 2>/dev/null); do
-            "${crictl[@]}" stopp "$p" >/dev/null 2>&1
-            "${crictl[@]}" rmp -f "$p" >/dev/null 2>&1
+        for p in $("${CRICTL[@]}" pods -q 2>/dev/null); do
+            "${CRICTL[@]}" stopp "$p" >/dev/null 2>&1
+            "${CRICTL[@]}" rmp -f "$p" >/dev/null 2>&1
         done
         kill -TERM "$CONTAINERD_PID"
         for _ in $(seq 100); do kill -0 "$CONTAINERD_PID" 2>/dev/null || break; sleep 0.1; done
@@ -332,12 +336,11 @@ PATH="$TMP/bin:$RIG_BIN:$PATH" "$RIG_BIN/containerd" --config "$TMP/config.toml"
     >"$TMP/containerd.log" 2>&1 </dev/null &
 CONTAINERD_PID=$!
 for _ in $(seq 300); do
-    [[ -S $TMP/c.sock ]] && "$RIG_BIN/crictl" --runtime-endpoint "unix://$TMP/c.sock" --timeout 5s \
-        version >/dev/null 2>&1 && break
+    [[ -S $TMP/c.sock ]] && "${CRICTL[@]}" version >/dev/null 2>&1 && break
     kill -0 "$CONTAINERD_PID" 2>/dev/null || { tail -30 "$TMP/containerd.log" >&2; die "containerd exited"; }
     sleep 0.1
 done
-"$RIG_BIN/crictl" --runtime-endpoint "unix://$TMP/c.sock" version >/dev/null ||
+"${CRICTL[@]}" version >/dev/null ||
     die "containerd's CRI does not answer on $TMP/c.sock"
 log "containerd $("$RIG_BIN/containerd" --version | awk '{print $3}'), registry $REG, bridge $BRIDGE ($SUBNET), seed $SEED  [t+$((SECONDS - T0))s]"
 
@@ -348,6 +351,8 @@ for h in $HANDLERS; do
         --runtime-handler "$h" --runtime-service-timeout=60s
         --ginkgo.seed="$SEED" --ginkgo.no-color --ginkgo.json-report="$TMP/report-$h.json")
     [[ -n ${CRITEST_FOCUS:-} ]] && args+=(--ginkgo.focus="$CRITEST_FOCUS")
+    # shellcheck disable=SC2206 # word splitting wanted: extra flags
+    [[ -n ${CRITEST_ARGS:-} ]] && args+=($CRITEST_ARGS)
     log "critest --runtime-handler $h ..."
     # critest exits non-zero when a test fails; the comparison below decides.
     "$RIG_BIN/critest" "${args[@]}" >"$TMP/critest-$h.log" 2>&1 || true

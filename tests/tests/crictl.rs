@@ -21,15 +21,19 @@
 //! counts on from at least the value read before the checkpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_oci_image::{self as image, RegistryOptions};
-use gpusnap_testkit::cri::{gpusnap_handler, CriNode, CriNodeOptions};
+use gpusnap_testkit::containerd::{default_path_env, Containerd, ContainerdSpec};
+use gpusnap_testkit::cri::{gpusnap_handler, write_plain_http_hosts, CriNode, CriNodeOptions};
 use gpusnap_testkit::crictl::{Crictl, CrictlPod, PidMode};
 use gpusnap_testkit::gpu::{Cuda, CudaProcess, Engine, GpuDouble};
+use gpusnap_testkit::paths::GPUSNAP_SHIM_NAME;
+use gpusnap_testkit::rig::PAUSE_IMAGE;
 use gpusnap_testkit::{gpusnap, paths, OutputExt, Registry, Runtime};
 
 /// The workload: a random token kept in shell memory and a counter, written to /tmp/count ten
@@ -90,28 +94,78 @@ struct Workload {
 /// its pods while the node's containerd still runs.
 struct Node {
     crictl: Crictl,
-    node: CriNode,
+    node: Option<CriNode>,
+    /// Held for its lifetime: its containerd serves `crictl`.
+    _plain: Option<PlainNode>,
     reg: Registry,
 }
 
+/// A registry holding the busybox test image.
+fn registry_with_busybox() -> Result<Registry> {
+    let reg = Registry::start()?;
+    image::push(
+        &paths::busybox_archive(),
+        &reg.url(BUSYBOX_REPO),
+        &RegistryOptions::default(),
+    )
+    .context("pushing busybox to the test registry")?;
+    Ok(reg)
+}
+
 impl Node {
+    /// A kit CRI node (the shim linked into containerd's `PATH`) whose gpusnap config has
+    /// `gpusnap_config` appended.
     fn start(gpusnap_config: String) -> Result<Node> {
-        let reg = Registry::start()?;
-        image::push(
-            &paths::busybox_archive(),
-            &reg.url(BUSYBOX_REPO),
-            &RegistryOptions::default(),
-        )
-        .context("pushing busybox to the test registry")?;
+        let reg = registry_with_busybox()?;
         let node = CriNode::start(CriNodeOptions {
             gpusnap_config,
             registry_host: Some(reg.host()),
             ..Default::default()
         })?;
         let crictl = Crictl::for_node(&node)?;
+        Node::ready(crictl, Some(node), None, reg)
+    }
+
+    /// A containerd configured the way docs/kubernetes.md says, with the shim only at the
+    /// `gpusnap` runtime's `runtime_path`: not on containerd's `PATH`.
+    fn start_with_runtime_path() -> Result<Node> {
+        let reg = registry_with_busybox()?;
+        let plain = PlainNode::start(&reg)?;
+        let crictl = Crictl::at(
+            plain.containerd.address(),
+            &plain.dir.path().join("crictl"),
+            &plain.cgroup_parent,
+        )?;
+        // CRI's image store sees the imported pause image a moment later.
+        ensure!(
+            gpusnap_testkit::wait_until(Duration::from_secs(20), || {
+                crictl
+                    .run(&["inspecti", PAUSE_IMAGE])
+                    .is_ok_and(|o| o.status.success())
+            }),
+            "CRI does not list {PAUSE_IMAGE} after the import"
+        );
+        Node::ready(crictl, None, Some(plain), reg)
+    }
+
+    fn ready(
+        crictl: Crictl,
+        node: Option<CriNode>,
+        plain: Option<PlainNode>,
+        reg: Registry,
+    ) -> Result<Node> {
         // The base image comes from the registry (containerd's CRI restore pulls it by digest).
         crictl.ok(&["pull", &reg.image(BUSYBOX_REPO)])?;
-        Ok(Node { crictl, node, reg })
+        Ok(Node {
+            crictl,
+            node,
+            _plain: plain,
+            reg,
+        })
+    }
+
+    fn cri_node(&self) -> Result<&CriNode> {
+        self.node.as_ref().context("not a kit CRI node")
     }
 
     fn busybox(&self) -> String {
@@ -303,6 +357,162 @@ impl Node {
         ])?;
         gpusnap_ok(&["image", "push", path_str(&oci)?, &self.reg.url(repo_tag)])?;
         Ok(reference)
+    }
+}
+
+/// A private containerd with CRI, started from a config of this test's own: runtime handlers
+/// `runc` and `gpusnap`, the latter with `runtime_path` = the shim under test and the shim on
+/// no directory of containerd's `PATH`.
+struct PlainNode {
+    containerd: Containerd,
+    cgroup_parent: String,
+    dir: tempfile::TempDir,
+}
+
+impl PlainNode {
+    fn start(reg: &Registry) -> Result<PlainNode> {
+        let shim = paths::locate_gpusnap_shim()?;
+        let path_env = default_path_env();
+        let on_path: Vec<PathBuf> = std::env::split_paths(&path_env)
+            .map(|d| d.join(GPUSNAP_SHIM_NAME))
+            .filter(|p| p.exists())
+            .collect();
+        ensure!(
+            on_path.is_empty(),
+            "the shim is on containerd's PATH ({on_path:?}): this test needs it only at runtime_path"
+        );
+        // Short: the socket path must fit in sun_path.
+        let dir = tempfile::Builder::new()
+            .prefix("gsnp-crictl-")
+            .tempdir_in("/tmp")?;
+        let d = dir.path();
+        let q = |p: &Path| format!("{:?}", p.display().to_string());
+        write_plain_http_hosts(&d.join("certs.d"), &reg.host())?;
+        fs::create_dir_all(d.join("checkpoints"))?;
+        fs::write(
+            d.join("gpusnap.toml"),
+            format!(
+                "[restore]\ncheckpoint_root = {}\n",
+                q(&d.join("checkpoints"))
+            ),
+        )?;
+        let config = format!(
+            r#"version = 3
+root = {root}
+state = {state}
+
+[grpc]
+  address = {sock}
+
+[ttrpc]
+  address = {ttrpc}
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = {opt}
+
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap]
+  runtime_type = "io.containerd.gpusnap.v2"
+  runtime_path = {shim}
+  pod_annotations = ["gpusnap.io/*"]
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap.options]
+  ConfigPath = {gpusnap_config}
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [{cni_bin}]
+  conf_dir = {cni_conf}
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = {hosts}
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = {nri}
+  plugin_path = {nri_plugins}
+  plugin_config_path = {nri_conf}
+"#,
+            root = q(&d.join("root")),
+            state = q(&d.join("state")),
+            sock = q(&d.join("c.sock")),
+            ttrpc = q(&d.join("c.sock.ttrpc")),
+            opt = q(&d.join("opt")),
+            shim = q(&shim),
+            gpusnap_config = q(&d.join("gpusnap.toml")),
+            cni_bin = q(&d.join("cni/bin")),
+            cni_conf = q(&d.join("cni/net.d")),
+            hosts = q(&d.join("certs.d")),
+            nri = q(&d.join("nri.sock")),
+            nri_plugins = q(&d.join("nri/plugins")),
+            nri_conf = q(&d.join("nri/conf.d")),
+        );
+        fs::write(d.join("config.toml"), config)?;
+        let containerd = Containerd::start(ContainerdSpec {
+            config: d.join("config.toml"),
+            address: d.join("c.sock"),
+            log: d.join("containerd.log"),
+            path_env,
+            env: Vec::new(),
+        })?;
+        let out = gpusnap_testkit::cmd::run_with_timeout(
+            containerd.ctr_command(
+                Some("k8s.io"),
+                &[
+                    OsStr::new("images"),
+                    "import".as_ref(),
+                    paths::pause_archive().as_os_str(),
+                ],
+            ),
+            None,
+            Duration::from_secs(60),
+        )?;
+        ensure!(
+            out.status.success(),
+            "importing the pause image: {}",
+            out.describe()
+        );
+        Ok(PlainNode {
+            containerd,
+            cgroup_parent: format!("/gsnp-crictl-{}/cri", std::process::id()),
+            dir,
+        })
+    }
+}
+
+impl Drop for PlainNode {
+    fn drop(&mut self) {
+        // The pods are gone (crictl dropped first); their cgroup parent is left empty in every
+        // hierarchy.
+        let top = self
+            .cgroup_parent
+            .trim_end_matches("/cri")
+            .trim_start_matches('/');
+        for h in fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for d in [h.path().join(top).join("cri"), h.path().join(top)] {
+                let _ = fs::remove_dir(d);
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("---- containerd log ----\n{}", self.containerd.log_tail(40));
+        }
     }
 }
 
@@ -532,21 +742,18 @@ fn crictl_export_restores_through_the_registry_by_image_and_by_restore_from() {
         let name = "ck-crictl";
         gpusnap_ok(&[
             "--config",
-            path_str(n.node.config_path())?,
+            path_str(n.cri_node()?.config_path())?,
             "image",
             "pull",
             &n.reg.url("gpusnap/ck-counter:crictl"),
             "--extract",
             name,
         ])?;
+        let root = n.cri_node()?.checkpoint_root();
         ensure!(
-            n.node
-                .checkpoint_root()
-                .join(name)
-                .join("checkpoint")
-                .is_dir(),
+            root.join(name).join("checkpoint").is_dir(),
             "gpusnap image pull --extract put nothing under {}",
-            n.node.checkpoint_root().display()
+            root.display()
         );
         let by_name = n.run(
             "reg-annotated",
@@ -630,6 +837,34 @@ fn crictl_gpu_container_restores_from_the_archive_with_its_device_memory() {
             &env,
         )?;
         gpu.check_restored(&cuda, restored.pid, &bytes)?;
+        n.check_restored(&restored, &count, w.pid, true)?;
+        Ok(())
+    })
+}
+
+/// The shim only at the `gpusnap` runtime's `runtime_path` (as `gpusnap install` configures it),
+/// not on containerd's `PATH`: pod, checkpoint and containerd's CRI restore from the archive
+/// all work on containerd 2.1.9.
+#[test]
+fn crictl_checkpoint_and_archive_restore_with_the_shim_only_at_runtime_path() {
+    check(|| {
+        let n = Node::start_with_runtime_path()?;
+        let work = tempfile::tempdir()?;
+        let w = n.run_counter("rtpath-a", gpusnap_handler(), PidMode::Container, &[])?;
+        let (archive, count) = n.checkpoint(&w, work.path(), "rtpath")?;
+        ensure!(
+            archive_entries(&archive)?.contains_key("checkpoint/gpusnap-manifest.json"),
+            "the archive was not written by the gpusnap shim"
+        );
+        n.crictl.remove_pod(&w.pod)?;
+        let restored = n.run(
+            "rtpath-b",
+            gpusnap_handler(),
+            PidMode::Container,
+            &[],
+            path_str(&archive)?,
+            &[],
+        )?;
         n.check_restored(&restored, &count, w.pid, true)?;
         Ok(())
     })

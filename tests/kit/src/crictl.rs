@@ -68,17 +68,28 @@ pub struct Crictl {
 }
 
 impl Crictl {
-    /// crictl for `node`: a config file in the node's scratch directory.
+    /// crictl for `node`: a config file in the node's scratch directory; pods under the cgroup
+    /// parent the rig's teardown sweeps.
     pub fn for_node(node: &CriNode) -> Result<Crictl> {
+        Crictl::at(
+            &node.rig.address(),
+            &node.scratch().join("crictl"),
+            &format!("/{}/cri", node.rig.namespace()),
+        )
+    }
+
+    /// crictl for the CRI socket `socket` (any containerd), with its config, pod configs and
+    /// pod logs under `dir`, and pods under `cgroup_parent`.
+    pub fn at(socket: &Path, dir: &Path, cgroup_parent: &str) -> Result<Crictl> {
         let bin = crictl_bin();
         ensure!(
             paths::is_executable(&bin),
             "{} missing: run scripts/setup-env.sh (cri-tools from ../shared/tools/cri-tools)",
             bin.display()
         );
-        let dir = node.scratch().join("crictl");
+        let dir = dir.to_path_buf();
         fs::create_dir_all(&dir)?;
-        let sock = format!("unix://{}", node.rig.address().display());
+        let sock = format!("unix://{}", socket.display());
         let config = dir.join("crictl.yaml");
         fs::write(
             &config,
@@ -90,7 +101,7 @@ impl Crictl {
         Ok(Crictl {
             config,
             dir,
-            cgroup_parent: format!("/{}/cri", node.rig.namespace()),
+            cgroup_parent: cgroup_parent.to_string(),
             pods: Mutex::new(Vec::new()),
         })
     }
