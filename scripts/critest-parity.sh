@@ -16,7 +16,7 @@
 # Needs root and what scripts/setup-env.sh installs (containerd, critest, cri-mkimages.py,
 # docker-registry, containernetworking-plugins, a C compiler for the static pause/nonewprivs
 # stand-ins). Environment:
-#   GPUSNAP_SHIM_BIN      the shim to test (default <repo>/target/debug/containerd-shim-gpusnap-v2)
+#   GPUSNAP_SHIM_BIN      the shim to test (default ${CARGO_TARGET_DIR:-<repo>/target}/debug/containerd-shim-gpusnap-v2)
 #   CRITEST_SEED          ginkgo seed (default 20261203)
 #   CRITEST_HANDLERS      handlers to run, in order (default "runc gpusnap")
 #   CRITEST_FOCUS         optional --ginkgo.focus regexp (debugging; parity needs the full suite)
@@ -31,7 +31,7 @@ REPO=$(pwd)
 
 RIG_PREFIX=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}
 RIG_BIN=$RIG_PREFIX/bin
-SHIM=${GPUSNAP_SHIM_BIN:-$REPO/target/debug/containerd-shim-gpusnap-v2}
+SHIM=${GPUSNAP_SHIM_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/debug/containerd-shim-gpusnap-v2}
 SEED=${CRITEST_SEED:-20261203}
 HANDLERS=${CRITEST_HANDLERS:-runc gpusnap}
 ALLOW=$REPO/tests/critest/allow-list.txt
