@@ -38,9 +38,13 @@ use gpusnap_testkit::{gpusnap, paths, OutputExt, Registry, Runtime};
 
 /// The workload: a random token kept in shell memory and a counter, written to /tmp/count ten
 /// times a second. A restored process goes on with the same token from where it was; a fresh
-/// start would draw a new token and start from 1.
-const COUNTER: &str = "tok=$(cat /proc/sys/kernel/random/uuid); i=0; \
-     while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; sleep 0.1; done";
+/// start would draw a new token and start from 1. It also keeps /tmp/held open (not in append
+/// mode) and grows it every round: CRIU refuses to restore an open file whose size differs
+/// from the dump, so the restore also shows that the writable layer CRI diffed after the dump
+/// is the one the process had at the dump (the container did not run in between, GPU
+/// containers included).
+const COUNTER: &str = "tok=$(cat /proc/sys/kernel/random/uuid); i=0; exec 3>/tmp/held; \
+     while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; echo $i >&3; sleep 0.1; done";
 /// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
 const WARM: u64 = 10;
 const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
