@@ -32,4 +32,12 @@ bash packaging/check.sh
 step "cargo test --workspace --no-fail-fast $*"
 cargo test --workspace --no-fail-fast "$@"
 
+# critest with the runc.v2 handler and with gpusnap, same seed: fails when a test passes with
+# runc and not with gpusnap (tests/critest/allow-list.txt). About 3 minutes; skipped when a
+# test filter was given, unless GPUSNAP_CRITEST=1.
+if [[ $# -eq 0 || ${GPUSNAP_CRITEST:-0} == 1 ]]; then
+    step "scripts/critest-parity.sh (critest: runc.v2 vs gpusnap)"
+    bash scripts/critest-parity.sh
+fi
+
 step "done"

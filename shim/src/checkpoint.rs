@@ -88,6 +88,56 @@ fn cri_work_dir(image_dir: &std::path::Path) -> Option<PathBuf> {
         .flatten()
 }
 
+/// The work path containerd's CRI gives runtimes of type io.containerd.runc.v2 for a
+/// `CheckpointContainer` of container `id`, when `spec` is a CRI container's. CRIU's
+/// `dump.log` and `stats-dump` land there and end up at the top of the archive, where CRI
+/// tooling (checkpointctl) reads them. The gpusnap runtime gets no options from CRI
+/// (containerd 2.1.9 hands it only an image directory under /tmp), so the shim finds the same
+/// directory itself: CRI mounts the pod's `/etc/hosts` (`hostname`, `resolv.conf`) from
+/// `<cri root>/sandboxes/<sandbox id>/` and keeps the container's files in
+/// `<cri root>/containers/<id>/`, whose `status` file confirms it. containerd 2.1.9 archives
+/// `<that>/ctrd-checkpoint/`, which it creates just before the checkpoint and passes as the
+/// work path; earlier 2.x releases passed the container directory itself and copied the two
+/// files from there.
+fn cri_work_path(spec: &serde_json::Value, id: &str) -> Option<PathBuf> {
+    let dir = cri_container_dir(spec, id)?;
+    let archived = dir.join("ctrd-checkpoint");
+    if std::fs::symlink_metadata(&archived).is_ok_and(|m| m.is_dir()) {
+        Some(archived)
+    } else {
+        Some(dir)
+    }
+}
+
+/// CRI's directory of container `id` (see [`cri_work_path`]).
+fn cri_container_dir(spec: &serde_json::Value, id: &str) -> Option<PathBuf> {
+    let annotations = spec.get("annotations")?;
+    if annotations
+        .get("io.kubernetes.cri.container-type")?
+        .as_str()?
+        != "container"
+        || id.is_empty()
+        || id.contains('/')
+        || id.starts_with('.')
+    {
+        return None;
+    }
+    let sandbox = annotations.get("io.kubernetes.cri.sandbox-id")?.as_str()?;
+    spec.get("mounts")?.as_array()?.iter().find_map(|m| {
+        let dest = m.get("destination")?.as_str()?;
+        if !matches!(dest, "/etc/hosts" | "/etc/hostname" | "/etc/resolv.conf") {
+            return None;
+        }
+        let sandbox_dir = std::path::Path::new(m.get("source")?.as_str()?).parent()?;
+        let sandboxes = sandbox_dir.parent()?;
+        if sandbox_dir.file_name()? != sandbox || sandboxes.file_name()? != "sandboxes" {
+            return None;
+        }
+        let dir = sandboxes.parent()?.join("containers").join(id);
+        dir.join("status").is_file().then_some(dir)
+    })
+}
+
 /// How the transaction runs programs from inside the shim: under the shim's subreaper (which
 /// collects every child itself), from a blocking thread.
 struct ShimHost {
@@ -162,12 +212,15 @@ impl TaskService {
             Some(PathBuf::from(&req.path))
         }
         .ok_or_else(|| invalid_argument("checkpoint needs a path (request path or image_path)"))?;
-        if !given && opts.work_path.is_none() {
-            opts.work_path = cri_work_dir(&image_dir);
-        }
         let (request, ticket, runc) = {
             let mut state = self.state.lock().await;
             let c = state.container_mut(&req.id)?;
+            if !given && opts.work_path.is_none() {
+                opts.work_path = cri_work_dir(&image_dir).or_else(|| {
+                    let spec = std::fs::read(c.bundle.join("config.json")).ok()?;
+                    cri_work_path(&serde_json::from_slice(&spec).ok()?, &req.id)
+                });
+            }
             let ticket = c.state.begin_checkpoint(&req.id)?;
             let request = CheckpointRequest {
                 container_id: req.id.clone(),
@@ -361,6 +414,61 @@ mod tests {
         assert!(opts.exit && opts.criu.tcp_established && opts.criu.file_locks);
         assert_eq!(opts.criu.manage_cgroups_mode, Some(CgroupsMode::Soft));
         assert_eq!(opts.work_path, Some(PathBuf::from("/tmp/work")));
+    }
+
+    #[test]
+    fn cri_container_dir_is_found_from_the_sandbox_mounts() {
+        let root = tempfile::tempdir().unwrap();
+        let cri = root.path().join("io.containerd.grpc.v1.cri");
+        let dir = cri.join("containers/c1");
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = |kind: &str, sandbox: &str, source: &std::path::Path| {
+            serde_json::json!({
+                "annotations": {
+                    "io.kubernetes.cri.container-type": kind,
+                    "io.kubernetes.cri.sandbox-id": sandbox,
+                },
+                "mounts": [
+                    {"destination": "/dev/shm", "source": "/run/x/sandboxes/s1/shm"},
+                    {"destination": "/etc/hosts", "source": source},
+                ]
+            })
+        };
+        let hosts = cri.join("sandboxes/s1/hosts");
+        // Without CRI's status file it is not CRI's container directory.
+        assert_eq!(
+            cri_container_dir(&spec("container", "s1", &hosts), "c1"),
+            None
+        );
+        std::fs::write(dir.join("status"), "{}").unwrap();
+        assert_eq!(
+            cri_container_dir(&spec("container", "s1", &hosts), "c1"),
+            Some(dir.clone())
+        );
+        // The sandbox itself, another sandbox's files, other layouts and odd ids: none.
+        assert_eq!(
+            cri_container_dir(&spec("sandbox", "s1", &hosts), "c1"),
+            None
+        );
+        assert_eq!(
+            cri_container_dir(&spec("container", "s2", &hosts), "c1"),
+            None
+        );
+        let elsewhere = root.path().join("etc/s1/hosts");
+        assert_eq!(
+            cri_container_dir(&spec("container", "s1", &elsewhere), "c1"),
+            None
+        );
+        assert_eq!(
+            cri_container_dir(&spec("container", "s1", &hosts), "../c1"),
+            None
+        );
+        assert_eq!(cri_container_dir(&serde_json::json!({}), "c1"), None);
+        // containerd 2.1.9 archives a fresh ctrd-checkpoint/ inside; older ones the directory.
+        let s = spec("container", "s1", &hosts);
+        assert_eq!(cri_work_path(&s, "c1"), Some(dir.clone()));
+        std::fs::create_dir(dir.join("ctrd-checkpoint")).unwrap();
+        assert_eq!(cri_work_path(&s, "c1"), Some(dir.join("ctrd-checkpoint")));
     }
 
     #[test]

@@ -64,8 +64,9 @@ impl ShimState {
 #[derive(Clone)]
 pub struct TaskService {
     pub state: Arc<Mutex<ShimState>>,
-    /// Held by every path that starts a process and by exit handling, so that an exit is
-    /// only processed once the pid it belongs to is known and its start event has been sent.
+    /// Held by every path that starts a process, by kill and by exit handling, so that an
+    /// exit is only processed once the pid it belongs to is known and its start event has
+    /// been sent, and never while a kill is being answered.
     pub lifecycle: Arc<Mutex<()>>,
     pub events: EventSender,
     pub namespace: String,
@@ -786,6 +787,13 @@ impl TaskService {
     }
 
     async fn kill_task(&self, req: KillRequest) -> Result<()> {
+        // Exits wait until the kill has been answered, as in containerd-shim-runc-v2 (whose
+        // Kill holds the process lock that exit handling needs). Otherwise a process that
+        // exits on its own while `runc kill` runs is reported first; containerd then deletes
+        // the task and closes its connection, and the Kill in flight fails with "ttrpc:
+        // closed" instead of "not found", failing the pod's StopPodSandbox (critest's
+        // HostNetwork tests, under load).
+        let _lifecycle = self.lifecycle.lock().await;
         let (runc, bundle, target) = {
             let state = self.state.lock().await;
             let c = state.container(&req.id)?;

@@ -54,6 +54,7 @@ pub mod checkpoint;
 pub mod cmd;
 pub mod containerd;
 pub mod cri;
+pub mod crictl;
 pub mod fixtures;
 pub mod gpu;
 pub mod paths;
