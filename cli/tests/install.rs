@@ -66,6 +66,7 @@ impl Scratch {
                     "--shim-path",
                     self.p("bin/containerd-shim-gpusnap-v2").to_str().unwrap(),
                     "--skip-crio",
+                    "--skip-podman",
                     "--criu-config",
                     self.p("etc/criu/runc.conf").to_str().unwrap(),
                     "--criu-network-lock",
