@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use toml_edit::{value, Array, DocumentMut, Item, Table};
+use toml_edit::{value, Array, Item, Table};
 
 use super::containerd::{parse, EditError};
 
@@ -43,15 +43,7 @@ pub fn register(
     wrapper: &Path,
     config_env: Option<&str>,
 ) -> Result<String, EditError> {
-    let mut doc = match existing {
-        Some(text) => parse(text, path)?,
-        None => HEADER
-            .parse::<DocumentMut>()
-            .map_err(|e| EditError::Parse {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?,
-    };
+    let mut doc = parse(existing.unwrap_or_default(), path)?;
     let engine = table_at(doc.as_table_mut(), "engine", path)?;
     let runtimes = table_at(engine, "runtimes", path)?;
     let mut paths = Array::new();
@@ -68,7 +60,11 @@ pub fn register(
             path,
         )?;
     }
-    Ok(doc.to_string())
+    Ok(match existing {
+        Some(_) => doc.to_string(),
+        // A new drop-in starts with a header saying where it came from.
+        None => format!("{HEADER}\n{doc}"),
+    })
 }
 
 /// The table `key` of `parent`, created (as a `[table]`, not inline) when absent.
@@ -114,7 +110,7 @@ fn add_env(
 mod tests {
     use super::*;
 
-    fn doc(text: &str) -> DocumentMut {
+    fn doc(text: &str) -> toml_edit::DocumentMut {
         text.parse().unwrap()
     }
 
