@@ -173,11 +173,8 @@ fn checkpoint_export_restore_into_new_pod_and_tampered_archive_refused() {
 /// The driver double as the container's CUDA: checkpoint locks, checkpoints, restores and
 /// unlocks the running process (CRI-O keeps it running); the restore in a new pod restores
 /// and unlocks the new process with the device memory intact.
-#[test]
-fn gpu_double_checkpoint_export_restore_into_new_pod() {
+fn gpu_double(engine: Engine, cuda: Cuda) {
     run(|| {
-        let engine = Engine::DriverManaged;
-        let cuda = Cuda::V13_0;
         let gpu = GpuDouble::new(engine, cuda)?;
         let config = gpu.write_config("")?;
         let c = Crio::start(Some(&config))?;
@@ -207,4 +204,16 @@ fn gpu_double_checkpoint_export_restore_into_new_pod() {
         check_continues("the restored GPU container", &before, || c.count(&b))?;
         Ok(())
     });
+}
+
+#[test]
+fn gpu_double_driver_managed_cuda13_0() {
+    gpu_double(Engine::DriverManaged, Cuda::V13_0);
+}
+
+/// posix: device memory goes to gpusnap-gpu-* files inside the checkpoint, so through the
+/// archive CRI-O exports.
+#[test]
+fn gpu_double_posix_cuda13_4() {
+    gpu_double(Engine::Posix, Cuda::V13_4);
 }
