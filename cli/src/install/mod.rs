@@ -204,8 +204,6 @@ pub fn config_text(found: &FoundTools) -> String {
          # a multiple of 4096; count x size at most 1 GiB per GPU).\n\
          transfer_buffer_count = {count}\n\
          transfer_chunk_bytes = {chunk}\n\
-         # posix engine: where GPU memory is written (default: inside the checkpoint directory).\n\
-         # directory = \"/var/lib/gpusnap\"\n\
          \n\
          [cuda]\n\
          # Upper bound for one driver lock/checkpoint/restore call (1-3600).\n\
@@ -764,7 +762,6 @@ mod tests {
             "[criu]",
             "[restore]",
             "restore_budget_seconds",
-            "# directory = ",
             "# binary_dir = ",
             "# min_version = ",
         ] {
@@ -772,7 +769,6 @@ mod tests {
         }
         // The commented examples are valid values too.
         let uncommented = text
-            .replace("# directory = ", "directory = ")
             .replace("# binary_dir = ", "binary_dir = ")
             .replace("# min_version = ", "min_version = ");
         let c = Config::from_toml_str(&uncommented).unwrap();
