@@ -132,6 +132,9 @@ impl Crio {
                  pause_image = \"{PAUSE_IMAGE}\"\n\
                  # The rig's pause image has no /pause: its entrypoint runs.\n\
                  pause_command = \"\"\n\
+                 # CRI-O creates these directories; keep them out of /etc/crio.\n\
+                 namespaced_auth_dir = \"{d}/auth\"\n\
+                 signature_policy_dir = \"{d}/policies\"\n\
                  [crio.network]\n\
                  network_dir = \"{d}/cni\"\n\
                  plugin_dirs = [\"/usr/lib/cni\"]\n\
