@@ -56,6 +56,8 @@ pub enum Validation {
 pub struct Inspection {
     pub source: PathBuf,
     pub kind: SourceKind,
+    /// How an archive was compressed (`none` for directories).
+    pub compression: Compression,
     /// Directory holding the images and the gpusnap manifest (inside the source for archives).
     pub checkpoint_dir: String,
     /// `None` when the manifest itself is missing or unreadable (then `validation` says why).
@@ -82,11 +84,54 @@ pub enum InspectError {
         source: io::Error,
     },
     #[error(
-        "{} is compressed ({format}); gpusnap reads plain tar archives (what kubelet and CRI \
-         write): decompress it first",
-        path.display()
+        "{}: {}/ holds more than {} of files while its manifest lists {} — not a checkpoint \
+         gpusnap wrote; take a new one",
+        path.display(),
+        ARCHIVE_CHECKPOINT_DIR,
+        human_bytes(*limit),
+        human_bytes(*listed)
     )]
-    Compressed { format: &'static str, path: PathBuf },
+    TooLarge {
+        path: PathBuf,
+        limit: u64,
+        listed: u64,
+    },
+}
+
+/// How an archive's bytes are stored; Podman's `--export` writes zstd whatever the file is
+/// called (`.tar.gz` included), CRI's exports are plain tar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    /// From the first bytes of the file, never its name.
+    pub fn sniff(magic: &[u8]) -> Compression {
+        match magic {
+            [0x1f, 0x8b, ..] => Compression::Gzip,
+            [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,
+            _ => Compression::None,
+        }
+    }
+}
+
+/// The tar stream of `path`, decompressed as its magic says.
+fn open_tar(path: &Path) -> io::Result<(Compression, Box<dyn Read>)> {
+    let mut magic = [0u8; 4];
+    let n = File::open(path)?.read(&mut magic)?;
+    let compression = Compression::sniff(&magic[..n]);
+    let file = io::BufReader::new(File::open(path)?);
+    let reader: Box<dyn Read> = match compression {
+        Compression::None => Box::new(file),
+        // Multi-member: `gzip` of concatenated streams is still one archive.
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(file)?),
+    };
+    Ok((compression, reader))
 }
 
 /// A directory or a tar archive.
@@ -116,6 +161,7 @@ pub fn inspect_dir(dir: &Path, verify: Verify) -> Inspection {
     let mut insp = Inspection {
         source: dir.to_path_buf(),
         kind: SourceKind::Directory,
+        compression: Compression::None,
         checkpoint_dir: dir.display().to_string(),
         manifest: None,
         validation: Validation::NotVerified {
@@ -172,28 +218,10 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
         path: path.to_path_buf(),
         source,
     };
-    let mut magic = [0u8; 4];
-    let n = File::open(path)
-        .and_then(|mut f| f.read(&mut magic))
-        .map_err(io_err)?;
-    match &magic[..n] {
-        [0x1f, 0x8b, ..] => {
-            return Err(InspectError::Compressed {
-                format: "gzip",
-                path: path.to_path_buf(),
-            })
-        }
-        [0x28, 0xb5, 0x2f, 0xfd] => {
-            return Err(InspectError::Compressed {
-                format: "zstd",
-                path: path.to_path_buf(),
-            })
-        }
-        _ => {}
-    }
     let wanted = Path::new(ARCHIVE_CHECKPOINT_DIR).join(bridge::layout::MANIFEST_FILE);
     let mut manifest_bytes = None;
-    let mut archive = tar::Archive::new(File::open(path).map_err(io_err)?);
+    let (compression, stream) = open_tar(path).map_err(io_err)?;
+    let mut archive = tar::Archive::new(stream);
     for entry in archive.entries().map_err(io_err)? {
         let mut entry = entry.map_err(io_err)?;
         if normalise(&entry.path().map_err(io_err)?) == wanted {
@@ -211,6 +239,7 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
     let mut insp = Inspection {
         source: path.to_path_buf(),
         kind: SourceKind::Archive,
+        compression,
         checkpoint_dir: inner.clone(),
         manifest: None,
         validation: Validation::NotVerified {
@@ -247,12 +276,26 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
     if verify == Verify::None {
         return Ok(insp);
     }
+    // What the manifest lists, plus room for the manifest itself: anything beyond is not
+    // what gpusnap sealed, and a small compressed archive must not fill the disk.
+    let listed = insp.manifest.as_ref().map_or(0, |m| m.images.total_bytes);
+    let limit = listed.saturating_add(MANIFEST_MAX_BYTES);
+    let mut written = 0u64;
     let extracted = tempfile::tempdir().map_err(io_err)?;
-    let mut archive = tar::Archive::new(File::open(path).map_err(io_err)?);
+    let (_, stream) = open_tar(path).map_err(io_err)?;
+    let mut archive = tar::Archive::new(stream);
     for entry in archive.entries().map_err(io_err)? {
         let mut entry = entry.map_err(io_err)?;
         let p = normalise(&entry.path().map_err(io_err)?);
         if p.starts_with(ARCHIVE_CHECKPOINT_DIR) {
+            written = written.saturating_add(entry.size());
+            if written > limit {
+                return Err(InspectError::TooLarge {
+                    path: path.to_path_buf(),
+                    limit,
+                    listed,
+                });
+            }
             // unpack_in refuses entries that would land outside the directory.
             entry.unpack_in(extracted.path()).map_err(io_err)?;
         }
@@ -347,7 +390,11 @@ pub fn render(insp: &Inspection, width: usize) -> String {
             insp.checkpoint_dir,
             match insp.kind {
                 SourceKind::Directory => "directory",
-                SourceKind::Archive => "CRI checkpoint archive",
+                SourceKind::Archive => match insp.compression {
+                    Compression::None => "checkpoint archive",
+                    Compression::Gzip => "checkpoint archive, gzip",
+                    Compression::Zstd => "checkpoint archive, zstd",
+                },
             }
         ),
     )];
@@ -568,10 +615,74 @@ mod tests {
             "{:?}",
             insp.validation
         );
+        // A truncated gzip stream is an error naming the file, not a panic.
         let gz = tmp.path().join("x.tar.gz");
         std::fs::write(&gz, [0x1f, 0x8b, 8, 0]).unwrap();
         let err = inspect_path(&gz, Verify::None).unwrap_err();
-        assert!(err.to_string().contains("gzip"), "{err}");
+        assert!(err.to_string().contains("x.tar.gz"), "{err}");
+    }
+
+    /// Podman exports zstd (whatever the name says); `gzip` of a CRI archive is common too.
+    #[test]
+    fn compressed_archives_are_read_and_verified() {
+        let dir = sealed(false);
+        let tmp = tempfile::tempdir().unwrap();
+        let plain = tmp.path().join("plain.tar");
+        archive_of(dir.path(), &plain);
+        let bytes = std::fs::read(&plain).unwrap();
+        let zst = tmp.path().join("podman.tar.gz");
+        std::fs::write(&zst, zstd::encode_all(&bytes[..], 3).unwrap()).unwrap();
+        let gz = tmp.path().join("cri.tar.gz");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, &bytes).unwrap();
+        std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+        for (path, want) in [(&zst, Compression::Zstd), (&gz, Compression::Gzip)] {
+            let insp = inspect_path(path, Verify::Full).unwrap();
+            assert_eq!(insp.compression, want);
+            assert!(insp.is_complete(), "{path:?}: {:?}", insp.validation);
+            assert_eq!(insp.manifest.as_ref().unwrap().container_id, "ctr-a");
+            let text = render(&insp, 200);
+            let name = format!("{want:?}").to_lowercase();
+            assert!(text.contains(&format!("archive, {name})")), "{text}");
+        }
+        // Tampering shows through the compression, naming the file inside the archive.
+        std::fs::write(dir.path().join("pages-1.img"), vec![1u8; 5000]).unwrap();
+        archive_of(dir.path(), &plain);
+        let bytes = std::fs::read(&plain).unwrap();
+        std::fs::write(&zst, zstd::encode_all(&bytes[..], 3).unwrap()).unwrap();
+        let bad = inspect_path(&zst, Verify::Full).unwrap();
+        assert!(
+            matches!(&bad.validation, Validation::Refused { reason } if reason.contains("podman.tar.gz!/checkpoint/pages-1.img")),
+            "{:?}",
+            bad.validation
+        );
+    }
+
+    /// A small archive whose checkpoint/ holds far more than its manifest lists is refused
+    /// before it is written out.
+    #[test]
+    fn oversized_archive_is_refused_before_extraction() {
+        let dir = sealed(false);
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("bomb.tar.zst");
+        let mut raw = Vec::new();
+        {
+            let mut b = tar::Builder::new(&mut raw);
+            b.append_dir_all("checkpoint", dir.path()).unwrap();
+            let mut h = tar::Header::new_gnu();
+            let size = MANIFEST_MAX_BYTES + (1 << 20);
+            h.set_size(size);
+            h.set_mode(0o600);
+            h.set_cksum();
+            b.append_data(&mut h, "checkpoint/zeros.img", io::repeat(0).take(size))
+                .unwrap();
+            b.finish().unwrap();
+        }
+        std::fs::write(&path, zstd::encode_all(&raw[..], 3).unwrap()).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
+        let err = inspect_path(&path, Verify::Full).unwrap_err();
+        assert!(err.to_string().contains("bomb.tar.zst"), "{err}");
+        assert!(err.to_string().contains("manifest lists"), "{err}");
     }
 
     #[test]

@@ -66,6 +66,7 @@ impl Scratch {
                     "--shim-path",
                     self.p("bin/containerd-shim-gpusnap-v2").to_str().unwrap(),
                     "--skip-crio",
+                    "--skip-podman",
                     "--criu-config",
                     self.p("etc/criu/runc.conf").to_str().unwrap(),
                     "--criu-network-lock",
@@ -386,4 +387,75 @@ fn crio_dropin_and_criu_network_lock() {
         fs::read(s.containerd_config()).unwrap(),
         s.original.as_bytes()
     );
+}
+
+#[test]
+fn podman_registration_in_an_existing_containers_conf_and_uninstall() {
+    let s = Scratch::new("containerd-v3.toml");
+    let conf = s.p("etc/containers/containers.conf");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    let original = "# site Podman settings\n[engine]\ncgroup_manager = \"cgroupfs\"\n";
+    fs::write(&conf, original).unwrap();
+    let wrapper = s.p("bin/gpusnap-runc");
+    fs::write(&wrapper, "#!/bin/sh\n").unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+
+    let mut args = s.args("install", &[]);
+    args.retain(|a| a != "--skip-podman");
+    args.extend([
+        "--skip-containerd".into(),
+        "--podman-conf".into(),
+        conf.display().to_string(),
+        "--runc-wrapper-path".into(),
+        wrapper.display().to_string(),
+    ]);
+    let out = gpusnap(&args);
+    assert!(out.status.success(), "{}", describe(&out));
+    let installed = fs::read_to_string(&conf).unwrap();
+    assert!(installed.starts_with(original), "{installed}");
+    let doc: toml_edit::DocumentMut = installed.parse().unwrap();
+    assert_eq!(
+        doc["engine"]["runtimes"]["gpusnap"]
+            .as_array()
+            .and_then(|a| a.get(0))
+            .and_then(|v| v.as_str()),
+        Some(wrapper.to_str().unwrap())
+    );
+    // The gpusnap config is not at its default location: Podman and conmon get its path.
+    let env = format!(
+        "GPUSNAP_CONFIG={}",
+        s.p("etc/gpusnap/config.toml").display()
+    );
+    for key in ["env", "conmon_env_vars"] {
+        assert!(
+            doc["engine"][key]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(env.as_str()))),
+            "engine.{key} lacks {env}:\n{installed}"
+        );
+    }
+    assert!(
+        doc["engine"]["conmon_env_vars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v.as_str().is_some_and(|s| s.starts_with("PATH=/"))),
+        "{installed}"
+    );
+    // The new gpusnap config names runc absolutely.
+    let config = fs::read_to_string(s.p("etc/gpusnap/config.toml")).unwrap();
+    assert!(
+        config.lines().any(|l| l.starts_with("binary = \"/")),
+        "{config}"
+    );
+    // Idempotent, then reverted byte for byte.
+    let again = gpusnap(&args);
+    assert!(
+        text(&again.stdout).contains("nothing changed"),
+        "{}",
+        describe(&again)
+    );
+    let out = s.gpusnap("uninstall", &[]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(fs::read_to_string(&conf).unwrap(), original);
 }

@@ -42,7 +42,6 @@ fn shipped_configs_are_valid_and_cover_every_table() {
         "engine",
         "transfer_buffer_count",
         "transfer_chunk_bytes",
-        "directory",
         "max_operation_seconds",
         "lock_timeout_ms",
         "restore_budget_seconds",

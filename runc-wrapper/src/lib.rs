@@ -227,6 +227,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
     };
     let path_env =
         locate::runc_path_env(std::env::var_os("PATH"), config.criu.binary_dir.as_deref());
+    // The transactions probe CRIU on this process's PATH; a caller that gave none (Podman's
+    // kill and delete, any `env -i`) would have them find no CRIU at all. Set before any
+    // thread starts.
+    std::env::set_var("PATH", &path_env);
     let runc = match resolve_runc(&config, &path_env) {
         Ok(r) => r,
         Err(e) => {

@@ -133,6 +133,49 @@ fn runc_is_found_without_a_path() {
     );
 }
 
+/// A checkpoint and a restore with an empty environment apart from the config: CRIU is found
+/// from `criu.binary_dir` and the system path, not the caller's PATH.
+#[test]
+fn checkpoint_and_restore_without_a_path() {
+    require_root();
+    let dir = scratch();
+    let cfg = config(dir.path(), "");
+    let c = BusyboxContainer::create(dir.path(), &unique("gsr-nopath"), COUNTER);
+    c.start();
+    assert!(
+        wait_some(Duration::from_secs(20), || c.count().filter(|n| *n >= 5)).is_some(),
+        "counter did not start"
+    );
+    let images = dir.path().join("images");
+    let bare = |args: &[&str]| {
+        let mut cmd = Command::new(gpusnap_runc());
+        cmd.env_clear()
+            .env("GPUSNAP_CONFIG", &cfg)
+            .args(c.root_args())
+            .args(args);
+        gpusnap_testkit::bundle::run_detached_stdio(cmd, dir.path())
+    };
+    let (code, _, err) = bare(&[
+        "checkpoint",
+        "--image-path",
+        images.to_str().unwrap(),
+        &c.id,
+    ]);
+    assert_eq!(code, 0, "checkpoint without PATH: {err}");
+    assert!(c.status().is_none(), "runc's checkpoint ends the container");
+    let (code, _, err) = bare(&[
+        "restore",
+        "-d",
+        "--image-path",
+        images.to_str().unwrap(),
+        "--bundle",
+        c.bundle.to_str().unwrap(),
+        &c.id,
+    ]);
+    assert_eq!(code, 0, "restore without PATH: {err}");
+    assert_eq!(c.status().as_deref(), Some("running"));
+}
+
 #[test]
 fn invalid_config_is_refused_naming_the_setting() {
     let dir = scratch();

@@ -1,5 +1,6 @@
 //! `gpusnap`: install the runtime on a node, check the node, inspect checkpoints.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -28,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Register the gpusnap runtime with containerd and CRI-O (idempotent, revertible).
+    /// Register the gpusnap runtime with containerd, CRI-O and Podman (idempotent, revertible).
     Install(InstallArgs),
     /// Revert exactly what `gpusnap install` changed.
     Uninstall(UninstallArgs),
@@ -79,6 +80,17 @@ struct InstallArgs {
     /// Do not write the CRI-O drop-in.
     #[arg(long)]
     skip_crio: bool,
+    /// runc's state root for containers of the CRI-O handler.
+    #[arg(long, value_name = "DIR", default_value = install::crio::RUNTIME_ROOT)]
+    crio_runtime_root: PathBuf,
+    /// containers.conf file registering gpusnap-runc with Podman; an existing file keeps its
+    /// other settings [default: /etc/containers/containers.conf.d/90-gpusnap.conf when Podman
+    /// is installed].
+    #[arg(long, value_name = "PATH")]
+    podman_conf: Option<PathBuf>,
+    /// Do not register gpusnap-runc with Podman.
+    #[arg(long)]
+    skip_podman: bool,
     /// containerd-shim-gpusnap-v2 [default: next to this binary, else on PATH, else /usr/local/bin].
     #[arg(long, value_name = "PATH")]
     shim_path: Option<PathBuf>,
@@ -176,6 +188,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The standard system path, searched for runc and CRIU when this shell's PATH lacks them.
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 fn absolute(p: PathBuf) -> PathBuf {
     if p.is_absolute() {
         p
@@ -242,6 +257,20 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
             }
         }
     };
+    let podman_conf = if a.skip_podman {
+        None
+    } else {
+        match a.podman_conf {
+            Some(p) => Some(absolute(p)),
+            None if Path::new("/etc/containers").exists() || fsutil::which("podman").is_some() => {
+                Some(Path::new(install::podman::DROPIN_DIR).join(install::podman::DROPIN_NAME))
+            }
+            None => {
+                notes.push("Podman not found: skipped (pass --podman-conf to force)".to_owned());
+                None
+            }
+        }
+    };
     let gpusnap_config = gpusnap_config::Config::load(config).unwrap_or_default();
     let criu_dir_path = gpusnap_criu_bridge::RuncGlobal {
         criu_dir: gpusnap_config.criu.binary_dir.clone(),
@@ -249,6 +278,22 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
     }
     .effective_search_path();
     let criu_bin = gpusnap_criu_bridge::find_in_path("criu", &criu_dir_path);
+    // Absolute paths for a new gpusnap config: this shell's PATH, then the system path (what
+    // gpusnap-runc searches when its caller gives none).
+    let search = |name: &str| {
+        std::env::var_os("PATH")
+            .and_then(|p| gpusnap_criu_bridge::find_in_path(name, &p))
+            .or_else(|| gpusnap_criu_bridge::find_in_path(name, OsStr::new(SYSTEM_PATH)))
+            .map(absolute)
+    };
+    let found = install::FoundTools {
+        runc: search("runc"),
+        criu_dir: criu_bin
+            .clone()
+            .or_else(|| search("criu"))
+            .map(absolute)
+            .and_then(|c| c.parent().map(Path::to_path_buf)),
+    };
     let criu = Some(CriuTarget {
         config: absolute(a.criu_config),
         lock: a.criu_network_lock,
@@ -257,6 +302,8 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
     let opts = InstallOptions {
         containerd,
         crio_dropin,
+        crio_runtime_root: absolute(a.crio_runtime_root),
+        podman_conf,
         criu,
         shim_path: a
             .shim_path
@@ -268,6 +315,7 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
             .unwrap_or_else(|| sibling_binary(gpusnap_cli::RUNC_WRAPPER_BINARY)),
         config_path: absolute(config.to_path_buf()),
         config_from: a.config_from.map(absolute),
+        found,
     };
     let plan = install::plan(&opts)?;
     for n in notes.iter().chain(&plan.notes) {

@@ -16,9 +16,26 @@ pub const DROPIN_NAME: &str = "90-gpusnap.conf";
 /// Where runc keeps the state of containers CRI-O runs through the wrapper.
 pub const RUNTIME_ROOT: &str = "/run/gpusnap-runc";
 
-pub fn dropin_text(handler: &str, wrapper: &Path) -> String {
+/// The `PATH` CRI-O gives conmon and the runtime: the standard system path, whatever CRI-O
+/// itself was started with.
+pub const MONITOR_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The runtime handler to register.
+#[derive(Debug, Clone, Copy)]
+pub struct Handler<'a> {
+    pub name: &'a str,
+    /// Absolute path of `gpusnap-runc`.
+    pub wrapper: &'a Path,
+    /// The gpusnap config gpusnap-runc reads (`GPUSNAP_CONFIG`).
+    pub config: &'a Path,
+    /// runc's state root for the handler's containers.
+    pub runtime_root: &'a Path,
+}
+
+pub fn dropin_text(h: &Handler<'_>) -> String {
+    let q = |p: &str| toml_edit::Value::from(p).to_string();
     format!(
-        "# Written by `gpusnap install` (gpusnap {version}): the `{handler}` runtime handler for \
+        "# Written by `gpusnap install` (gpusnap {version}): the `{name}` runtime handler for \
          CRI-O.\n\
          # `gpusnap uninstall` removes this file again.\n\
          \n\
@@ -26,15 +43,22 @@ pub fn dropin_text(handler: &str, wrapper: &Path) -> String {
          # CRI-O releases before 1.34.14 / 1.35.9 / 1.36.6 enable checkpoint/restore here.\n\
          enable_criu_support = true\n\
          \n\
-         [crio.runtime.runtimes.{handler}]\n\
+         [crio.runtime.runtimes.{name}]\n\
          runtime_path = {path}\n\
          runtime_type = \"oci\"\n\
-         runtime_root = \"{RUNTIME_ROOT}\"\n\
+         runtime_root = {root}\n\
+         # CRI-O passes this environment to conmon and to its own calls of the runtime\n\
+         # (checkpoint, kill, delete): the gpusnap config and a PATH that finds runc and CRIU.\n\
+         monitor_env = [{env_path}, {env_config}]\n\
          \n\
          [crio.checkpoint_restore]\n\
          container_level_enabled = \"checkpoint_restore\"\n",
         version = crate::VERSION,
-        path = toml_edit::Value::from(wrapper.to_string_lossy().as_ref()),
+        name = h.name,
+        path = q(&h.wrapper.to_string_lossy()),
+        root = q(&h.runtime_root.to_string_lossy()),
+        env_path = q(&format!("PATH={MONITOR_PATH}")),
+        env_config = q(&format!("GPUSNAP_CONFIG={}", h.config.display())),
     )
 }
 
@@ -44,11 +68,30 @@ mod tests {
 
     #[test]
     fn dropin_is_valid_toml_with_both_switches() {
-        let text = dropin_text("gpusnap", Path::new("/usr/bin/gpusnap-runc"));
+        let text = dropin_text(&Handler {
+            name: "gpusnap",
+            wrapper: Path::new("/usr/bin/gpusnap-runc"),
+            config: Path::new("/etc/gpusnap/config.toml"),
+            runtime_root: Path::new(RUNTIME_ROOT),
+        });
         let doc: toml_edit::DocumentMut = text.parse().unwrap();
         let rt = &doc["crio"]["runtime"]["runtimes"]["gpusnap"];
         assert_eq!(rt["runtime_path"].as_str(), Some("/usr/bin/gpusnap-runc"));
         assert_eq!(rt["runtime_type"].as_str(), Some("oci"));
+        assert_eq!(rt["runtime_root"].as_str(), Some(RUNTIME_ROOT));
+        let env: Vec<&str> = rt["monitor_env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            env,
+            [
+                format!("PATH={MONITOR_PATH}").as_str(),
+                "GPUSNAP_CONFIG=/etc/gpusnap/config.toml"
+            ]
+        );
         assert_eq!(
             doc["crio"]["runtime"]["enable_criu_support"].as_bool(),
             Some(true)

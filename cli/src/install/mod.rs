@@ -10,6 +10,7 @@ pub mod containerd;
 pub mod crio;
 pub mod criu_conf;
 pub mod diff;
+pub mod podman;
 pub mod state;
 
 use std::collections::BTreeSet;
@@ -59,6 +60,10 @@ pub struct InstallOptions {
     pub containerd: Option<ContainerdTarget>,
     /// Full path of the CRI-O drop-in file.
     pub crio_dropin: Option<PathBuf>,
+    /// runc's state root for the CRI-O handler.
+    pub crio_runtime_root: PathBuf,
+    /// The containers.conf file (usually a drop-in) that registers gpusnap-runc with Podman.
+    pub podman_conf: Option<PathBuf>,
     pub criu: Option<CriuTarget>,
     pub shim_path: PathBuf,
     pub runc_wrapper_path: PathBuf,
@@ -66,6 +71,17 @@ pub struct InstallOptions {
     pub config_path: PathBuf,
     /// Install this file's content as the gpusnap config (validated first).
     pub config_from: Option<PathBuf>,
+    /// runc and CRIU as found on this node, written as absolute paths into a new gpusnap
+    /// config: callers such as Podman run gpusnap-runc with no `PATH`.
+    pub found: FoundTools,
+}
+
+/// Absolute paths found on the node at install time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FoundTools {
+    pub runc: Option<PathBuf>,
+    /// The directory holding `criu`.
+    pub criu_dir: Option<PathBuf>,
 }
 
 /// One file's change: its full content before and after (`None`: absent).
@@ -163,9 +179,15 @@ fn absolute(what: &'static str, path: &Path) -> Result<(), InstallError> {
     }
 }
 
-/// The gpusnap config written when none exists: every setting at its default, with what it
-/// does, so operators see what they can change. Optional settings are shown commented out.
+/// The gpusnap config with every setting at its default, with what it does, so operators see
+/// what they can change. Optional settings are shown commented out.
 pub fn default_config_text() -> String {
+    config_text(&FoundTools::default())
+}
+
+/// The gpusnap config written when none exists: [`default_config_text`] with runc and CRIU at
+/// the absolute paths found on the node, so no caller's `PATH` decides which binaries run.
+pub fn config_text(found: &FoundTools) -> String {
     let d = Config::default();
     let q = |s: &str| toml_edit::Value::from(s).to_string();
     format!(
@@ -182,8 +204,6 @@ pub fn default_config_text() -> String {
          # a multiple of 4096; count x size at most 1 GiB per GPU).\n\
          transfer_buffer_count = {count}\n\
          transfer_chunk_bytes = {chunk}\n\
-         # posix engine: where GPU memory is written (default: inside the checkpoint directory).\n\
-         # directory = \"/var/lib/gpusnap\"\n\
          \n\
          [cuda]\n\
          # Upper bound for one driver lock/checkpoint/restore call (1-3600).\n\
@@ -204,7 +224,7 @@ pub fn default_config_text() -> String {
          \n\
          [criu]\n\
          # Directory holding the criu runc should run (prepended to runc's PATH).\n\
-         # binary_dir = \"/usr/local/sbin\"\n\
+         {criu_dir}\n\
          # Raise the minimum CRIU version (default: 3.16 for CPU, 4.1 for GPU containers).\n\
          # min_version = \"4.1\"\n\
          \n\
@@ -228,7 +248,15 @@ pub fn default_config_text() -> String {
         lock = d.cuda.lock_timeout_ms,
         budget = d.cuda.restore_budget_seconds,
         library = q(&d.cuda.library),
-        runc = q(&d.runc.binary.to_string_lossy()),
+        runc = q(&found
+            .runc
+            .as_deref()
+            .unwrap_or(&d.runc.binary)
+            .to_string_lossy()),
+        criu_dir = match &found.criu_dir {
+            Some(dir) => format!("binary_dir = {}", q(&dir.to_string_lossy())),
+            None => "# binary_dir = \"/usr/local/sbin\"".to_owned(),
+        },
         root = q(&d.runc.root.to_string_lossy()),
         systemd = d.runc.systemd_cgroup,
         checkpoint_root = q(&d.restore.checkpoint_root.to_string_lossy()),
@@ -253,11 +281,17 @@ pub fn plan(opts: &InstallOptions) -> Result<Plan, InstallError> {
     }
     if let Some(dropin) = &opts.crio_dropin {
         absolute("--runc-wrapper-path", &opts.runc_wrapper_path)?;
+        absolute("--crio-runtime-root", &opts.crio_runtime_root)?;
         let before = read(dropin)?;
         plan.push(Change {
             path: dropin.clone(),
             component: Component::Crio,
-            after: Some(crio::dropin_text(crate::HANDLER, &opts.runc_wrapper_path)),
+            after: Some(crio::dropin_text(&crio::Handler {
+                name: crate::HANDLER,
+                wrapper: &opts.runc_wrapper_path,
+                config: &opts.config_path,
+                runtime_root: &opts.crio_runtime_root,
+            })),
             before,
             mode: Some(0o644),
             summary: format!(
@@ -271,6 +305,39 @@ pub fn plan(opts: &InstallOptions) -> Result<Plan, InstallError> {
                 "{} is not an executable file yet: CRI-O cannot start gpusnap pods until it is \
                  installed there",
                 opts.runc_wrapper_path.display()
+            ));
+        }
+    }
+    if let Some(conf) = &opts.podman_conf {
+        absolute("--runc-wrapper-path", &opts.runc_wrapper_path)?;
+        absolute("--podman-conf", conf)?;
+        let before = read(conf)?;
+        let config_env = (opts.config_path != Path::new(gpusnap_config::DEFAULT_CONFIG_PATH))
+            .then(|| format!("GPUSNAP_CONFIG={}", opts.config_path.display()));
+        plan.push(Change {
+            path: conf.clone(),
+            component: Component::Podman,
+            after: Some(podman::register(
+                before.as_deref(),
+                conf,
+                crate::HANDLER,
+                &opts.runc_wrapper_path,
+                config_env.as_deref(),
+            )?),
+            before,
+            mode: Some(0o644),
+            summary: format!(
+                "Podman runtime `{}` → {}",
+                crate::HANDLER,
+                opts.runc_wrapper_path.display()
+            ),
+        });
+        if !fsutil::is_executable(&opts.runc_wrapper_path) {
+            plan.warnings.push(format!(
+                "{} is not an executable file yet: `podman run --runtime {}` fails until it is \
+                 installed there",
+                opts.runc_wrapper_path.display(),
+                crate::HANDLER
             ));
         }
     }
@@ -319,7 +386,7 @@ fn plan_gpusnap_config(opts: &InstallOptions, plan: &mut Plan) -> Result<(), Ins
                 })?;
                 return Ok(());
             }
-            None => default_config_text(),
+            None => config_text(&opts.found),
         },
     };
     plan.push(Change {
@@ -668,6 +735,21 @@ mod tests {
     }
 
     #[test]
+    fn installed_config_names_runc_and_criu_absolutely() {
+        let found = FoundTools {
+            runc: Some("/usr/sbin/runc".into()),
+            criu_dir: Some("/usr/local/bin".into()),
+        };
+        let c = Config::from_toml_str(&config_text(&found)).unwrap();
+        assert_eq!(c.runc.binary, Path::new("/usr/sbin/runc"));
+        assert_eq!(
+            c.criu.binary_dir.as_deref(),
+            Some(Path::new("/usr/local/bin"))
+        );
+        assert_every_default_key_shown(&config_text(&found));
+    }
+
+    #[test]
     fn default_config_is_valid_and_complete() {
         let text = default_config_text();
         let parsed = Config::from_toml_str(&text).unwrap();
@@ -680,7 +762,6 @@ mod tests {
             "[criu]",
             "[restore]",
             "restore_budget_seconds",
-            "# directory = ",
             "# binary_dir = ",
             "# min_version = ",
         ] {
@@ -688,7 +769,6 @@ mod tests {
         }
         // The commented examples are valid values too.
         let uncommented = text
-            .replace("# directory = ", "directory = ")
             .replace("# binary_dir = ", "binary_dir = ")
             .replace("# min_version = ", "min_version = ");
         let c = Config::from_toml_str(&uncommented).unwrap();

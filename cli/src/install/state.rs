@@ -19,6 +19,7 @@ pub enum Component {
     Crio,
     Criu,
     Gpusnap,
+    Podman,
 }
 
 impl Component {
@@ -28,6 +29,7 @@ impl Component {
             Component::Crio => "CRI-O",
             Component::Criu => "CRIU",
             Component::Gpusnap => "gpusnap",
+            Component::Podman => "Podman",
         }
     }
 }

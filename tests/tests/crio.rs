@@ -1,0 +1,219 @@
+//! CRI-O 1.36.3 with gpusnap-runc as the runtime handler `gpusnap`, configured by the drop-in
+//! `gpusnap install --crio-dropin-dir` writes, driven with crictl: pod, counter,
+//! `crictl checkpoint --export`, restore into a new pod (the archive as the container's
+//! image), the counter going on; a tampered archive refused with one readable error naming
+//! the file; and the same with the CUDA driver double, its calls checked in order.
+//!
+//! CRI-O and crictl come from ../shared/tools via scripts/setup-env.sh; without them the tests
+//! fail saying so.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+use gpusnap_testkit::crio::{Crio, BUSYBOX_IMAGE};
+use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
+use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
+use gpusnap_testkit::podman::{
+    check_continues, processes_with, runc_list, wait_count, Count, WARM,
+};
+use gpusnap_testkit::{describe, require_root, text, unique};
+
+fn run(test: impl FnOnce() -> Result<()>) {
+    require_root();
+    if let Err(e) = test() {
+        panic!("{e:#}");
+    }
+}
+
+/// The drop-in names gpusnap-runc and the gpusnap config by absolute paths, with a PATH for
+/// conmon and CRI-O's own runtime calls.
+fn check_dropin(c: &Crio) -> Result<()> {
+    let text = fs::read_to_string(&c.dropin)?;
+    let wrapper = gpusnap_testkit::binary("gpusnap-runc");
+    for want in [
+        "[crio.runtime.runtimes.gpusnap]".to_string(),
+        format!("runtime_path = \"{}\"", wrapper.display()),
+        "runtime_type = \"oci\"".to_string(),
+        format!("runtime_root = \"{}\"", c.runtime_root.display()),
+        format!(
+            "monitor_env = [\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\", \
+             \"GPUSNAP_CONFIG={}\"]",
+            c.gpusnap_config.display()
+        ),
+        "enable_criu_support = true".to_string(),
+    ] {
+        ensure!(
+            text.contains(&want),
+            "{want} missing from the drop-in:\n{text}"
+        );
+    }
+    ensure!(
+        c.log().contains("Checkpoint/restore support enabled"),
+        "CRI-O did not enable checkpoint/restore:\n{}",
+        c.log()
+    );
+    Ok(())
+}
+
+/// A counter in a pod of its own under the gpusnap handler; returns (container id, count
+/// once warm).
+fn counter(c: &Crio, name: &str, marker: &str, env: &[(&str, &str)]) -> Result<(String, Count)> {
+    let (pod, pod_cfg) = c.run_pod(name)?;
+    let id = c.create_and_start(
+        &pod,
+        &pod_cfg,
+        &c.container_config("counter", BUSYBOX_IMAGE, Some(marker), env),
+    )?;
+    let warm = wait_count(name, WARM, || c.count(&id))?;
+    Ok((id, warm))
+}
+
+/// `crictl checkpoint --export`: the container keeps running (CRI-O checkpoints with
+/// --leave-running); returns the count read just before.
+fn export(c: &Crio, id: &str, archive: &Path) -> Result<Count> {
+    let before = wait_count(id, 0, || c.count(id))?;
+    let arg = format!("--export={}", archive.display());
+    c.ok(&["checkpoint", &arg, id])?;
+    ensure!(archive.is_file(), "no archive at {}", archive.display());
+    ensure!(
+        c.state(id)? == "CONTAINER_RUNNING",
+        "after the checkpoint {id} is {}",
+        c.state(id)?
+    );
+    Ok(before)
+}
+
+/// Restores `archive` into a new pod; returns the new container's id.
+fn restore_into_new_pod(c: &Crio, name: &str, archive: &Path) -> Result<String> {
+    let (pod, pod_cfg) = c.run_pod(name)?;
+    c.create_and_start(
+        &pod,
+        &pod_cfg,
+        &c.container_config("counter", &archive.display().to_string(), None, &[]),
+    )
+}
+
+#[test]
+fn checkpoint_export_restore_into_new_pod_and_tampered_archive_refused() {
+    run(|| {
+        let c = Crio::start(None)?;
+        check_dropin(&c)?;
+        let marker = unique("gco-counter");
+        let (a, _) = counter(&c, &unique("gco-a"), &marker, &[])?;
+        let archive = c.dir().join("a.tar");
+        let before = export(&c, &a, &archive)?;
+        let b = restore_into_new_pod(&c, &unique("gco-b"), &archive)?;
+        check_continues("the restored container", &before, || c.count(&b))?;
+        ensure!(
+            runc_list(&c.runtime_root)?
+                .iter()
+                .any(|(id, st)| id == &b && st == "running"),
+            "the restored container is not running under {}",
+            c.runtime_root.display()
+        );
+
+        // Tampered: one byte of a CRIU image flipped, the archive re-packed.
+        let unpacked = c.dir().join("a-unpacked");
+        tar::Archive::new(fs::File::open(&archive)?)
+            .unpack(&unpacked)
+            .context("unpacking the export")?;
+        flip_byte(&unpacked.join("checkpoint/pages-1.img"));
+        let bad = c.dir().join("tampered.tar");
+        tar_tree(&unpacked, &bad);
+        let (pod, pod_cfg) = c.run_pod(&unique("gco-t"))?;
+        let ctr = c.container_config("counter", &bad.display().to_string(), None, &[]);
+        let created = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            created.status.success(),
+            "crictl create of the tampered archive: {}",
+            describe(&created)
+        );
+        let t = text(&created.stdout).trim().to_string();
+        let started = c.crictl(&["start", &t])?;
+        ensure!(
+            !started.status.success(),
+            "the tampered archive was restored: {}",
+            describe(&started)
+        );
+        let err = text(&started.stderr);
+        ensure!(
+            !err.contains('\u{1b}'),
+            "escape codes in the error: {err:?}"
+        );
+        // crictl logs the error and then exits with it; each report carries gpusnap-runc's
+        // message exactly once.
+        let fatal = err
+            .lines()
+            .find(|l| l.contains("level=fatal"))
+            .with_context(|| format!("no error from crictl start:\n{err}"))?;
+        ensure!(
+            fatal.matches("gpusnap-runc:").count() == 1
+                && fatal.matches("checkpoint/pages-1.img is corrupted").count() == 1,
+            "the error does not name the file exactly once: {fatal}"
+        );
+        ensure!(
+            !runc_list(&c.runtime_root)?
+                .iter()
+                .any(|(id, st)| id == &t && st != "stopped"),
+            "the refused container is left in runc under {}",
+            c.runtime_root.display()
+        );
+        // Source and good restore run on; removing the pods leaves nothing running.
+        check_continues("the source after the export", &before, || c.count(&a))?;
+        c.remove_all_pods()?;
+        let left = runc_list(&c.runtime_root)?;
+        ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        let procs = processes_with(&marker);
+        ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// The driver double as the container's CUDA: checkpoint locks, checkpoints, restores and
+/// unlocks the running process (CRI-O keeps it running); the restore in a new pod restores
+/// and unlocks the new process with the device memory intact.
+fn gpu_double(engine: Engine, cuda: Cuda) {
+    run(|| {
+        let gpu = GpuDouble::new(engine, cuda)?;
+        let config = gpu.write_config("")?;
+        let c = Crio::start(Some(&config))?;
+        ensure!(
+            fs::read(&c.gpusnap_config)? == fs::read(&config)?,
+            "gpusnap install did not install the double's config"
+        );
+        let (proc_, bytes) = gpu.cuda_process("gco")?;
+        let marker = unique("gco-gpu");
+        let (a, _) = counter(&c, &unique("gco-ga"), &marker, &[proc_.env_pair()])?;
+        let old_pid = c.pid(&a)?;
+        let archive = c.dir().join("gpu.tar");
+        let before = export(&c, &a, &archive)?;
+        gpu.check_checkpoint_calls(&proc_, old_pid, true)?;
+        let unpacked = c.dir().join("gpu-unpacked");
+        let ck = gpu::unpack_cri_archive(&archive, &unpacked)?;
+        gpu::check_gpu_checkpoint(&ck, engine, cuda, old_pid, &bytes)?;
+        check_continues("the checkpointed source", &before, || c.count(&a))?;
+
+        // The source goes, as a migration's would; its CUDA state moves with the archive.
+        c.remove_all_pods()?;
+        gpu.emulate_criu_restore(&proc_)?;
+        let b = restore_into_new_pod(&c, &unique("gco-gb"), &archive)?;
+        let pid = c.pid(&b)?;
+        ensure!(pid != old_pid, "restored under the old host pid {pid}");
+        gpu.check_restored(&proc_, pid, &bytes)?;
+        check_continues("the restored GPU container", &before, || c.count(&b))?;
+        Ok(())
+    });
+}
+
+#[test]
+fn gpu_double_driver_managed_cuda13_0() {
+    gpu_double(Engine::DriverManaged, Cuda::V13_0);
+}
+
+/// posix: device memory goes to gpusnap-gpu-* files inside the checkpoint, so through the
+/// archive CRI-O exports.
+#[test]
+fn gpu_double_posix_cuda13_4() {
+    gpu_double(Engine::Posix, Cuda::V13_4);
+}

@@ -1,0 +1,227 @@
+//! Podman 4.3 (Debian's) running gpusnap-runc as the OCI runtime `gpusnap`, registered by
+//! `gpusnap install --podman-conf`: run, checkpoint, restore, `--export` / `--import` into a
+//! new name, `stop`, `rm -f` leaving nothing running, `gpusnap inspect` of Podman's zstd
+//! export, and a tampered export refused with one readable line.
+//!
+//! Podman runs the runtime's `kill` and `delete --force` with no `PATH`; `stop` and `rm -f`
+//! below go through those calls, so a wrapper that looked runc up on `PATH` would leave the
+//! workload running here.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
+use gpusnap_testkit::podman::{
+    check_continues, check_nothing_running, wait_count, Podman, RUNC_ROOT, WARM,
+};
+use gpusnap_testkit::{describe, gpusnap, require_root, text, unique};
+
+fn podman() -> Podman {
+    require_root();
+    Podman::new().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn run(test: impl FnOnce() -> Result<()>) {
+    if let Err(e) = test() {
+        panic!("{e:#}");
+    }
+}
+
+/// What `gpusnap install` wrote: the runtime at an absolute path, the config reaching
+/// gpusnap-runc through Podman's and conmon's environment, the test's settings kept, and a
+/// gpusnap config naming runc and CRIU absolutely (no caller's PATH decides).
+fn check_registration(p: &Podman) -> Result<()> {
+    let conf = fs::read_to_string(&p.conf)?;
+    let wrapper = gpusnap_testkit::binary("gpusnap-runc");
+    ensure!(wrapper.is_absolute(), "{}", wrapper.display());
+    let env = format!("\"GPUSNAP_CONFIG={}\"", p.gpusnap_config.display());
+    for want in [
+        "[engine.runtimes]".to_string(),
+        format!("gpusnap = [\"{}\"]", wrapper.display()),
+        format!("env = [{env}]"),
+        format!("conmon_env_vars = [\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\", {env}]"),
+        "cgroup_manager = \"cgroupfs\"".to_string(),
+    ] {
+        ensure!(conf.contains(&want), "{want} missing from containers.conf:\n{conf}");
+    }
+    let config = fs::read_to_string(&p.gpusnap_config)?;
+    for key in ["binary", "binary_dir"] {
+        ensure!(
+            config
+                .lines()
+                .any(|l| l.starts_with(&format!("{key} = \"/"))),
+            "{key} is not an absolute path in the installed gpusnap config:\n{config}"
+        );
+    }
+    Ok(())
+}
+
+/// run → checkpoint → restore → export (zstd) → inspect → import as a new name → stop → rm -f.
+#[test]
+fn checkpoint_restore_export_import_stop_and_rm() {
+    let p = podman();
+    run(|| {
+        check_registration(&p).with_context(|| p.install_output.clone())?;
+        let marker = unique("gpp-counter");
+        let a = unique("gpp-a");
+        let a_id = p.run_counter(&a, &marker)?;
+        wait_count(&a, WARM, || p.count(&a))?;
+
+        // In place: the container stops at the checkpoint and goes on at the restore.
+        let before = wait_count(&a, 0, || p.count(&a))?;
+        p.ok(&["container", "checkpoint", &a])?;
+        ensure!(
+            p.inspect(&a, "{{.State.Status}}")? == "exited",
+            "after the checkpoint {a} is {}",
+            p.inspect(&a, "{{.State.Status}}")?
+        );
+        p.ok(&["container", "restore", &a])?;
+        let counted = check_continues(&a, &before, || p.count(&a))?;
+
+        // Export: Podman writes zstd whatever the name says; gpusnap inspect reads it.
+        let export = p.dir().join("a-export.tar.gz");
+        let export_arg = export.display().to_string();
+        p.ok(&["container", "checkpoint", "--export", &export_arg, &a])?;
+        let at_export = counted;
+        let magic = fs::read(&export)?.get(..4).map(<[u8]>::to_vec);
+        ensure!(
+            magic.as_deref() == Some(&[0x28, 0xb5, 0x2f, 0xfd][..]),
+            "Podman's export is not zstd (magic {magic:?}): the inspect check below would not \
+             test decompression"
+        );
+        let insp = gpusnap(["inspect", &export_arg]);
+        ensure!(
+            insp.status.success(),
+            "gpusnap inspect {export_arg}: {}",
+            describe(&insp)
+        );
+        let summary = text(&insp.stdout);
+        ensure!(
+            summary.contains("archive, zstd")
+                && summary.contains("complete: restore would proceed"),
+            "gpusnap inspect of Podman's export:\n{summary}"
+        );
+        ensure!(
+            summary.contains(&format!("Container   {a_id}")),
+            "the manifest names another container:\n{summary}"
+        );
+
+        // Import under a new name: the same process, going on.
+        let b = unique("gpp-b");
+        p.ok(&[
+            "container",
+            "restore",
+            "--import",
+            &export_arg,
+            "--name",
+            &b,
+        ])?;
+        check_continues(&b, &at_export, || p.count(&b))?;
+        let b_id = p.inspect(&b, "{{.Id}}")?;
+
+        // The original comes back from its own (exported) checkpoint too.
+        p.ok(&["container", "restore", &a])?;
+        check_continues(&a, &at_export, || p.count(&a))?;
+
+        // stop: through the runtime's kill, which Podman runs without PATH.
+        p.ok(&["stop", "-t", "1", &b])?;
+        ensure!(
+            p.inspect(&b, "{{.State.Status}}")? == "exited",
+            "after podman stop {b} is {}",
+            p.inspect(&b, "{{.State.Status}}")?
+        );
+        // rm -f of a running container: kill and delete --force, both without PATH.
+        p.ok(&["rm", "-f", "-t", "1", &a])?;
+        ensure!(
+            p.run(&["inspect", &a])?.status.code() != Some(0),
+            "{a} still known to Podman after rm -f"
+        );
+        p.ok(&["rm", &b])?;
+        check_nothing_running(Path::new(RUNC_ROOT), &[&a_id, &b_id], &marker)
+    });
+}
+
+/// A tampered export: one byte of a CRIU image flipped, re-packed. `gpusnap inspect` and the
+/// restore refuse it naming the file; nothing runs afterwards.
+#[test]
+fn tampered_export_is_refused_with_one_line_naming_the_file() {
+    let p = podman();
+    run(|| {
+        let marker = unique("gpp-tamper");
+        let c = unique("gpp-c");
+        let c_id = p.run_counter(&c, &marker)?;
+        wait_count(&c, WARM, || p.count(&c))?;
+        let export = p.dir().join("c-export.tar");
+        let export_arg = export.display().to_string();
+        p.ok(&[
+            "container",
+            "checkpoint",
+            "--compress",
+            "none",
+            "--export",
+            &export_arg,
+            &c,
+        ])?;
+        let unpacked = p.dir().join("c-unpacked");
+        tar::Archive::new(fs::File::open(&export)?)
+            .unpack(&unpacked)
+            .context("unpacking Podman's export")?;
+        let pages = unpacked.join("checkpoint/pages-1.img");
+        ensure!(pages.is_file(), "no checkpoint/pages-1.img in the export");
+        flip_byte(&pages);
+        let bad = p.dir().join("c-tampered.tar");
+        tar_tree(&unpacked, &bad);
+        let bad_arg = bad.display().to_string();
+
+        let insp = gpusnap(["inspect", &bad_arg]);
+        ensure!(
+            !insp.status.success()
+                && text(&insp.stdout).contains("c-tampered.tar!/checkpoint/pages-1.img"),
+            "gpusnap inspect of the tampered export: {}",
+            describe(&insp)
+        );
+
+        let d = unique("gpp-d");
+        let out = p.run(&["container", "restore", "--import", &bad_arg, "--name", &d])?;
+        ensure!(
+            !out.status.success(),
+            "the tampered export was restored: {}",
+            describe(&out)
+        );
+        let err = text(&out.stderr);
+        ensure!(
+            !err.contains('\u{1b}'),
+            "escape codes in Podman's error: {err:?}"
+        );
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        ensure!(
+            lines.len() == 1,
+            "want one error line, got {}:\n{err}",
+            lines.len()
+        );
+        let line = lines[0];
+        ensure!(
+            line.contains("checkpoint/pages-1.img is corrupted")
+                && line.matches("gpusnap-runc:").count() == 1,
+            "the error does not name the file once: {line}"
+        );
+        // Podman keeps the failed container as created; runc and the process table hold
+        // nothing of it, nor of the original.
+        let d_id = p
+            .run(&["inspect", "--format", "{{.Id}}", &d])?
+            .stdout
+            .clone();
+        let d_id = text(&d_id).trim().to_string();
+        ensure!(
+            p.inspect(&c, "{{.State.Status}}")? == "exited",
+            "the checkpointed original is {}",
+            p.inspect(&c, "{{.State.Status}}")?
+        );
+        let mut ids = vec![c_id.as_str()];
+        if !d_id.is_empty() {
+            ids.push(&d_id);
+        }
+        check_nothing_running(Path::new(RUNC_ROOT), &ids, &marker)
+    });
+}
