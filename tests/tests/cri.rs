@@ -816,13 +816,9 @@ fn cuda_calls(fake: &FakeCuda, pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// The GPU workload reports on stdout, not into a file: for a CUDA container the shim thaws
-/// the task for the driver and re-freezes it only after the CUDA restore and unlock that follow
-/// the CRIU dump, so the container runs for a moment after the dump, before containerd diffs
-/// its writable layer. A file the workload rewrites in that moment no longer matches the CRIU
-/// images, and CRIU refuses an open one at restore ("File tmp/count has bad size 40 (expect
-/// 0)"). That is a shim bug (shim/src/checkpoint.rs, GPU branch of `checkpoint_task`); this test
-/// covers the GPU path without depending on it.
+/// The GPU workload reports on stdout, not into a file. (An earlier shim let the task run
+/// between the CRIU dump and containerd's diff of its writable layer, which broke a restore of
+/// a file open at the dump; `tests/tests/crictl.rs`'s GPU test covers an open, growing file.)
 #[test]
 fn gpu_container_checkpointed_through_cri_restores_by_annotation_with_its_cuda_state() {
     check(|| {
