@@ -60,7 +60,7 @@ pub struct RegistryArgs {
     pub max_blob_bytes: u64,
     /// Blobs uploaded or downloaded at once (each hashed, written or unpacked on its own
     /// thread while it streams).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PARALLEL_BLOBS,
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PARALLEL_BLOBS as u64,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub parallel_blobs: u64,
 }

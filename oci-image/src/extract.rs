@@ -708,12 +708,20 @@ fn copy_interruptible(
     let mut buf = vec![0u8; 1 << 20];
     loop {
         interrupt::check()?;
-        let n = match from.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_to_image(e, location)),
-        };
+        // Fill the buffer before writing: a network stream arrives in chunks of a few KiB,
+        // and one write per chunk would multiply the system calls for nothing.
+        let mut n = 0;
+        while n < buf.len() {
+            match from.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_to_image(e, location)),
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
         to.write_all(&buf[..n])
             .map_err(|e| at_error(location, name, e))?;
     }
