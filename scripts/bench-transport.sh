@@ -8,7 +8,7 @@
 #
 # Environment: BENCH_DIR (default /var/tmp/gpusnap-bench-transport.PID; the registry storage,
 # the image, and every pull destination live there, so all on one disk), GPUSNAP (default
-# target/release/gpusnap, built when missing), KEEP=1 keeps BENCH_DIR.
+# target/release/gpusnap, built first unless GPUSNAP_PREBUILT=1), KEEP=1 keeps BENCH_DIR.
 #
 # Method. The checkpoint (oci-image/examples/bench-checkpoint.rs) is shaped like a real one:
 # small CRIU images, 4 pages-*.img and 3 GPU extents, incompressible. It is built once into an
@@ -36,7 +36,11 @@ for tool in "$REGISTRY_BIN" skopeo jq tar; do
 done
 
 echo "== building (release)" >&2
-(cd "$ROOT" && cargo build --release -q -p gpusnap-cli -p gpusnap-oci-image --example bench-checkpoint)
+# Two invocations: with --example, cargo builds only the example of the packages named.
+if [[ -z "${GPUSNAP_PREBUILT:-}" ]]; then
+    (cd "$ROOT" && cargo build --release -q -p gpusnap-cli)
+fi
+(cd "$ROOT" && cargo build --release -q -p gpusnap-oci-image --example bench-checkpoint)
 GEN=$ROOT/target/release/examples/bench-checkpoint
 
 mkdir -p "$WORK"

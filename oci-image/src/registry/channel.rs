@@ -15,9 +15,9 @@ use super::client::{Piece, Session};
 use crate::digest::Digest;
 use crate::error::ImageError;
 
-/// Chunks buffered between the download and its consumer (hyper's chunks are up to a few
-/// hundred KiB on loopback; this bounds what one blob holds in memory).
-const PIECES_IN_FLIGHT: usize = 64;
+/// Pieces (1 MiB each) buffered between a download and its consumer: enough to ride out a
+/// slow write, and a bound on what one blob holds in memory.
+const PIECES_IN_FLIGHT: usize = 8;
 
 /// The consumer's end: a blocking [`Read`] over the pieces the download sends.
 pub(crate) struct ChannelReader {

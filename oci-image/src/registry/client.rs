@@ -44,6 +44,9 @@ pub(crate) const MANIFEST_MEDIA_TYPES: [&str; 4] = [
 /// Size of the pieces a blob upload is read, hashed and handed to the request body in.
 const UPLOAD_CHUNK: usize = 4 << 20;
 
+/// What a download hands its consumer at a time.
+const PIECE_BYTES: usize = 1 << 20;
+
 /// One piece of a blob on its way from the network to a consumer thread.
 pub(crate) enum Piece {
     Data(bytes::Bytes),
@@ -436,18 +439,30 @@ impl Session {
             location: url.clone(),
         };
         let mut n = 0u64;
+        // Chunks arrive a few KiB at a time; handing each to the consumer thread would wake it
+        // (and this task) once per chunk. Gathered into pieces of PIECE_BYTES, the copy costs
+        // less than the wake-ups it saves.
+        let mut piece = bytes::BytesMut::with_capacity(PIECE_BYTES);
         while let Some(chunk) = resp.chunk().await.map_err(|e| transport("GET", &url, &e))? {
             interrupt::check()?;
             n += chunk.len() as u64;
             if n > size {
                 return Err(size_error(n));
             }
-            if tx.send(Piece::Data(chunk)).await.is_err() {
-                return Ok(());
+            piece.extend_from_slice(&chunk);
+            if piece.len() >= PIECE_BYTES {
+                let full =
+                    std::mem::replace(&mut piece, bytes::BytesMut::with_capacity(PIECE_BYTES));
+                if tx.send(Piece::Data(full.freeze())).await.is_err() {
+                    return Ok(());
+                }
             }
         }
         if n != size {
             return Err(size_error(n));
+        }
+        if !piece.is_empty() && tx.send(Piece::Data(piece.freeze())).await.is_err() {
+            return Ok(());
         }
         let _ = tx.send(Piece::End).await;
         Ok(())
