@@ -1,8 +1,9 @@
 //! One session with one repository of an OCI distribution registry, on top of `oci-client`.
 //!
 //! `oci-client` does the protocol work: the `/v2/` challenge and token exchange (Basic or
-//! Bearer), blob existence checks, chunked blob uploads, manifest uploads of the exact bytes we
-//! hashed (`push_manifest_raw`) and blob downloads as streams. This module adds what a
+//! Bearer), blob existence checks and manifest uploads of the exact bytes we hashed
+//! (`push_manifest_raw`). Blob transfers are our own requests with the same credentials (see
+//! [`Session::open_blob`] and [`Session::upload_blob`] for why). This module adds what a
 //! checkpoint on a node needs on top:
 //!
 //! - **Caps.** Manifests and indexes are read by our own `GET` (same TLS roots, same token), a
@@ -10,12 +11,11 @@
 //!   `pull_manifest_raw` buffers a body of any size before anyone can look at it. Blobs are
 //!   refused when their descriptor is over the cap, when the registry announces a different
 //!   length, and as soon as one byte more than the descriptor's size arrives.
-//! - **Our own digest check while streaming.** Every chunk is hashed as it is written to a
-//!   scratch file; the result is compared with the descriptor whatever the library's own
-//!   end-of-stream check says (and its stream is read with `try_next`, so an error ends it).
-//!   Descriptors are passed with `urls: None`: foreign URLs are never fetched. A redirect (to
-//!   blob storage, or anywhere) is followed, and the bytes it serves are held to the same
-//!   digest.
+//! - **A digest check while streaming, once.** Every byte is hashed as it is consumed (written
+//!   to a scratch file, or unpacked), on the consumer's thread, and the result compared with
+//!   the descriptor before anything is kept; a body that ends early never looks complete.
+//!   Descriptors' foreign `urls` are never fetched. A redirect (to blob storage, or anywhere)
+//!   is followed, and the bytes it serves are held to the same digest.
 //! - **Errors that say what to do**, with the registry's own error code when it sent one.
 
 use std::io::{self, Read, Write};

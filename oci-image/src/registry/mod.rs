@@ -17,17 +17,24 @@
 //! fetched with its size and digest checked while it streams, each capped. (4) Only then is the
 //! layout, written in a staging directory beside the destination, renamed into place; any
 //! failure or interruption ([`crate::interrupt`]) removes the staging directory.
+//! [`pull_extract`] does the same checks in the same order but unpacks each layer beneath its
+//! staging directory while the layer downloads (see there).
 //!
-//! **Push.** Blobs the registry lacks are uploaded in chunks (the local file's digest checked as
-//! it is read, the registry checking the digest on commit), child manifests by digest, then the
-//! top document under the tag, as the exact bytes whose digest we computed.
+//! **Push.** Blobs the registry lacks are uploaded, each as one streamed upload (the local
+//! file's digest checked as it is read, the registry checking the digest on commit), child
+//! manifests by digest, then the top document under the tag, as the exact bytes whose digest
+//! we computed.
+//!
+//! **In parallel.** Up to [`RegistryOptions::parallel_blobs`] blobs move at once. The network
+//! side of all of them runs on one thread; each blob's bytes are read or consumed (hashed,
+//! written, unpacked) on a blocking thread of its own ([`channel`]), so hashing never holds
+//! up the connections and several layers are written at once.
 
 mod auth;
+mod channel;
 mod client;
 pub mod cosign;
 pub mod reference;
-
-mod channel;
 
 use std::collections::BTreeMap;
 use std::future::Future;
