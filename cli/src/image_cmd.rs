@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use clap::{ArgGroup, Args, Subcommand};
 use gpusnap_checkpoint::origin::SignatureCheck;
-use gpusnap_oci_image::registry::{DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES};
+use gpusnap_oci_image::registry::{
+    DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES, DEFAULT_PARALLEL_BLOBS,
+};
 use gpusnap_oci_image::{
     self as image, BuildOptions, BuiltImage, Credentials, Extracted, ImageError, ImageInfo,
     LayerRole, PullReport, PushReport, RegistryOptions, SignReport, SignatureOptions,
@@ -56,6 +58,11 @@ pub struct RegistryArgs {
     /// gzip layer once decompressed.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BLOB_BYTES)]
     pub max_blob_bytes: u64,
+    /// Blobs uploaded or downloaded at once (each hashed, written or unpacked on its own
+    /// thread while it streams).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PARALLEL_BLOBS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub parallel_blobs: u64,
 }
 
 impl RegistryArgs {
@@ -69,6 +76,7 @@ impl RegistryArgs {
             },
             max_manifest_bytes: self.max_manifest_bytes,
             max_blob_bytes: self.max_blob_bytes,
+            parallel_blobs: self.parallel_blobs as usize,
             ..Default::default()
         }
     }
@@ -469,6 +477,38 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
         },
         ..a.registry.options()
     };
+    if let (Some((dest, root)), None, None) = (&extract, &a.output, &a.layout) {
+        // Only the checkpoint is wanted: each layer is unpacked as it downloads, with no
+        // layout written and read back in between.
+        let (report, ex) = image::pull_extract(&a.reference, dest, &opts).with_context(|| {
+            format!(
+                "gpusnap image pull {} --extract {}",
+                a.reference,
+                dest.display()
+            )
+        })?;
+        let restore_from = if dest.parent() == Some(root.as_path()) {
+            dest.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .filter(|n| is_checkpoint_name(n))
+        } else {
+            None
+        };
+        let out = PullOutput {
+            verification: report.verification(),
+            pull: report,
+            archive: None,
+            layout: None,
+            extracted: Some(ex),
+            restore_from,
+        };
+        if a.json {
+            print_json(&out)?;
+        } else {
+            print!("{}", render_pull(&out));
+        }
+        return Ok(0);
+    }
     // Pull into the kept layout, or a scratch one next to where the result goes.
     let scratch_parent = a
         .output

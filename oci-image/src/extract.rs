@@ -9,8 +9,9 @@
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use flate2::read::GzDecoder;
@@ -18,12 +19,12 @@ use gpusnap_checkpoint::beneath;
 use rustix::fs::{self as rfs, Mode, OFlags};
 
 use super::annotations::{keys, SourceLayout};
-use super::digest::{io_to_image, Digest, HashingReader};
+use super::digest::{io_to_image, Digest, HashingReader, VerifyingReader};
 use super::error::ImageError;
 use super::interrupt;
 use super::oci_layout::{entry_name, ImageSource, RemoveOnDrop};
 use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
-use super::spec::{layer_compression, Compression, Descriptor};
+use super::spec::{layer_compression, Compression, Descriptor, ImageConfig, ImageManifest};
 use gpusnap_checkpoint::layout::CheckpointLayout;
 use gpusnap_checkpoint::manifest::Manifest;
 use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
@@ -113,142 +114,276 @@ pub fn extract_with(
     let started = std::time::Instant::now();
     let src = ImageSource::open(image)?;
     let resolved = src.resolve(name)?;
-    let manifest = &resolved.manifest;
-    let diff_ids = &resolved.config.rootfs.diff_ids;
-    if diff_ids.len() != manifest.layers.len() {
-        return Err(ImageError::malformed(
-            "image config",
-            src.location(),
-            format!(
-                "{} diff_ids for {} layers",
-                diff_ids.len(),
-                manifest.layers.len()
-            ),
-        ));
-    }
-    let source_layout = manifest
-        .annotations
-        .get(keys::GPUSNAP_SOURCE_LAYOUT)
-        .and_then(|s| SourceLayout::parse(s))
-        .unwrap_or(SourceLayout::CriArchive);
-
-    // Refuse a non-empty destination before doing any work.
-    crate::registry::check_destination(dest)?;
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(ImageError::io("creating", &parent))?;
-    let staging = parent.join(format!(
-        ".{}.extract-{}",
-        dest.file_name()
-            .map_or_else(|| "image".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    if fs::symlink_metadata(&staging).is_ok() {
-        fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
-    }
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&staging)
-            .map_err(ImageError::io("creating", &staging))?;
-    }
-    let mut cleanup = RemoveOnDrop::new(&staging, true);
-    let root = beneath::open_root(&staging).map_err(ImageError::io("opening", &staging))?;
-    rfs::fchmod(&root, Mode::from_raw_mode(0o700))
-        .map_err(|e| ImageError::io("chmod", &staging)(e.into()))?;
-
+    let plan = ExtractPlan::new(
+        &resolved.manifest,
+        &resolved.config,
+        resolved.manifest_desc.digest.clone(),
+        entry_name(&resolved.top).map(str::to_owned),
+        &src.location(),
+        opts,
+    )?;
+    let staging = Staging::create(dest)?;
     let mut dir_times = Vec::new();
-    let mut layer_bytes = 0;
-    for (i, (desc, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
-        unpack_layer(&src, desc, diff_id, i, root.as_fd(), opts, &mut dir_times)?;
-        layer_bytes += desc.size;
+    for layer in &plan.layers {
+        let blob = src.blob(&layer.desc, "layer")?;
+        unpack_layer(blob, layer, staging.root(), opts, &mut dir_times)?;
     }
-    // Parents were modified by their children's creation; restore the recorded times last,
-    // deepest first.
-    dir_times.sort_by_key(|(dir, _): &(String, u64)| std::cmp::Reverse(dir.matches('/').count()));
-    for (dir, mtime) in &dir_times {
-        if let Ok(fd) = beneath::open_dir(root.as_fd(), Path::new(dir)) {
-            let _ = File::from(fd).set_modified(UNIX_EPOCH + Duration::from_secs(*mtime));
-        }
-    }
-    drop(root);
-
-    let staged_cp = staging.join(CHECKPOINT_DIR);
-    let gpusnap_manifest = read_gpusnap_manifest(&staged_cp, &resolved.manifest.annotations, &src)?;
-    let diff = staging.join(ROOTFS_DIFF_TAR);
-    let rootfs_diff = match fs::symlink_metadata(&diff) {
-        Ok(m) if m.is_file() => Some(FileDigest {
-            size: m.len(),
-            sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&diff)
-                .map_err(ImageError::io("reading", &diff))?,
-        }),
-        _ => None,
-    };
-    let origin = Origin {
-        format: ORIGIN_FORMAT,
-        source: seed.source.clone(),
-        manifest_digest: resolved.manifest_desc.digest.to_string(),
-        pinned: seed.pinned,
-        signature: seed.signature.clone(),
-        rootfs_diff,
-    };
-    let origin_dir = match source_layout {
-        SourceLayout::CriArchive => &staging,
-        SourceLayout::CheckpointDir => &staged_cp,
-    };
-    origin
-        .write(origin_dir)
-        .map_err(ImageError::io("writing the origin record in", origin_dir))?;
-
-    // Into place: rename(2) replaces an empty destination directory.
-    let checkpoint_dir = match source_layout {
-        SourceLayout::CriArchive => {
-            fs::rename(&staging, dest).map_err(ImageError::io("renaming into place", dest))?;
-            cleanup.disarm();
-            dest.join(CHECKPOINT_DIR)
-        }
-        SourceLayout::CheckpointDir => {
-            fs::rename(&staged_cp, dest).map_err(ImageError::io("renaming into place", dest))?;
-            dest.to_path_buf()
-        }
-    };
-    drop(cleanup);
+    let extracted = staging.finish(&plan, dir_times, seed)?;
     tracing::info!(
         image = %src.location(),
         dest = %dest.display(),
-        manifest_digest = %resolved.manifest_desc.digest,
-        layers = manifest.layers.len(),
-        layer_bytes,
+        manifest_digest = %plan.manifest_digest,
+        layers = plan.layers.len(),
+        layer_bytes = extracted.layer_bytes,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "checkpoint image extracted"
     );
-    Ok(Extracted {
-        root: dest.to_path_buf(),
-        checkpoint_dir,
-        source_layout,
-        image_name: entry_name(&resolved.top).map(str::to_owned),
-        manifest_digest: resolved.manifest_desc.digest.clone(),
-        gpusnap_manifest,
-        layers: manifest.layers.len(),
-        layer_bytes,
-    })
+    Ok(extracted)
+}
+
+/// One layer to unpack, checked against the manifest and config before any byte is read.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedLayer {
+    pub(crate) desc: Descriptor,
+    pub(crate) diff_id: Digest,
+    compression: Compression,
+    /// `<image> layer <i> (<digest>)`, for errors.
+    pub(crate) location: String,
+}
+
+/// What an extraction will do, and what the result is checked against: every refusal that
+/// the manifest and config alone justify happens here, before a layer is read or fetched.
+#[derive(Debug, Clone)]
+pub(crate) struct ExtractPlan {
+    pub(crate) layers: Vec<PlannedLayer>,
+    source_layout: SourceLayout,
+    manifest_digest: Digest,
+    annotations: std::collections::BTreeMap<String, String>,
+    image_name: Option<String>,
+    location: String,
+}
+
+impl ExtractPlan {
+    pub(crate) fn new(
+        manifest: &ImageManifest,
+        config: &ImageConfig,
+        manifest_digest: Digest,
+        image_name: Option<String>,
+        location: &str,
+        opts: &ExtractOptions,
+    ) -> Result<ExtractPlan, ImageError> {
+        let diff_ids = &config.rootfs.diff_ids;
+        if diff_ids.len() != manifest.layers.len() {
+            return Err(ImageError::malformed(
+                "image config",
+                location,
+                format!(
+                    "{} diff_ids for {} layers",
+                    diff_ids.len(),
+                    manifest.layers.len()
+                ),
+            ));
+        }
+        let source_layout = manifest
+            .annotations
+            .get(keys::GPUSNAP_SOURCE_LAYOUT)
+            .and_then(|s| SourceLayout::parse(s))
+            .unwrap_or(SourceLayout::CriArchive);
+        let mut layers = Vec::with_capacity(manifest.layers.len());
+        for (index, (desc, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
+            let location = format!("{location} layer {index} ({})", desc.digest);
+            let Some(compression) = layer_compression(&desc.media_type) else {
+                return Err(ImageError::UnsupportedMediaType {
+                    what: "layer",
+                    media_type: desc.media_type.clone(),
+                    location,
+                });
+            };
+            if compression == Compression::None && desc.digest != *diff_id {
+                // For an uncompressed layer the blob *is* the diff: the two digests must agree.
+                return Err(ImageError::malformed(
+                    "image config",
+                    &location,
+                    format!("diff_id {diff_id} differs from the uncompressed layer's digest"),
+                ));
+            }
+            if desc.size > opts.max_layer_bytes {
+                return Err(ImageError::TooLarge {
+                    what: "layer".into(),
+                    name: desc.digest.to_string(),
+                    size: desc.size,
+                    limit: opts.max_layer_bytes,
+                    location,
+                    setting: "--max-blob-bytes",
+                });
+            }
+            layers.push(PlannedLayer {
+                desc: desc.clone(),
+                diff_id: diff_id.clone(),
+                compression,
+                location,
+            });
+        }
+        Ok(ExtractPlan {
+            layers,
+            source_layout,
+            manifest_digest,
+            annotations: manifest.annotations.clone(),
+            image_name,
+            location: location.to_owned(),
+        })
+    }
+}
+
+/// The staging directory (0700) an extraction unpacks into, beside the destination; removed
+/// on drop unless [`Staging::finish`] renamed it into place.
+pub(crate) struct Staging {
+    path: PathBuf,
+    dest: PathBuf,
+    root: Arc<OwnedFd>,
+    cleanup: RemoveOnDrop,
+}
+
+impl Staging {
+    /// Refuses a non-empty destination, then creates the staging directory.
+    pub(crate) fn create(dest: &Path) -> Result<Staging, ImageError> {
+        crate::registry::check_destination(dest)?;
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(ImageError::io("creating", &parent))?;
+        let staging = parent.join(format!(
+            ".{}.extract-{}",
+            dest.file_name()
+                .map_or_else(|| "image".into(), |n| n.to_string_lossy()),
+            std::process::id()
+        ));
+        if fs::symlink_metadata(&staging).is_ok() {
+            fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
+        }
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&staging)
+                .map_err(ImageError::io("creating", &staging))?;
+        }
+        let cleanup = RemoveOnDrop::new(&staging, true);
+        let root = beneath::open_root(&staging).map_err(ImageError::io("opening", &staging))?;
+        rfs::fchmod(&root, Mode::from_raw_mode(0o700))
+            .map_err(|e| ImageError::io("chmod", &staging)(e.into()))?;
+        Ok(Staging {
+            path: staging,
+            dest: dest.to_path_buf(),
+            root: Arc::new(root),
+            cleanup,
+        })
+    }
+
+    /// Where the result goes.
+    pub(crate) fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    pub(crate) fn root(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// The root, for unpacking on other threads.
+    pub(crate) fn shared_root(&self) -> Arc<OwnedFd> {
+        Arc::clone(&self.root)
+    }
+
+    /// Every layer is unpacked and verified: restores directory times, checks the gpusnap
+    /// manifest against the image, writes the origin record, syncs the file system once (a
+    /// checkpoint that is visible after a crash is complete) and renames the result into place.
+    pub(crate) fn finish(
+        mut self,
+        plan: &ExtractPlan,
+        mut dir_times: Vec<(String, u64)>,
+        seed: &OriginSeed,
+    ) -> Result<Extracted, ImageError> {
+        let staging = self.path.clone();
+        let dest = self.dest.clone();
+        // Parents were modified by their children's creation; restore the recorded times
+        // last, deepest first.
+        dir_times
+            .sort_by_key(|(dir, _): &(String, u64)| std::cmp::Reverse(dir.matches('/').count()));
+        for (dir, mtime) in &dir_times {
+            if let Ok(fd) = beneath::open_dir(self.root(), Path::new(dir)) {
+                let _ = File::from(fd).set_modified(UNIX_EPOCH + Duration::from_secs(*mtime));
+            }
+        }
+
+        let staged_cp = staging.join(CHECKPOINT_DIR);
+        let gpusnap_manifest =
+            read_gpusnap_manifest(&staged_cp, &plan.annotations, &plan.location)?;
+        let diff = staging.join(ROOTFS_DIFF_TAR);
+        let rootfs_diff = match fs::symlink_metadata(&diff) {
+            Ok(m) if m.is_file() => Some(FileDigest {
+                size: m.len(),
+                sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&diff)
+                    .map_err(ImageError::io("reading", &diff))?,
+            }),
+            _ => None,
+        };
+        let origin = Origin {
+            format: ORIGIN_FORMAT,
+            source: seed.source.clone(),
+            manifest_digest: plan.manifest_digest.to_string(),
+            pinned: seed.pinned,
+            signature: seed.signature.clone(),
+            rootfs_diff,
+        };
+        let origin_dir = match plan.source_layout {
+            SourceLayout::CriArchive => &staging,
+            SourceLayout::CheckpointDir => &staged_cp,
+        };
+        origin
+            .write(origin_dir)
+            .map_err(ImageError::io("writing the origin record in", origin_dir))?;
+        rfs::syncfs(&*self.root).map_err(|e| ImageError::io("syncing", &staging)(e.into()))?;
+
+        // Into place: rename(2) replaces an empty destination directory.
+        let checkpoint_dir = match plan.source_layout {
+            SourceLayout::CriArchive => {
+                fs::rename(&staging, &dest)
+                    .map_err(ImageError::io("renaming into place", &dest))?;
+                self.cleanup.disarm();
+                dest.join(CHECKPOINT_DIR)
+            }
+            SourceLayout::CheckpointDir => {
+                fs::rename(&staged_cp, &dest)
+                    .map_err(ImageError::io("renaming into place", &dest))?;
+                dest.clone()
+            }
+        };
+        Ok(Extracted {
+            root: dest,
+            checkpoint_dir,
+            source_layout: plan.source_layout,
+            image_name: plan.image_name.clone(),
+            manifest_digest: plan.manifest_digest.clone(),
+            gpusnap_manifest,
+            layers: plan.layers.len(),
+            layer_bytes: plan.layers.iter().map(|l| l.desc.size).sum(),
+        })
+    }
 }
 
 /// Reads and checks the extracted gpusnap manifest against the image's annotation.
 fn read_gpusnap_manifest(
     checkpoint_dir: &Path,
     annotations: &std::collections::BTreeMap<String, String>,
-    src: &ImageSource,
+    location: &str,
 ) -> Result<Manifest, ImageError> {
     let path = CheckpointLayout::new(checkpoint_dir).manifest_path();
     let bytes = match fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(ImageError::ManifestMissing {
-                source_path: PathBuf::from(src.location()),
+                source_path: PathBuf::from(location),
             })
         }
         Err(e) => return Err(ImageError::io("reading", &path)(e)),
@@ -263,7 +398,7 @@ fn read_gpusnap_manifest(
                 actual: got,
                 location: format!(
                     "{} (annotation {})",
-                    src.location(),
+                    location,
                     keys::GPUSNAP_MANIFEST_DIGEST
                 ),
             });
@@ -271,53 +406,28 @@ fn read_gpusnap_manifest(
     }
     gpusnap_checkpoint::validate::read_manifest(checkpoint_dir).map_err(|e| {
         ImageError::ManifestInvalid {
-            source_path: PathBuf::from(src.location()),
+            source_path: PathBuf::from(location),
             reason: e.to_string(),
         }
     })
 }
 
-fn unpack_layer(
-    src: &ImageSource,
-    desc: &Descriptor,
-    diff_id: &Digest,
-    index: usize,
+/// Unpacks one layer read through `blob` (which checks its size and digest) beneath `root`,
+/// and checks the decompressed stream against the diff_id for a gzip layer. Nothing it wrote
+/// may be trusted unless it returns `Ok`.
+pub(crate) fn unpack_layer<R: Read>(
+    mut blob: VerifyingReader<R>,
+    layer: &PlannedLayer,
     root: BorrowedFd<'_>,
     opts: &ExtractOptions,
     dir_times: &mut Vec<(String, u64)>,
 ) -> Result<(), ImageError> {
-    let location = format!("{} layer {index} ({})", src.location(), desc.digest);
-    let Some(compression) = layer_compression(&desc.media_type) else {
-        return Err(ImageError::UnsupportedMediaType {
-            what: "layer",
-            media_type: desc.media_type.clone(),
-            location,
-        });
-    };
-    if compression == Compression::None && desc.digest != *diff_id {
-        // For an uncompressed layer the blob *is* the diff: the two digests must agree.
-        return Err(ImageError::malformed(
-            "image config",
-            &location,
-            format!("diff_id {diff_id} differs from the uncompressed layer's digest"),
-        ));
-    }
-    if desc.size > opts.max_layer_bytes {
-        return Err(ImageError::TooLarge {
-            what: "layer".into(),
-            name: desc.digest.to_string(),
-            size: desc.size,
-            limit: opts.max_layer_bytes,
-            location,
-            setting: "--max-blob-bytes",
-        });
-    }
-    let mut blob = src.blob(desc, "layer")?;
+    let location = &layer.location;
     let diff_digest = {
         // Gzip layers: the decompressed stream is hashed too, against the config's diff_id,
         // and capped.
         let mut decoded: Option<HashingReader<CappedReader<GzDecoder<&mut dyn Read>>>> = None;
-        let reader: &mut dyn Read = match compression {
+        let reader: &mut dyn Read = match layer.compression {
             Compression::None => &mut blob,
             Compression::Gzip => decoded.insert(HashingReader::new(CappedReader {
                 inner: GzDecoder::new(&mut blob as &mut dyn Read),
@@ -326,11 +436,26 @@ fn unpack_layer(
                 location: location.clone(),
             })),
         };
-        unpack_tar(reader, root, dir_times, &location)?;
+        match unpack_tar(reader, root, dir_times, location) {
+            Ok(()) => {}
+            // A damaged blob explains a refused entry, not the reverse: when the blob's own
+            // digest is wrong, that is the error. (Draining is bounded by the blob's size.)
+            Err(e) if !matches!(e, ImageError::Interrupted) => {
+                drop(decoded);
+                return Err(match blob.finish() {
+                    Err(
+                        digest @ (ImageError::DigestMismatch { .. }
+                        | ImageError::SizeMismatch { .. }),
+                    ) => digest,
+                    _ => e,
+                });
+            }
+            Err(e) => return Err(e),
+        }
         match decoded {
             Some(h) => Some(
                 h.drain_and_finish()
-                    .map_err(|e| io_to_image(e, &location))?
+                    .map_err(|e| io_to_image(e, location))?
                     .0,
             ),
             None => None,
@@ -339,12 +464,12 @@ fn unpack_layer(
     // The blob digest first: a corrupted blob explains a diff_id mismatch, not the reverse.
     blob.finish()?;
     if let Some(actual) = diff_digest {
-        if actual != *diff_id {
+        if actual != layer.diff_id {
             return Err(ImageError::DigestMismatch {
                 what: "layer diff_id".into(),
-                expected: diff_id.clone(),
+                expected: layer.diff_id.clone(),
                 actual,
-                location,
+                location: location.clone(),
             });
         }
     }
@@ -583,12 +708,20 @@ fn copy_interruptible(
     let mut buf = vec![0u8; 1 << 20];
     loop {
         interrupt::check()?;
-        let n = match from.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_to_image(e, location)),
-        };
+        // Fill the buffer before writing: a network stream arrives in chunks of a few KiB,
+        // and one write per chunk would multiply the system calls for nothing.
+        let mut n = 0;
+        while n < buf.len() {
+            match from.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_to_image(e, location)),
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
         to.write_all(&buf[..n])
             .map_err(|e| at_error(location, name, e))?;
     }

@@ -87,8 +87,8 @@ pub use extract::{
 };
 pub use inspect::{inspect, inspect_named, ImageInfo};
 pub use registry::{
-    pull, push, sign, Credentials, PullReport, PushReport, Reference, RegistryOptions, SignReport,
-    SignatureOptions,
+    pull, pull_extract, push, sign, Credentials, PullReport, PushReport, Reference,
+    RegistryOptions, SignReport, SignatureOptions,
 };
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 

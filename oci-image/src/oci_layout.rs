@@ -247,7 +247,7 @@ fn archive_header(kind: tar::EntryType, mode: u32) -> tar::Header {
 }
 
 /// A member's reader and size.
-type Member = (Box<dyn Read>, u64);
+type Member = (Box<dyn Read + Send>, u64);
 
 /// An image to read: a layout directory or an oci-archive tar.
 pub(crate) enum ImageSource {
@@ -347,7 +347,7 @@ impl ImageSource {
         &self,
         desc: &Descriptor,
         what: &str,
-    ) -> Result<VerifyingReader<Box<dyn Read>>, ImageError> {
+    ) -> Result<VerifyingReader<Box<dyn Read + Send>>, ImageError> {
         let name = format!("{BLOBS_DIR}/{}", desc.digest.hex());
         let Some((r, _)) = self.open_member(&name)? else {
             return Err(ImageError::BlobMissing {
@@ -482,7 +482,7 @@ pub(crate) fn entry_name(d: &Descriptor) -> Option<&str> {
 }
 
 /// The manifest of an image index for this host's platform, or its only manifest.
-fn select_platform<'a>(
+pub(crate) fn select_platform<'a>(
     entries: &'a [Descriptor],
     location: &str,
 ) -> Result<&'a Descriptor, ImageError> {
@@ -505,7 +505,7 @@ fn select_platform<'a>(
 }
 
 fn read_json<T: DeserializeOwned>(
-    r: Box<dyn Read>,
+    r: Box<dyn Read + Send>,
     size: u64,
     what: &'static str,
     location: &str,

@@ -1,8 +1,9 @@
 //! One session with one repository of an OCI distribution registry, on top of `oci-client`.
 //!
 //! `oci-client` does the protocol work: the `/v2/` challenge and token exchange (Basic or
-//! Bearer), blob existence checks, chunked blob uploads, manifest uploads of the exact bytes we
-//! hashed (`push_manifest_raw`) and blob downloads as streams. This module adds what a
+//! Bearer), blob existence checks and manifest uploads of the exact bytes we hashed
+//! (`push_manifest_raw`). Blob transfers are our own requests with the same credentials (see
+//! [`Session::open_blob`] and [`Session::upload_blob`] for why). This module adds what a
 //! checkpoint on a node needs on top:
 //!
 //! - **Caps.** Manifests and indexes are read by our own `GET` (same TLS roots, same token), a
@@ -10,18 +11,16 @@
 //!   `pull_manifest_raw` buffers a body of any size before anyone can look at it. Blobs are
 //!   refused when their descriptor is over the cap, when the registry announces a different
 //!   length, and as soon as one byte more than the descriptor's size arrives.
-//! - **Our own digest check while streaming.** Every chunk is hashed as it is written to a
-//!   scratch file; the result is compared with the descriptor whatever the library's own
-//!   end-of-stream check says (and its stream is read with `try_next`, so an error ends it).
-//!   Descriptors are passed with `urls: None`: foreign URLs are never fetched. A redirect (to
-//!   blob storage, or anywhere) is followed, and the bytes it serves are held to the same
-//!   digest.
+//! - **A digest check while streaming, once.** Every byte is hashed as it is consumed (written
+//!   to a scratch file, or unpacked), on the consumer's thread, and the result compared with
+//!   the descriptor before anything is kept; a body that ends early never looks complete.
+//!   Descriptors' foreign `urls` are never fetched. A redirect (to blob storage, or anywhere)
+//!   is followed, and the bytes it serves are held to the same digest.
 //! - **Errors that say what to do**, with the registry's own error code when it sent one.
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use futures_util::TryStreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
@@ -42,8 +41,18 @@ pub(crate) const MANIFEST_MEDIA_TYPES: [&str; 4] = [
     "application/vnd.docker.distribution.manifest.v2+json",
 ];
 
-/// Size of the pieces a blob upload is read and sent in (one `PATCH` each).
+/// Size of the pieces a blob upload is read, hashed and handed to the request body in.
 const UPLOAD_CHUNK: usize = 4 << 20;
+
+/// What a download hands its consumer at a time.
+const PIECE_BYTES: usize = 1 << 20;
+
+/// One piece of a blob on its way from the network to a consumer thread.
+pub(crate) enum Piece {
+    Data(bytes::Bytes),
+    /// The body ended after exactly the descriptor's size.
+    End,
+}
 
 pub(crate) struct Session {
     oci: oci_client::Client,
@@ -327,6 +336,43 @@ impl Session {
             .map_err(|e| self.oci_error("HEAD", &self.url(&format!("blobs/{digest}")), e))
     }
 
+    /// `GET /blobs/<digest>` with this session's credentials: the response, once the registry
+    /// said yes and did not announce a length other than `size`. Our own request rather than
+    /// `oci-client`'s `pull_blob_stream`, which hashes every byte on the network task although
+    /// every caller here hashes it again (on the thread that consumes it): one pass, not two.
+    /// Descriptors' foreign `urls` are never fetched; a redirect (to blob storage, or anywhere)
+    /// is followed, credentials dropped when it leaves the registry, and the bytes it serves
+    /// are held to the same digest by the caller.
+    pub(crate) async fn open_blob(
+        &self,
+        digest: &Digest,
+        size: u64,
+        what: &str,
+    ) -> Result<reqwest::Response, ImageError> {
+        let url = self.url(&format!("blobs/{digest}"));
+        let resp = self
+            .with_auth(self.http.get(&url))
+            .send()
+            .await
+            .map_err(|e| transport("GET", &url, &e))?;
+        let status = resp.status().as_u16();
+        if !resp.status().is_success() {
+            return Err(self.status_error("GET", &url, status, resp).await);
+        }
+        if let Some(len) = resp.content_length() {
+            if len != size {
+                return Err(ImageError::SizeMismatch {
+                    what: what.to_owned(),
+                    digest: digest.clone(),
+                    expected: size,
+                    actual: len,
+                    location: url,
+                });
+            }
+        }
+        Ok(resp)
+    }
+
     /// Streams blob `digest` into `out`, refusing it past `size` bytes and unless it hashes to
     /// `digest`. `out` is scratch: on an error its content is meaningless.
     pub(crate) async fn fetch_blob(
@@ -337,17 +383,7 @@ impl Session {
         out: &mut dyn Write,
     ) -> Result<(), ImageError> {
         let url = self.url(&format!("blobs/{digest}"));
-        let r = self.any_ref();
-        let no_urls = None;
-        let layer = oci_client::client::LayerDescriptor {
-            digest: digest.as_str(),
-            urls: &no_urls,
-        };
-        let mut stream = self
-            .oci
-            .pull_blob_stream(&r, &layer)
-            .await
-            .map_err(|e| self.oci_error("GET", &url, e))?;
+        let mut resp = self.open_blob(digest, size, what).await?;
         let size_error = |actual| ImageError::SizeMismatch {
             what: what.to_owned(),
             digest: digest.clone(),
@@ -355,39 +391,10 @@ impl Session {
             actual,
             location: url.clone(),
         };
-        if let Some(len) = stream.content_length {
-            if len != size {
-                return Err(size_error(len));
-            }
-        }
         let mut hasher = Sha256::new();
         let mut n = 0u64;
-        loop {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport("GET", &url, &e))? {
             interrupt::check()?;
-            let chunk = match stream.stream.try_next().await {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                // The library's end-of-stream digest check, or a transport error. With every
-                // byte in, our own hash says which.
-                Err(e) => {
-                    if n == size {
-                        let actual = Digest::from_hash(&hasher.finalize());
-                        if actual != *digest {
-                            return Err(ImageError::DigestMismatch {
-                                what: what.to_owned(),
-                                expected: digest.clone(),
-                                actual,
-                                location: url,
-                            });
-                        }
-                    }
-                    return Err(ImageError::Transport {
-                        method: "GET",
-                        url,
-                        reason: chain(&e),
-                    });
-                }
-            };
             n += chunk.len() as u64;
             if n > size {
                 return Err(size_error(n));
@@ -408,6 +415,56 @@ impl Session {
                 location: url,
             });
         }
+        Ok(())
+    }
+
+    /// Streams blob `digest` into `tx`, one piece per chunk received, refusing it past `size`
+    /// bytes; [`Piece::End`] marks a complete body of exactly `size` bytes. The consumer
+    /// checks the digest (on its own thread). When the consumer stops (its receiver gone) this
+    /// returns `Ok`: the consumer's error says why.
+    pub(crate) async fn send_blob(
+        &self,
+        digest: &Digest,
+        size: u64,
+        what: &str,
+        tx: tokio::sync::mpsc::Sender<Piece>,
+    ) -> Result<(), ImageError> {
+        let url = self.url(&format!("blobs/{digest}"));
+        let mut resp = self.open_blob(digest, size, what).await?;
+        let size_error = |actual| ImageError::SizeMismatch {
+            what: what.to_owned(),
+            digest: digest.clone(),
+            expected: size,
+            actual,
+            location: url.clone(),
+        };
+        let mut n = 0u64;
+        // Chunks arrive a few KiB at a time; handing each to the consumer thread would wake it
+        // (and this task) once per chunk. Gathered into pieces of PIECE_BYTES, the copy costs
+        // less than the wake-ups it saves.
+        let mut piece = bytes::BytesMut::with_capacity(PIECE_BYTES);
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport("GET", &url, &e))? {
+            interrupt::check()?;
+            n += chunk.len() as u64;
+            if n > size {
+                return Err(size_error(n));
+            }
+            piece.extend_from_slice(&chunk);
+            if piece.len() >= PIECE_BYTES {
+                let full =
+                    std::mem::replace(&mut piece, bytes::BytesMut::with_capacity(PIECE_BYTES));
+                if tx.send(Piece::Data(full.freeze())).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if n != size {
+            return Err(size_error(n));
+        }
+        if !piece.is_empty() && tx.send(Piece::Data(piece.freeze())).await.is_err() {
+            return Ok(());
+        }
+        let _ = tx.send(Piece::End).await;
         Ok(())
     }
 
@@ -434,81 +491,106 @@ impl Session {
         Ok(out)
     }
 
-    /// Uploads a blob read from `body` (verified against `digest`/`size` as it is read) with
-    /// chunked `PATCH`es and a final `PUT ?digest=`, which the registry verifies too.
+    /// Uploads a blob read from `body` (verified against `digest`/`size` as it is read, on a
+    /// blocking thread) as one streamed upload, as docker and skopeo do: `POST` to open the
+    /// session, one `PATCH` carrying the whole body as it is read, then `PUT ?digest=`, which
+    /// the registry verifies too. One `PATCH` rather than `oci-client`'s 4 MiB chunks, each a
+    /// request the registry answers (and records the hash state of) before the next is sent.
     pub(crate) async fn upload_blob(
         &self,
         digest: &Digest,
         size: u64,
-        mut body: VerifyingReader<Box<dyn Read>>,
+        body: VerifyingReader<Box<dyn Read + Send>>,
     ) -> Result<(), ImageError> {
-        let url = self.url("blobs/uploads/");
-        let r = self.any_ref();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, OciDistributionError>>(2);
-        let local = url.clone();
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
-        // The file is read on this task while the upload runs on the same (current-thread)
-        // runtime; a local read error is kept whole here and sent to the upload as a failure.
-        let produce = async move {
-            let mut sent = 0u64;
-            loop {
-                if interrupt::requested() {
-                    let _ = tx
-                        .send(Err(OciDistributionError::GenericError(Some(
-                            "interrupted".into(),
-                        ))))
-                        .await;
-                    return Err(ImageError::Interrupted);
-                }
-                let mut buf = vec![0u8; UPLOAD_CHUNK];
-                let mut filled = 0;
-                while filled < buf.len() {
-                    match body.read(&mut buf[filled..]) {
-                        Ok(0) => break,
-                        Ok(k) => filled += k,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            let err = super::super::digest::io_to_image(e, &local);
-                            let _ = tx
-                                .send(Err(OciDistributionError::GenericError(Some(
-                                    err.to_string(),
-                                ))))
-                                .await;
-                            return Err(err);
-                        }
-                    }
-                }
-                if filled == 0 {
-                    break;
-                }
-                buf.truncate(filled);
-                sent += filled as u64;
-                if tx.send(Ok(bytes::Bytes::from(buf))).await.is_err() {
-                    // The upload stopped; its error says why.
-                    return Ok(sent);
-                }
-            }
-            // Local corruption would also make the registry refuse the upload; checking here
-            // names the local file rather than a registry error code.
-            if let Err(err) = body.finish() {
-                let _ = tx
-                    .send(Err(OciDistributionError::GenericError(Some(
-                        err.to_string(),
-                    ))))
-                    .await;
-                return Err(err);
-            }
-            Ok(sent)
-        };
-        let upload = self
-            .oci
-            .push_blob_stream(&r, stream, digest.as_str(), Some(size));
-        let (uploaded, produced) = tokio::join!(upload, produce);
+        let start_url = self.url("blobs/uploads/");
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, io::Error>>(4);
+        let local = start_url.clone();
+        // Reading and hashing the file happen on a blocking thread, off the network task.
+        let producer = tokio::task::spawn_blocking(move || produce(body, size, &local, &tx));
+
+        let location = self
+            .upload_location("POST", &start_url, || {
+                self.http
+                    .post(&start_url)
+                    .header(reqwest::header::CONTENT_LENGTH, "0")
+            })
+            .await?;
+        let body =
+            reqwest::Body::wrap_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+        let patched = self
+            .upload_location("PATCH", &location, || {
+                self.http
+                    .patch(&location)
+                    .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                    .header(reqwest::header::CONTENT_LENGTH, size.to_string())
+                    .body(body)
+            })
+            .await;
+        let produced = producer
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        // A local read or verification error explains a failed PATCH; check it first.
         produced?;
-        uploaded.map_err(|e| self.oci_error("PUT", &url, e))?;
+        let location = patched?;
+        let mut put = reqwest::Url::parse(&location).map_err(|e| ImageError::Transport {
+            method: "PUT",
+            url: location.clone(),
+            reason: e.to_string(),
+        })?;
+        put.query_pairs_mut().append_pair("digest", digest.as_str());
+        let put = put.to_string();
+        let resp = self
+            .with_auth(
+                self.http
+                    .put(&put)
+                    .header(reqwest::header::CONTENT_LENGTH, "0"),
+            )
+            .send()
+            .await
+            .map_err(|e| transport("PUT", &put, &e))?;
+        let status = resp.status().as_u16();
+        if status != 201 {
+            return Err(self.status_error("PUT", &put, status, resp).await);
+        }
         Ok(())
+    }
+
+    /// Sends one upload request and returns the absolute `Location` it answered with.
+    async fn upload_location(
+        &self,
+        method: &'static str,
+        url: &str,
+        request: impl FnOnce() -> reqwest::RequestBuilder,
+    ) -> Result<String, ImageError> {
+        let resp = self
+            .with_auth(request())
+            .send()
+            .await
+            .map_err(|e| transport(method, url, &e))?;
+        let status = resp.status().as_u16();
+        if status != 202 {
+            return Err(self.status_error(method, url, status, resp).await);
+        }
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ImageError::Registry {
+                method,
+                url: url.to_owned(),
+                status,
+                code: None,
+                message: "no Location header in the upload response".into(),
+            })?;
+        // Relative locations are relative to the registry.
+        resp.url()
+            .join(location)
+            .map(|u| u.to_string())
+            .map_err(|e| ImageError::Transport {
+                method,
+                url: url.to_owned(),
+                reason: format!("Location {location:?}: {e}"),
+            })
     }
 
     /// `PUT /manifests/<tag or digest>` with exactly `bytes`; the registry must store it under
@@ -601,6 +683,54 @@ impl Session {
             },
         }
     }
+}
+
+/// Reads `body` in [`UPLOAD_CHUNK`] pieces into `tx` (the upload's request body), then checks
+/// its digest before ending the body: a local file that does not match fails the request
+/// instead of completing it. A local error is sent as the body's error (which aborts the
+/// request) and returned whole.
+fn produce(
+    mut body: VerifyingReader<Box<dyn Read + Send>>,
+    size: u64,
+    location: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<bytes::Bytes, io::Error>>,
+) -> Result<u64, ImageError> {
+    let fail = |err: ImageError| {
+        let _ = tx.blocking_send(Err(io::Error::other(err.to_string())));
+        Err(err)
+    };
+    let mut sent = 0u64;
+    loop {
+        if interrupt::requested() {
+            return fail(ImageError::Interrupted);
+        }
+        let want = UPLOAD_CHUNK.min((size - sent.min(size)) as usize + 1);
+        let mut buf = bytes::BytesMut::zeroed(want.max(1));
+        let mut filled = 0;
+        while filled < buf.len() {
+            match body.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(k) => filled += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return fail(super::super::digest::io_to_image(e, location)),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        buf.truncate(filled);
+        sent += filled as u64;
+        if tx.blocking_send(Ok(buf.freeze())).is_err() {
+            // The upload stopped; its error says why.
+            return Ok(sent);
+        }
+    }
+    // Local corruption would also make the registry refuse the upload; checking here names
+    // the local file rather than a registry error code, and keeps the request from completing.
+    if let Err(err) = body.finish() {
+        return fail(err);
+    }
+    Ok(sent)
 }
 
 /// An error and its sources, `: `-separated (TLS failures hide the useful part in a source).

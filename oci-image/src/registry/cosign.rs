@@ -379,7 +379,7 @@ pub(crate) async fn sign_digest(
     for (d, bytes) in [(&payload_digest, payload), (&config_digest, config)] {
         if !session.blob_exists(d).await? {
             let size = bytes.len() as u64;
-            let body: Box<dyn std::io::Read> = Box::new(std::io::Cursor::new(bytes));
+            let body: Box<dyn std::io::Read + Send> = Box::new(std::io::Cursor::new(bytes));
             session
                 .upload_blob(
                     d,

@@ -17,39 +17,58 @@
 //! fetched with its size and digest checked while it streams, each capped. (4) Only then is the
 //! layout, written in a staging directory beside the destination, renamed into place; any
 //! failure or interruption ([`crate::interrupt`]) removes the staging directory.
+//! [`pull_extract`] does the same checks in the same order but unpacks each layer beneath its
+//! staging directory while the layer downloads (see there).
 //!
-//! **Push.** Blobs the registry lacks are uploaded in chunks (the local file's digest checked as
-//! it is read, the registry checking the digest on commit), child manifests by digest, then the
-//! top document under the tag, as the exact bytes whose digest we computed.
+//! **Push.** Blobs the registry lacks are uploaded, each as one streamed upload (the local
+//! file's digest checked as it is read, the registry checking the digest on commit), child
+//! manifests by digest, then the top document under the tag, as the exact bytes whose digest
+//! we computed.
+//!
+//! **In parallel.** Up to [`RegistryOptions::parallel_blobs`] blobs move at once. The network
+//! side of all of them runs on one thread; each blob's bytes are read or consumed (hashed,
+//! written, unpacked) on a blocking thread of its own ([`channel`]), so hashing never holds
+//! up the connections and several layers are written at once.
 
 mod auth;
+mod channel;
 mod client;
 pub mod cosign;
 pub mod reference;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::{BufWriter, Write};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
 
 use gpusnap_checkpoint::origin::SignatureCheck;
 use oci_client::RegistryOperation;
 
 use super::annotations::keys;
 use super::digest::Digest;
+use super::digest::{io_to_image, VerifyingReader};
 use super::error::ImageError;
+use super::extract::{unpack_layer, ExtractOptions, ExtractPlan, Extracted, OriginSeed, Staging};
 use super::interrupt;
-use super::oci_layout::{single_entry_index, ImageSource, LayoutWriter, RemoveOnDrop};
+use super::oci_layout::{
+    select_platform, single_entry_index, ImageSource, LayoutWriter, RemoveOnDrop,
+};
 use super::spec::{
-    is_index_media_type, is_manifest_media_type, Descriptor, ImageIndex, ImageManifest,
-    MEDIA_TYPE_MANIFEST,
+    is_index_media_type, is_manifest_media_type, Descriptor, ImageConfig, ImageIndex,
+    ImageManifest, MEDIA_TYPE_MANIFEST,
 };
 pub use auth::{default_docker_config, Credentials};
 use client::Session;
 pub use cosign::{sign, SignReport, SignatureOptions};
 pub use reference::Reference;
 
+/// Default number of blobs moved at once: enough to keep a loopback or LAN link and a local
+/// disk busy while one blob's consumer waits on the other, few enough not to thrash one disk.
+pub const DEFAULT_PARALLEL_BLOBS: usize = 4;
 /// Default cap on a manifest, index, image config or signature manifest read from a registry.
 pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// Default cap on one blob (a GPU extent can be tens of GiB; a registry serving more than this
@@ -76,6 +95,8 @@ pub struct RegistryOptions {
     pub signatures: SignatureOptions,
     /// [`push`]: sign the pushed image with this private key ([`cosign::sign`]).
     pub sign_key: Option<PathBuf>,
+    /// Blobs uploaded or downloaded (and consumed: hashed, written, unpacked) at once.
+    pub parallel_blobs: usize,
 }
 
 impl Default for RegistryOptions {
@@ -90,6 +111,7 @@ impl Default for RegistryOptions {
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
             signatures: SignatureOptions::default(),
             sign_key: None,
+            parallel_blobs: DEFAULT_PARALLEL_BLOBS,
         }
     }
 }
@@ -251,6 +273,7 @@ async fn push_async(
         signature: None,
     };
     let mut manifests = Vec::new();
+    let mut blobs: Vec<Descriptor> = Vec::new();
     for child in &children {
         if !is_manifest_media_type(&child.media_type) {
             return Err(ImageError::UnsupportedMediaType {
@@ -261,21 +284,39 @@ async fn push_async(
         }
         let (manifest, bytes) = src.json_blob::<ImageManifest>(child, "image manifest")?;
         for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
-            if report.uploaded.contains(&blob.digest) || report.skipped.contains(&blob.digest) {
-                continue;
+            if !blobs.iter().any(|b| b.digest == blob.digest) {
+                blobs.push(blob.clone());
             }
-            if session.blob_exists(&blob.digest).await? {
-                tracing::debug!(digest = %blob.digest, "blob already in registry");
-                report.skipped.push(blob.digest.clone());
-                continue;
-            }
-            let body = src.blob(blob, "blob")?;
-            session.upload_blob(&blob.digest, blob.size, body).await?;
-            report.bytes_uploaded += blob.size;
-            report.uploaded.push(blob.digest.clone());
-            tracing::debug!(digest = %blob.digest, size = blob.size, "blob uploaded");
         }
         manifests.push((child.clone(), bytes));
+    }
+    // Blobs in parallel (bounded): each file is read and hashed on a blocking thread while
+    // the others' requests proceed on this one.
+    let outcomes: Vec<(Digest, bool)> = futures_util::stream::iter(blobs.iter())
+        .map(|blob| {
+            let session = &session;
+            let src = &src;
+            async move {
+                if session.blob_exists(&blob.digest).await? {
+                    tracing::debug!(digest = %blob.digest, "blob already in registry");
+                    return Ok((blob.digest.clone(), false));
+                }
+                let body = src.blob(blob, "blob")?;
+                session.upload_blob(&blob.digest, blob.size, body).await?;
+                tracing::debug!(digest = %blob.digest, size = blob.size, "blob uploaded");
+                Ok::<_, ImageError>((blob.digest.clone(), true))
+            }
+        })
+        .buffer_unordered(opts.parallel_blobs.max(1))
+        .try_collect()
+        .await?;
+    for blob in &blobs {
+        if outcomes.contains(&(blob.digest.clone(), true)) {
+            report.bytes_uploaded += blob.size;
+            report.uploaded.push(blob.digest.clone());
+        } else {
+            report.skipped.push(blob.digest.clone());
+        }
     }
     if resolved.index.is_some() {
         for (desc, bytes) in &manifests {
@@ -387,16 +428,26 @@ pub fn pull(
     })
 }
 
-async fn pull_async(
+/// The documents of a pull, fetched and checked in the order the module docs give: the top
+/// manifest or index (steps 1–2, the signature policy applied to it) and every child manifest
+/// (step 3, by digest).
+struct Documents {
+    top_bytes: Vec<u8>,
+    /// The top document as `index.json` describes it (with the container name an engine looks
+    /// for, when the index has one).
+    top: Descriptor,
+    /// Each image manifest's digest and bytes (the top document itself when it is one).
+    manifests: Vec<(Digest, Vec<u8>)>,
+    parsed: Vec<oci_spec::image::ImageManifest>,
+    signature: SignatureCheck,
+    location: String,
+}
+
+async fn fetch_documents(
+    session: &Session,
     r: &Reference,
-    staging: &Path,
     opts: &RegistryOptions,
-) -> Result<PullReport, ImageError> {
-    let started = std::time::Instant::now();
-    let mut session = Session::new(r, opts)?;
-    session.authenticate(RegistryOperation::Pull).await?;
-    let mut layout = LayoutWriter::create(staging)?;
-    let mut stats = (0usize, 0u64);
+) -> Result<Documents, ImageError> {
     let location = format!("{}/{}", r.base_url(), r.repository);
 
     // (1) The top document, by digest or tag.
@@ -418,16 +469,14 @@ async fn pull_async(
         .ok_or_else(|| ImageError::malformed("manifest", &location, "no media type"))?;
 
     // (2) The signature policy, before any blob is fetched.
-    let signature = cosign::check(&session, r, &actual, &opts.signatures).await?;
+    let signature = cosign::check(session, r, &actual, &opts.signatures).await?;
 
-    layout.put_bytes(&fetched.bytes)?;
-    stats.0 += 1;
-    stats.1 += fetched.bytes.len() as u64;
     let mut top = Descriptor::new(&media_type, actual.clone(), fetched.bytes.len() as u64);
 
-    // (3) Child manifests by digest, then configs and layers.
-    let mut manifest_digests = Vec::new();
-    let manifests: Vec<oci_spec::image::ImageManifest> = if is_index_media_type(&media_type) {
+    // (3) Child manifests by digest.
+    let mut manifests = Vec::new();
+    let mut parsed = Vec::new();
+    if is_index_media_type(&media_type) {
         let index = oci_spec::image::ImageIndex::from_reader(&fetched.bytes[..])
             .map_err(|e| ImageError::malformed("image index", &location, e))?;
         if let Some(name) = index
@@ -438,7 +487,6 @@ async fn pull_async(
             top.annotations
                 .insert(keys::CRIU_CONTAINER_NAME.into(), name.clone());
         }
-        let mut out = Vec::new();
         for child in index.manifests() {
             let child_mt = child.media_type().to_string();
             if !is_manifest_media_type(&child_mt) {
@@ -449,93 +497,338 @@ async fn pull_async(
                 });
             }
             let digest = Digest::parse(child.digest().as_ref())?;
-            let bytes = fetch_manifest_by_digest(&session, &digest, child.size(), opts).await?;
-            layout.put_bytes(&bytes)?;
-            stats.0 += 1;
-            stats.1 += bytes.len() as u64;
-            manifest_digests.push(digest);
-            out.push(
+            let bytes = fetch_manifest_by_digest(session, &digest, child.size(), opts).await?;
+            parsed.push(
                 oci_spec::image::ImageManifest::from_reader(&bytes[..])
                     .map_err(|e| ImageError::malformed("image manifest", &location, e))?,
             );
+            manifests.push((digest, bytes));
         }
-        out
     } else if is_manifest_media_type(&media_type) {
-        manifest_digests.push(actual.clone());
-        vec![
+        parsed.push(
             oci_spec::image::ImageManifest::from_reader(&fetched.bytes[..])
                 .map_err(|e| ImageError::malformed("image manifest", &location, e))?,
-        ]
+        );
+        manifests.push((actual.clone(), fetched.bytes.clone()));
     } else {
         return Err(ImageError::UnsupportedMediaType {
             what: "manifest",
             media_type,
             location,
         });
-    };
-
-    for m in &manifests {
-        let config = m.config();
-        let blobs = std::iter::once((config, "image config", opts.max_manifest_bytes))
-            .chain(m.layers().iter().map(|l| (l, "layer", opts.max_blob_bytes)));
-        for (desc, what, cap) in blobs {
-            interrupt::check()?;
-            let digest = Digest::parse(desc.digest().as_ref())?;
-            if layout.blob_path(&digest).exists() {
-                continue;
-            }
-            if desc.size() > cap {
-                return Err(ImageError::TooLarge {
-                    what: what.into(),
-                    name: digest.to_string(),
-                    size: desc.size(),
-                    limit: cap,
-                    location: location.clone(),
-                    setting: if what == "layer" {
-                        "--max-blob-bytes"
-                    } else {
-                        "--max-manifest-bytes"
-                    },
-                });
-            }
-            let (tmp, file) = layout.tmp_file()?;
-            let mut w = BufWriter::with_capacity(1 << 20, file);
-            session
-                .fetch_blob(&digest, desc.size(), what, &mut w)
-                .await?;
-            w.flush().map_err(ImageError::io("writing", &tmp))?;
-            drop(w);
-            layout.commit(&tmp, &digest)?;
-            stats.0 += 1;
-            stats.1 += desc.size();
-        }
     }
     let name = r.name();
     top.annotations
         .insert(keys::OCI_REF_NAME.into(), name.clone());
     top.annotations
-        .insert(keys::CONTAINERD_IMAGE_NAME.into(), name.clone());
-    layout.finish(&single_entry_index(top.clone(), BTreeMap::new()))?;
+        .insert(keys::CONTAINERD_IMAGE_NAME.into(), name);
+    Ok(Documents {
+        top_bytes: fetched.bytes,
+        top,
+        manifests,
+        parsed,
+        signature,
+        location,
+    })
+}
+
+impl Documents {
+    fn report(&self, r: &Reference, dir: &Path, blobs: usize, bytes: u64) -> PullReport {
+        PullReport {
+            reference: r.to_string(),
+            layout_dir: dir.to_path_buf(),
+            digest: self.top.digest.clone(),
+            media_type: self.top.media_type.clone(),
+            pinned: r.digest.is_some(),
+            manifests: self.manifests.iter().map(|(d, _)| d.clone()).collect(),
+            blobs,
+            bytes,
+            signature: self.signature.clone(),
+        }
+    }
+
+    /// Documents (top and manifests, without duplicates) and their total size.
+    fn counts(&self) -> (usize, u64) {
+        let mut n = (1, self.top_bytes.len() as u64);
+        for (d, b) in &self.manifests {
+            if *d != self.top.digest {
+                n.0 += 1;
+                n.1 += b.len() as u64;
+            }
+        }
+        n
+    }
+}
+
+/// Refuses a blob whose descriptor is over its cap, before any byte of any blob is fetched.
+fn check_cap(
+    digest: &Digest,
+    size: u64,
+    what: &str,
+    cap: u64,
+    location: &str,
+) -> Result<(), ImageError> {
+    if size > cap {
+        return Err(ImageError::TooLarge {
+            what: what.into(),
+            name: digest.to_string(),
+            size,
+            limit: cap,
+            location: location.to_owned(),
+            setting: if what == "layer" {
+                "--max-blob-bytes"
+            } else {
+                "--max-manifest-bytes"
+            },
+        });
+    }
+    Ok(())
+}
+
+async fn pull_async(
+    r: &Reference,
+    staging: &Path,
+    opts: &RegistryOptions,
+) -> Result<PullReport, ImageError> {
+    let started = std::time::Instant::now();
+    let mut session = Session::new(r, opts)?;
+    session.authenticate(RegistryOperation::Pull).await?;
+    let mut layout = LayoutWriter::create(staging)?;
+    let docs = fetch_documents(&session, r, opts).await?;
+    layout.put_bytes(&docs.top_bytes)?;
+    for (_, bytes) in &docs.manifests {
+        layout.put_bytes(bytes)?;
+    }
+    let (mut blobs, mut bytes) = docs.counts();
+
+    // (3, continued) Configs and layers, in parallel (bounded), each into a scratch file that
+    // is renamed to its digest only once it matched.
+    let mut wanted: Vec<(Digest, u64, &'static str)> = Vec::new();
+    for m in &docs.parsed {
+        let config = m.config();
+        let all = std::iter::once((config, "image config", opts.max_manifest_bytes))
+            .chain(m.layers().iter().map(|l| (l, "layer", opts.max_blob_bytes)));
+        for (desc, what, cap) in all {
+            let digest = Digest::parse(desc.digest().as_ref())?;
+            if layout.blob_path(&digest).exists() || wanted.iter().any(|w| w.0 == digest) {
+                continue;
+            }
+            check_cap(&digest, desc.size(), what, cap, &docs.location)?;
+            wanted.push((digest, desc.size(), what));
+        }
+    }
+    let mut scratch = Vec::with_capacity(wanted.len());
+    for _ in &wanted {
+        scratch.push(layout.tmp_file()?);
+    }
+    let session = &session;
+    let fetched: Vec<(PathBuf, Digest)> =
+        futures_util::stream::iter(wanted.iter().cloned().zip(scratch))
+            .map(|((digest, size, what), (tmp, file))| async move {
+                let location = session.url(&format!("blobs/{digest}"));
+                let d = digest.clone();
+                let path = tmp.clone();
+                channel::fetch_with(session, &digest, size, what, move |reader| {
+                    let blob = VerifyingReader::new(reader, &d, size, what, location);
+                    copy_verified(blob, file, &path)
+                })
+                .await?;
+                Ok::<_, ImageError>((tmp, digest))
+            })
+            .buffer_unordered(opts.parallel_blobs.max(1))
+            .try_collect()
+            .await?;
+    for (tmp, digest) in &fetched {
+        layout.commit(tmp, digest)?;
+    }
+    for (_, size, _) in &wanted {
+        blobs += 1;
+        bytes += size;
+    }
+    layout.finish(&single_entry_index(docs.top.clone(), BTreeMap::new()))?;
     tracing::info!(
         reference = %r,
-        digest = %actual,
+        digest = %docs.top.digest,
         pinned = r.digest.is_some(),
-        blobs = stats.0,
-        bytes = stats.1,
+        blobs,
+        bytes,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "checkpoint image pulled"
     );
-    Ok(PullReport {
-        reference: r.to_string(),
-        layout_dir: staging.to_path_buf(),
-        digest: actual,
-        media_type: top.media_type,
-        pinned: r.digest.is_some(),
-        manifests: manifest_digests,
-        blobs: stats.0,
-        bytes: stats.1,
-        signature,
-    })
+    Ok(docs.report(r, staging, blobs, bytes))
+}
+
+/// Copies a verifying reader into `file` with large writes, then checks size and digest.
+fn copy_verified<R: Read>(
+    mut blob: VerifyingReader<R>,
+    mut file: std::fs::File,
+    path: &Path,
+) -> Result<(), ImageError> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        interrupt::check()?;
+        let mut filled = 0;
+        while filled < buf.len() {
+            match blob.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_to_image(e, &path.display().to_string())),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        file.write_all(&buf[..filled])
+            .map_err(ImageError::io("writing", path))?;
+    }
+    blob.finish()
+}
+
+/// Pulls `reference` and extracts its checkpoint into `dest` (must not exist or be empty) in
+/// one pass: every layer is unpacked beneath a staging directory *while it downloads*, several
+/// layers at once, and its digest checked over the same bytes (nothing is written twice, and
+/// no layer is read back to be hashed). Only when every layer matched, the gpusnap manifest
+/// agrees with the image and the file system has been synced, is the result renamed into
+/// place; any failure or interruption removes the staging directory, leaving nothing.
+///
+/// Verifies what [`pull`] followed by [`crate::extract_with`] verifies, in the same order:
+/// the top document (pinned digest, `Docker-Content-Digest`), the signature policy before any
+/// blob, every manifest by digest, the config by digest, each layer's size and digest (and a
+/// gzip layer's diff_id), the image's gpusnap manifest digest; and it refuses the same entries
+/// ([`crate::extract`]'s rules, beneath the root). The image is not kept: use [`pull`] for a
+/// layout.
+pub fn pull_extract(
+    reference: &str,
+    dest: &Path,
+    opts: &RegistryOptions,
+) -> Result<(PullReport, Extracted), ImageError> {
+    let started = std::time::Instant::now();
+    let r = Reference::parse(reference, opts.plain_http)?;
+    let limits = ExtractOptions {
+        max_layer_bytes: opts.max_blob_bytes,
+    };
+    // Created (and, on failure, removed) outside the runtime: the runtime waits for every
+    // unpacking thread before it is dropped, so nothing writes beneath the staging directory
+    // while it is removed.
+    let staging = Staging::create(dest)?;
+    let (report, plan, dir_times) = block_on(pull_extract_async(&r, &staging, opts, &limits))?;
+    interrupt::check()?;
+    let seed = OriginSeed {
+        source: report.reference.clone(),
+        pinned: report.pinned,
+        signature: report.signature.clone(),
+    };
+    let extracted = staging.finish(&plan, dir_times, &seed)?;
+    tracing::info!(
+        reference = %r,
+        digest = %report.digest,
+        dest = %dest.display(),
+        layers = extracted.layers,
+        layer_bytes = extracted.layer_bytes,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "checkpoint image pulled and extracted"
+    );
+    Ok((report, extracted))
+}
+
+type DirTimes = Vec<(String, u64)>;
+
+async fn pull_extract_async(
+    r: &Reference,
+    staging: &Staging,
+    opts: &RegistryOptions,
+    limits: &ExtractOptions,
+) -> Result<(PullReport, ExtractPlan, DirTimes), ImageError> {
+    let mut session = Session::new(r, opts)?;
+    session.authenticate(RegistryOperation::Pull).await?;
+    let docs = fetch_documents(&session, r, opts).await?;
+    let location = docs.location.clone();
+    let malformed = |what, e: serde_json::Error| ImageError::malformed(what, &location, e);
+
+    // The image manifest an extraction of the pulled layout would choose.
+    let manifest_digest = if is_index_media_type(&docs.top.media_type) {
+        let index: ImageIndex =
+            serde_json::from_slice(&docs.top_bytes).map_err(|e| malformed("image index", e))?;
+        let desc = select_platform(&index.manifests, &location)?;
+        if !is_manifest_media_type(&desc.media_type) {
+            return Err(ImageError::UnsupportedMediaType {
+                what: "image index entry",
+                media_type: desc.media_type.clone(),
+                location,
+            });
+        }
+        desc.digest.clone()
+    } else {
+        docs.top.digest.clone()
+    };
+    let manifest_bytes = docs
+        .manifests
+        .iter()
+        .find(|(d, _)| *d == manifest_digest)
+        .map(|(_, b)| b)
+        .ok_or_else(|| {
+            ImageError::malformed("image index", &location, "the chosen manifest is not in it")
+        })?;
+    let manifest: ImageManifest =
+        serde_json::from_slice(manifest_bytes).map_err(|e| malformed("image manifest", e))?;
+    check_cap(
+        &manifest.config.digest,
+        manifest.config.size,
+        "image config",
+        opts.max_manifest_bytes,
+        &location,
+    )?;
+    let config_bytes = session
+        .fetch_small_blob(
+            &manifest.config.digest,
+            manifest.config.size,
+            opts.max_manifest_bytes,
+            "image config",
+        )
+        .await?;
+    let config: ImageConfig =
+        serde_json::from_slice(&config_bytes).map_err(|e| malformed("image config", e))?;
+    let plan = ExtractPlan::new(
+        &manifest,
+        &config,
+        manifest_digest,
+        Some(r.name()),
+        &location,
+        limits,
+    )?;
+
+    // Every layer downloads straight into its unpacker, `parallel_blobs` at a time.
+    let session = &session;
+    let times: Vec<DirTimes> = futures_util::stream::iter(plan.layers.iter().cloned())
+        .map(|layer| {
+            let root = staging.shared_root();
+            let limits = limits.clone();
+            async move {
+                let (digest, size) = (layer.desc.digest.clone(), layer.desc.size);
+                channel::fetch_with(session, &digest, size, "layer", move |reader| {
+                    let blob = VerifyingReader::new(
+                        reader,
+                        &layer.desc.digest,
+                        layer.desc.size,
+                        "layer",
+                        layer.location.clone(),
+                    );
+                    let mut times = Vec::new();
+                    unpack_layer(blob, &layer, root.as_fd(), &limits, &mut times)?;
+                    Ok(times)
+                })
+                .await
+            }
+        })
+        .buffer_unordered(opts.parallel_blobs.max(1))
+        .try_collect()
+        .await?;
+    let (mut blobs, mut bytes) = docs.counts();
+    blobs += 1 + plan.layers.len();
+    bytes += config_bytes.len() as u64 + plan.layers.iter().map(|l| l.desc.size).sum::<u64>();
+    let report = docs.report(r, staging.dest(), blobs, bytes);
+    Ok((report, plan, times.into_iter().flatten().collect()))
 }
 
 async fn fetch_manifest_by_digest(
