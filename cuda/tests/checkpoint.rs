@@ -235,6 +235,11 @@ fn lock_timeout_reports_not_ready_and_rolls_back() {
         err.to_string().contains("CUDA_ERROR_NOT_READY (600)"),
         "{err}"
     );
+    assert!(
+        err.to_string().contains("waited 100 ms")
+            && err.to_string().contains("raise cuda.lock_timeout_ms"),
+        "the lock timeout does not say what to raise: {err}"
+    );
 }
 
 #[test]

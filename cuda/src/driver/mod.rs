@@ -558,6 +558,7 @@ impl Driver {
         // and its reserved fields are zero.
         let rc = unsafe { (api.lock)(pid, &mut args) };
         self.check(CALL, pid, rc)
+            .map_err(|e| lock_timeout_hint(e, timeout_ms))
     }
 
     /// LOCKED → CHECKPOINTED on the driver-managed path (device memory is
@@ -694,3 +695,23 @@ impl Driver {
 
 #[cfg(test)]
 mod custom_storage_tests;
+
+/// A lock that gave up waiting for the process's GPU work (`CUDA_ERROR_NOT_READY` or
+/// `CUDA_ERROR_TIMEOUT` with a bounded timeout) says which setting to raise: the default
+/// bound exists so that a person waiting on a checkpoint is not kept waiting forever.
+fn lock_timeout_hint(mut e: CallError, timeout_ms: u32) -> CallError {
+    if let CallError::Cuda { error, .. } = &mut e {
+        if timeout_ms > 0 && matches!(error.code, code::NOT_READY | 909) {
+            let hint = format!(
+                "the lock waited {timeout_ms} ms for the process's CUDA work to finish; raise \
+                 cuda.lock_timeout_ms (pod annotation gpusnap.io/cuda-lock-timeout-ms) above the \
+                 longest kernel or copy the workload runs, or set 0 to wait without a limit"
+            );
+            error.description = Some(match error.description.take() {
+                Some(d) => format!("{d}; {hint}"),
+                None => hint,
+            });
+        }
+    }
+    e
+}
