@@ -264,6 +264,10 @@ fn failed_lock_leaves_the_workload_running_and_no_checkpoint() -> Result<()> {
         err.contains("running"),
         "error says the workload is running: {err}"
     );
+    assert!(
+        err.contains("waited 2000 ms") && err.contains("raise cuda.lock_timeout_ms"),
+        "error says what to raise (the rig's lock_timeout_ms is 2000): {err}"
+    );
     assert_eq!(g.calls(pid), ["lock 600"], "nothing else was attempted");
     assert_eq!(g.cuda_state("lk"), "running");
     assert_eq!(g.rig.task_state("lk")?, Some(TaskState::Running));
