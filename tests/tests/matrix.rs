@@ -33,7 +33,7 @@
 //! double, so the cells run in parallel test threads.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -43,6 +43,9 @@ use gpusnap_testkit::checkpoint::{
     container_checkpoint, container_restore_live_ok, criu_tar_blob, image_refs, kill_and_remove,
     proc_state, task_checkpoint, CkRig,
 };
+use gpusnap_testkit::counter::{
+    check_continues as continues, count_in_file, count_of, wait_count, Count, COUNTER, WARM,
+};
 use gpusnap_testkit::cri::{gpusnap_handler, wait_for_state, ContainerSpec, CriNode, Pod};
 use gpusnap_testkit::gpu::{self, Cuda, CudaProcess, Engine, GpuDouble};
 use gpusnap_testkit::{
@@ -50,82 +53,7 @@ use gpusnap_testkit::{
 };
 use k8s_cri::v1::ContainerState;
 
-/// The workload: a random token kept in shell memory and a counter, written to /tmp/count ten
-/// times a second. A restored process goes on with the same token from where it was; a fresh
-/// start would draw a new token and start from 1.
-const COUNTER: &str = "tok=$(cat /proc/sys/kernel/random/uuid); i=0; \
-     while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; sleep 0.1; done";
-/// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
-const WARM: u64 = 10;
 const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
-
-// ----- the workload ------------------------------------------------------------------------
-
-/// The counter's last report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Count {
-    token: String,
-    n: u64,
-}
-
-fn parse_count(text: &str) -> Option<Count> {
-    let (token, n) = text.trim().split_once(' ')?;
-    Some(Count {
-        token: token.to_string(),
-        n: n.parse().ok()?,
-    })
-}
-
-/// The counter in a file (`None` while absent or caught between truncate and write).
-fn count_in_file(path: &Path) -> Option<Count> {
-    parse_count(&fs::read_to_string(path).ok()?)
-}
-
-/// The counter of the container whose init is host pid `pid`, read through its root.
-fn count_of(pid: u32) -> Option<Count> {
-    count_in_file(&PathBuf::from(format!("/proc/{pid}/root/tmp/count")))
-}
-
-/// Polls `read` until the counter reads at least `min`.
-fn wait_count(what: &str, min: u64, mut read: impl FnMut() -> Option<Count>) -> Result<Count> {
-    let mut last = None;
-    gpusnap_testkit::wait_some(Duration::from_secs(30), || {
-        let c = read();
-        if c.is_some() {
-            last.clone_from(&c);
-        }
-        c.filter(|c| c.n >= min)
-    })
-    .with_context(|| format!("the counter of {what} did not reach {min}; last read {last:?}"))
-}
-
-/// The restored workload is the checkpointed process: same token, counting on from at least
-/// the value it had before the checkpoint, and it keeps counting.
-fn check_continues(
-    what: &str,
-    checkpointed: &Count,
-    mut read: impl FnMut() -> Option<Count>,
-) -> Result<()> {
-    let now = wait_count(what, 0, &mut read)?;
-    ensure!(
-        now.token == checkpointed.token,
-        "{what} runs a new process (token {}, checkpointed {})",
-        now.token,
-        checkpointed.token
-    );
-    ensure!(
-        now.n >= checkpointed.n,
-        "{what} counts from {}, below the checkpointed {}",
-        now.n,
-        checkpointed.n
-    );
-    let later = wait_count(what, now.n + 3, &mut read)?;
-    ensure!(
-        later.token == checkpointed.token,
-        "{what} restarted after the restore"
-    );
-    Ok(())
-}
 
 /// Failures of a leave-running checkpoint's in-place resume (the CUDA process restored and
 /// unlocked after the dump). They are reported after the restore, so that a cell still shows
@@ -821,4 +749,13 @@ matrix! {
         gpusnap_runc_restore_driver_managed_cuda13_4(DriverManaged, V13_4),
         gpusnap_runc_restore_posix_cuda13_4(Posix, V13_4),
         gpusnap_runc_posix_cuda13_0_is_refused(Posix, V13_0);
+}
+
+/// [`continues`] for doors that need nothing back from it.
+fn check_continues(
+    what: &str,
+    checkpointed: &Count,
+    read: impl FnMut() -> Option<Count>,
+) -> Result<()> {
+    continues(what, checkpointed, read).map(drop)
 }

@@ -53,6 +53,7 @@ pub mod bundle;
 pub mod checkpoint;
 pub mod cmd;
 pub mod containerd;
+pub mod counter;
 pub mod cri;
 pub mod crictl;
 pub mod crio;
