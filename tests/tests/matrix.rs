@@ -117,7 +117,7 @@ struct CtrWorkload {
 impl CtrCell {
     fn start_on(shim: Shim, engine: Engine, cuda: Cuda) -> Result<CtrCell> {
         let gpu = GpuDouble::new(engine, cuda)?;
-        let rig = match shim {
+        let (rig, config) = match shim {
             Shim::Gpusnap => {
                 let config = gpu.write_config("")?;
                 (CkRig::start_for(Runtime::Gpusnap)?, config)
@@ -137,9 +137,9 @@ impl CtrCell {
             }
         };
         Ok(CtrCell {
-            rig: rig.0,
+            rig,
             gpu,
-            config: rig.1,
+            config,
             shim,
         })
     }

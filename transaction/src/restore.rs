@@ -92,6 +92,12 @@ pub struct RestoreReport {
     pub elapsed: Duration,
 }
 
+/// Starts loading the CUDA driver (once per process) on its own thread.
+fn start_driver(req: &RestoreRequest) -> PendingDriver {
+    let library = req.config.cuda.library.clone();
+    PendingDriver::spawn_with(move || gpu::cached_driver(&library))
+}
+
 /// Restores the checkpoint in `req.checkpoint_dir` as container `req.container_id`.
 pub fn restore(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport> {
     let id = &req.container_id;
@@ -110,10 +116,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         .ok()
         .and_then(|m| m.gpu)
         .filter(|g| !g.processes.is_empty())
-        .map(|_| {
-            let library = req.config.cuda.library.clone();
-            PendingDriver::spawn_with(move || gpu::cached_driver(&library))
-        });
+        .map(|_| start_driver(req));
 
     let t = Instant::now();
     let manifest =
@@ -140,10 +143,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let t = Instant::now();
     let gpu = match &manifest.gpu {
         Some(section) if !section.processes.is_empty() => {
-            let pending = pending.unwrap_or_else(|| {
-                let library = req.config.cuda.library.clone();
-                PendingDriver::spawn_with(move || gpu::cached_driver(&library))
-            });
+            let pending = pending.unwrap_or_else(|| start_driver(req));
             Some(GpuRestore::prepare(pending, &req.config, section, ckpt)?)
         }
         _ => None,
