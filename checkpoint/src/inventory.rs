@@ -20,7 +20,8 @@
 //! # Keeping it fast
 //!
 //! Hashing sits on the checkpoint's critical path (the container stays frozen until the image
-//! is sealed), so the hash is BLAKE3: measured here at 5.8 GB/s on one core (AVX-512) against
+//! is sealed) — most of it only briefly, since [`crate::follow`] hashes the page images while
+//! CRIU writes them — so the hash is BLAKE3: measured here at 5.8 GB/s on one core (AVX-512) against
 //! 1.9 GB/s for SHA-256 with the SHA extensions (SHA-256 sealed a 65 MB checkpoint in 43 ms;
 //! BLAKE3 hashed a 9.2 GB one in 0.40 s on the H200 host). It is still a cryptographic hash, so a digest mismatch means
 //! damage, never a collision. Each file is hashed in fixed chunks of [`CHUNK_BYTES`] and all
@@ -30,7 +31,7 @@
 //! still in the page cache, so this is memory bandwidth, not disk I/O.
 
 use std::fs::{self, File};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
@@ -99,6 +100,16 @@ fn chunk_count(size: u64, chunk: u64) -> usize {
 impl ImageInventory {
     /// Lists and hashes every recorded file in `dir` (see the module docs for which).
     pub fn scan(dir: &Path) -> Result<ImageInventory, InventoryError> {
+        Self::scan_known(dir, &Known::default()).map(|(inventory, _)| inventory)
+    }
+
+    /// [`Self::scan`], taking the leading chunk digests of files hashed earlier (by
+    /// [`crate::follow::ImageFollower`]) as given where the file is still the same inode and at
+    /// least that long. Also returns how many bytes that spared.
+    pub(crate) fn scan_known(
+        dir: &Path,
+        known: &Known,
+    ) -> Result<(ImageInventory, u64), InventoryError> {
         let started = std::time::Instant::now();
         let mut entries = list_files(dir)?;
         entries.sort();
@@ -106,7 +117,13 @@ impl ImageInventory {
             .iter()
             .map(|(rel, size)| (dir.join(rel), *size))
             .collect();
-        let digests = match hash_files(&specs, CHUNK_BYTES, None) {
+        let prefixes: Vec<&[String]> = entries
+            .iter()
+            .zip(&specs)
+            .map(|((name, size), (path, _))| known.prefix(name, path, *size))
+            .collect();
+        let first: Vec<usize> = prefixes.iter().map(|p| p.len()).collect();
+        let rest = match hash_pieces(&specs, CHUNK_BYTES, &first, None) {
             Ok(d) => d,
             Err(VerifyFailure::Io { path, source }) => {
                 return Err(InventoryError::Io { path, source })
@@ -117,13 +134,14 @@ impl ImageInventory {
             }
             Err(VerifyFailure::Digest { .. }) => unreachable!("no expected digests given"),
         };
+        let reused_bytes: u64 = first.iter().map(|&n| n as u64 * CHUNK_BYTES).sum();
         let files: Vec<FileRecord> = entries
             .into_iter()
-            .zip(digests)
-            .map(|((path, size), blake3_chunks)| FileRecord {
+            .zip(prefixes.into_iter().zip(rest))
+            .map(|((path, size), (prefix, rest))| FileRecord {
                 path,
                 size,
-                blake3_chunks,
+                blake3_chunks: prefix.iter().cloned().chain(rest).collect(),
             })
             .collect();
         let total_bytes = files.iter().map(|f| f.size).sum();
@@ -131,14 +149,18 @@ impl ImageInventory {
             dir = %dir.display(),
             files = files.len(),
             total_bytes,
+            hashed_earlier_bytes = reused_bytes,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checkpoint inventory hashed"
         );
-        Ok(ImageInventory {
-            total_bytes,
-            chunk_bytes: CHUNK_BYTES,
-            files,
-        })
+        Ok((
+            ImageInventory {
+                total_bytes,
+                chunk_bytes: CHUNK_BYTES,
+                files,
+            },
+            reused_bytes,
+        ))
     }
 
     pub fn get(&self, path: &str) -> Option<&FileRecord> {
@@ -200,6 +222,39 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Leading chunk digests of files hashed before the inventory was taken, by name.
+#[derive(Debug, Default)]
+pub(crate) struct Known {
+    pub(crate) files: std::collections::HashMap<String, KnownFile>,
+}
+
+/// The first `chunks.len()` chunk digests of the file that was inode `ino` on device `dev`.
+#[derive(Debug)]
+pub(crate) struct KnownFile {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    pub(crate) chunks: Vec<String>,
+}
+
+impl Known {
+    /// The digests that still hold for `name` (at `path`, `size` bytes now): none when the file
+    /// was replaced or is shorter than what was hashed.
+    fn prefix(&self, name: &str, path: &Path, size: u64) -> &[String] {
+        use std::os::unix::fs::MetadataExt;
+        let Some(k) = self.files.get(name) else {
+            return &[];
+        };
+        let same = fs::symlink_metadata(path)
+            .map(|m| m.dev() == k.dev && m.ino() == k.ino)
+            .unwrap_or(false);
+        if same && k.chunks.len() as u64 * CHUNK_BYTES <= size {
+            &k.chunks
+        } else {
+            &[]
+        }
+    }
+}
+
 /// Hashes `files` (absolute path, size) chunk by chunk on a pool of threads. With `expected`,
 /// stops at the first chunk whose digest differs.
 pub(crate) fn hash_files(
@@ -207,10 +262,24 @@ pub(crate) fn hash_files(
     chunk: u64,
     expected: Option<&[&[String]]>,
 ) -> Result<Vec<Vec<String>>, VerifyFailure> {
+    hash_pieces(files, chunk, &vec![0; files.len()], expected)
+}
+
+/// [`hash_files`] from chunk `first[i]` of file `i` on; the digests returned for a file start
+/// at that chunk, and `expected` is indexed from chunk 0.
+fn hash_pieces(
+    files: &[(PathBuf, u64)],
+    chunk: u64,
+    first: &[usize],
+    expected: Option<&[&[String]]>,
+) -> Result<Vec<Vec<String>>, VerifyFailure> {
     let jobs: Vec<(usize, usize)> = files
         .iter()
         .enumerate()
-        .flat_map(|(fi, (_, size))| (0..chunk_count(*size, chunk)).map(move |ci| (fi, ci)))
+        .flat_map(|(fi, (_, size))| {
+            (first[fi].min(chunk_count(*size, chunk))..chunk_count(*size, chunk))
+                .map(move |ci| (fi, ci))
+        })
         .collect();
     let threads = thread::available_parallelism()
         .map_or(1, usize::from)
@@ -273,19 +342,32 @@ pub(crate) fn hash_files(
 }
 
 fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<String, VerifyFailure> {
+    let f = File::open(path).map_err(|source| VerifyFailure::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    hash_file_range(&f, path, offset, len, buf)
+}
+
+/// The BLAKE3 of `len` bytes of the open file `f` (named `path`) from `offset`.
+pub(crate) fn hash_file_range(
+    f: &File,
+    path: &Path,
+    offset: u64,
+    len: u64,
+    buf: &mut [u8],
+) -> Result<String, VerifyFailure> {
+    use std::os::unix::fs::FileExt;
     let io_err = |source| VerifyFailure::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut f = File::open(path).map_err(io_err)?;
-    if offset > 0 {
-        f.seek(SeekFrom::Start(offset)).map_err(io_err)?;
-    }
     let mut hasher = blake3::Hasher::new();
     let mut left = len;
+    let mut at = offset;
     while left > 0 {
         let want = buf.len().min(left as usize);
-        let n = match f.read(&mut buf[..want]) {
+        let n = match f.read_at(&mut buf[..want], at) {
             Ok(0) => {
                 return Err(VerifyFailure::ShortRead {
                     path: path.to_path_buf(),
@@ -297,6 +379,7 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<Stri
         };
         hasher.update(&buf[..n]);
         left -= n as u64;
+        at += n as u64;
     }
     Ok(hex(hasher.finalize().as_bytes()))
 }

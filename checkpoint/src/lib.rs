@@ -6,6 +6,8 @@
 //! - [`manifest`]: `gpusnap-manifest.json`, written last and atomically; its presence is the
 //!   only completeness marker.
 //! - [`inventory`]: every file's size and BLAKE3 digests, recorded in the manifest.
+//! - [`follow`]: hashing CRIU's page images while the dump writes them, so little is left to
+//!   hash once it ends.
 //! - [`validate`]: refusing, before any CRIU work, a checkpoint that is incomplete, foreign or
 //!   damaged.
 //! - [`scrub`]: preparing a directory for a new checkpoint and cleaning up after a failed one,
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod beneath;
+pub mod follow;
 pub mod inventory;
 pub mod layout;
 pub mod manifest;
@@ -27,6 +30,7 @@ pub mod rootfs_diff;
 pub mod scrub;
 pub mod validate;
 
+pub use follow::{FollowedInventory, ImageFollower};
 pub use inventory::{FileRecord, ImageInventory, InventoryError};
 pub use layout::CheckpointLayout;
 pub use manifest::{

@@ -136,14 +136,18 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         .collect();
 
     let criu_log = dump.criu_log();
-    // The images are final once CRIU returns: hash them on every core while the CUDA processes
+    // CRIU's page images are hashed while CRIU writes them; what is left once it returns (the
+    // last piece of each, the small images) is hashed on every core while the CUDA processes
     // are restored and unlocked (leave running), instead of after.
     let hashing: std::cell::RefCell<Option<Hashing>> = std::cell::RefCell::new(None);
     let run_dump = || -> std::result::Result<Duration, RuncFailure> {
         let t = Instant::now();
+        *hashing.borrow_mut() = Some(Hashing::follow(image_dir));
         runc.run(&dump_cmd, Some(&criu_log))?;
         let elapsed = t.elapsed();
-        *hashing.borrow_mut() = Some(Hashing::start(image_dir));
+        if let Some(h) = hashing.borrow_mut().as_mut() {
+            h.dump_done();
+        }
         Ok(elapsed)
     };
 
@@ -368,40 +372,70 @@ fn resume_in_place(
     r
 }
 
-/// The digest of a dumped checkpoint, computed on its own thread.
+/// The digest of a dumped checkpoint: the inventory, and how long hashing took once the dump
+/// had ended (the part that can hold up the seal).
 type Hashed = std::result::Result<(dir::ImageInventory, Duration), dir::InventoryError>;
 
+/// Hashing a checkpoint: page images while CRIU writes them ([`dir::ImageFollower`]), the rest
+/// on a thread of its own once CRIU has returned.
 struct Hashing {
-    thread: std::thread::JoinHandle<Hashed>,
+    follower: Option<dir::ImageFollower>,
+    tail: Option<std::thread::JoinHandle<Hashed>>,
 }
 
 impl Hashing {
-    fn start(dir: &Path) -> Hashing {
-        let dir = dir.to_path_buf();
+    fn follow(dir: &Path) -> Hashing {
         Hashing {
-            thread: std::thread::spawn(move || {
-                let t = Instant::now();
-                dir::ImageInventory::scan(&dir).map(|inv| (inv, t.elapsed()))
-            }),
+            follower: Some(dir::ImageFollower::start(dir)),
+            tail: None,
         }
     }
 
-    /// The inventory, and how long hashing took.
-    fn finish(self) -> std::result::Result<(dir::ImageInventory, Duration), dir::ManifestError> {
-        let hashed = self.thread.join().unwrap_or_else(|_| {
+    /// CRIU has returned: hash what the follower has not.
+    fn dump_done(&mut self) {
+        let Some(follower) = self.follower.take() else {
+            return;
+        };
+        self.tail = Some(std::thread::spawn(move || {
+            let t = Instant::now();
+            let done = follower.finish()?;
+            let tail = t.elapsed();
+            tracing::debug!(
+                hashed_while_written = done.hashed_while_written,
+                total_bytes = done.inventory.total_bytes,
+                tail_ms = tail.as_millis() as u64,
+                "checkpoint digest"
+            );
+            Ok((done.inventory, tail))
+        }));
+    }
+
+    /// The inventory, and how long hashing took after the dump.
+    fn finish(
+        mut self,
+    ) -> std::result::Result<(dir::ImageInventory, Duration), dir::ManifestError> {
+        self.dump_done();
+        let panicked = || {
             Err(dir::InventoryError::Io {
                 path: PathBuf::new(),
                 source: std::io::Error::other("the hashing thread panicked"),
             })
-        })?;
+        };
+        let hashed = match self.tail.take() {
+            Some(thread) => thread.join().unwrap_or_else(|_| panicked()),
+            None => panicked(),
+        }?;
         Ok(hashed)
     }
 }
 
-/// Waits for a hashing that was started, then scrubs.
+/// Stops a hashing that was started (dropping the follower stops it), then scrubs.
 fn abandon_after(dir: &Path, hashing: Option<Hashing>) {
-    if let Some(h) = hashing {
-        let _ = h.thread.join();
+    if let Some(mut h) = hashing {
+        drop(h.follower.take());
+        if let Some(thread) = h.tail.take() {
+            let _ = thread.join();
+        }
     }
     abandon(dir);
 }
