@@ -5,9 +5,12 @@
 //!
 //! ```text
 //! posix_bench --dir /mnt/nvme/bench [--size-mib 8192] [--device 0]
-//!             [--slots 1,2,4,8] [--chunks-mib 16,64,256] [--library libcuda.so.1]
+//!             [--slots 1,2,4,8] [--chunks-mib 16,64,256] [--io-threads 0,4,7]
+//!             [--hashing beside,ordered] [--library libcuda.so.1]
 //!             [--buffered] [--repeat N] [--fake]
 //! ```
+//! `--io-threads 0` is the engine's default for the slot count; `--hashing` picks where the
+//! digest is computed (beside each slot's I/O, or by one thread in file order).
 //! `--fake` runs everything against the test double (host memory stands in for
 //! device memory): checks the CPU side without a GPU. Exit 2: no GPU.
 
@@ -19,7 +22,7 @@ use std::process::exit;
 use std::time::Instant;
 
 use gpusnap_cuda::driver::{Driver, DriverConfig};
-use gpusnap_cuda::posix::{self, DeviceRegion, PinnedBuffer, PipelineOptions};
+use gpusnap_cuda::posix::{self, DeviceRegion, PinnedBuffer, PipelineOptions, SlotHashing};
 
 const MIB: usize = 1 << 20;
 const PINNED_CAP: usize = 1 << 30;
@@ -30,6 +33,8 @@ struct Args {
     device: u32,
     slots: Vec<usize>,
     chunks: Vec<usize>,
+    io_threads: Vec<usize>,
+    hashing: Vec<SlotHashing>,
     library: String,
     direct: bool,
     fake: bool,
@@ -40,7 +45,8 @@ fn usage(msg: &str) -> ! {
     eprintln!("posix_bench: {msg}");
     eprintln!(
         "usage: posix_bench --dir DIR [--size-mib N] [--device I] [--slots 1,2,4,8] \
-         [--chunks-mib 16,64,256] [--library PATH] [--buffered] [--repeat N] [--fake]"
+         [--chunks-mib 16,64,256] [--io-threads 0,4,7] [--hashing beside,ordered] \
+         [--library PATH] [--buffered] [--repeat N] [--fake]"
     );
     exit(64)
 }
@@ -62,6 +68,8 @@ fn parse() -> Args {
         device: 0,
         slots: vec![1, 2, 4, 8],
         chunks: vec![16 * MIB, 64 * MIB, 256 * MIB],
+        io_threads: vec![0],
+        hashing: vec![SlotHashing::BesideIo],
         library: "libcuda.so.1".into(),
         direct: true,
         fake: false,
@@ -81,6 +89,17 @@ fn parse() -> Args {
             "--slots" => a.slots = list(&val()),
             "--repeat" => a.repeat = list(&val())[0].max(1),
             "--chunks-mib" => a.chunks = list(&val()).into_iter().map(|c| c * MIB).collect(),
+            "--io-threads" => a.io_threads = list(&val()),
+            "--hashing" => {
+                a.hashing = val()
+                    .split(',')
+                    .map(|h| match h.trim() {
+                        "beside" => SlotHashing::BesideIo,
+                        "ordered" => SlotHashing::InFileOrder,
+                        other => usage(&format!("--hashing: unknown {other:?}")),
+                    })
+                    .collect()
+            }
             "--library" => a.library = val(),
             "--buffered" => a.direct = false,
             "--fake" => a.fake = true,
@@ -315,19 +334,32 @@ fn storage_ceiling_parallel(
     Ok((gbps(size, w), gbps(size, r)))
 }
 
+/// The row label of a pipeline setting: slots, chunk, I/O threads, hashing.
+fn label(opts: &PipelineOptions) -> String {
+    format!(
+        "{:>5} {:>6}MiB {:>3} {:>7}",
+        opts.buffer_count,
+        opts.chunk_bytes / MIB,
+        opts.io_threads
+            .unwrap_or_else(|| posix::pipeline::io_threads(opts.buffer_count)),
+        match opts.hashing {
+            SlotHashing::BesideIo => "beside",
+            SlotHashing::InFileOrder => "ordered",
+        }
+    )
+}
+
 /// One measured device→file then file→device of the whole region.
 fn round_trip(
     driver: &Driver,
     region: &DeviceRegion,
     path: &Path,
     opts: &PipelineOptions,
-    slots: usize,
-    chunk: usize,
 ) -> Option<(posix::TransferStats, posix::TransferStats)> {
     let w = match posix::device_to_file(driver, region, path, opts) {
         Ok(w) => w,
         Err(e) => {
-            println!("{slots:>5} {:>6}MiB   device→file failed: {e}", chunk / MIB);
+            println!("{}   device→file failed: {e}", label(opts));
             return None;
         }
     };
@@ -345,7 +377,7 @@ fn round_trip(
     match posix::file_to_device(driver, region, path, Some(&w.blake3), opts) {
         Ok(r) => Some((w, r)),
         Err(e) => {
-            println!("{slots:>5} {:>6}MiB   file→device failed: {e}", chunk / MIB);
+            println!("{}   file→device failed: {e}", label(opts));
             None
         }
     }
@@ -451,12 +483,13 @@ fn main() {
             .expect("storage ceiling");
     println!("ceilings: PCIe DtoH {dtoh:.2} GB/s, HtoD {htod:.2} GB/s; storage write {disk_w:.2} GB/s, read {disk_r:.2} GB/s (before the sweep)");
     println!(
-        "{:>5} {:>9} {:>12} {:>12} {:>6}   (best of {} runs per row)",
-        "slots", "chunk", "dev→file", "file→dev", "direct", args.repeat
+        "{:>5} {:>9} {:>3} {:>7} {:>12} {:>12} {:>6}   (best of {} runs per row)",
+        "slots", "chunk", "io", "hashing", "dev→file", "file→dev", "direct", args.repeat
     );
 
     let mut best = (0.0f64, 0.0f64);
     let mut rows = Vec::new();
+    let mut most_io = 1;
     for &chunk in &args.chunks {
         for &slots in &args.slots {
             if slots * chunk > PINNED_CAP {
@@ -467,26 +500,44 @@ fn main() {
                 );
                 continue;
             }
-            let mut opts = PipelineOptions::new(slots, chunk);
-            opts.direct_io = args.direct;
-            let (mut wg, mut rg, mut direct) = (0.0f64, 0.0f64, true);
-            for _ in 0..args.repeat {
-                let Some((w, r)) = round_trip(&driver, &region, &path, &opts, slots, chunk) else {
-                    break;
-                };
-                wg = wg.max(w.gb_per_s());
-                rg = rg.max(r.gb_per_s());
-                direct &= w.direct_io && r.direct_io;
+            let mut seen_io = Vec::new();
+            for &io in &args.io_threads {
+                let mut base = PipelineOptions::new(slots, chunk);
+                base.io_threads = (io > 0).then_some(io);
+                // What the pipeline will use (it clamps to the slots): run each once.
+                let used = base.io_threads.map_or_else(
+                    || posix::pipeline::io_threads(slots),
+                    |n| n.clamp(1, slots.saturating_sub(1).max(1)),
+                );
+                if seen_io.contains(&used) {
+                    continue;
+                }
+                seen_io.push(used);
+                base.io_threads = Some(used);
+                most_io = most_io.max(used);
+                for &hashing in &args.hashing {
+                    let opts = PipelineOptions {
+                        hashing,
+                        direct_io: args.direct,
+                        ..base.clone()
+                    };
+                    let (mut wg, mut rg, mut direct) = (0.0f64, 0.0f64, true);
+                    for _ in 0..args.repeat {
+                        let Some((w, r)) = round_trip(&driver, &region, &path, &opts) else {
+                            break;
+                        };
+                        wg = wg.max(w.gb_per_s());
+                        rg = rg.max(r.gb_per_s());
+                        direct &= w.direct_io && r.direct_io;
+                    }
+                    if wg == 0.0 {
+                        continue;
+                    }
+                    best = (best.0.max(wg), best.1.max(rg));
+                    println!("{} {wg:>7.2} GB/s {rg:>7.2} GB/s {direct:>6}", label(&opts));
+                    rows.push((label(&opts), wg, rg));
+                }
             }
-            if wg == 0.0 {
-                continue;
-            }
-            best = (best.0.max(wg), best.1.max(rg));
-            println!(
-                "{slots:>5} {:>6}MiB {wg:>7.2} GB/s {rg:>7.2} GB/s {direct:>6}",
-                chunk / MIB
-            );
-            rows.push((slots, chunk, wg, rg));
         }
     }
     let _ = std::fs::remove_file(&path);
@@ -494,22 +545,28 @@ fn main() {
         .expect("storage ceiling");
     drop(pinned);
     println!("ceilings: storage write {w2:.2} GB/s, read {r2:.2} GB/s (after the sweep)");
-    let threads = posix::pipeline::io_threads(args.slots.iter().copied().max().unwrap_or(1)).max(2);
-    let (w3, r3) = storage_ceiling_parallel(&ceiling_path, args.size, threads, args.direct)
-        .expect("parallel storage ceiling");
-    println!("ceilings: storage write {w3:.2} GB/s, read {r3:.2} GB/s ({threads} threads)");
-    disk_w = disk_w.max(w2).max(w3);
-    disk_r = disk_r.max(r2).max(r3);
+    disk_w = disk_w.max(w2);
+    disk_r = disk_r.max(r2);
+    // The storage with as many threads as the pipeline used at most (and with 4), so that
+    // more I/O threads cannot flatter the ratios.
+    let mut thread_counts = vec![4, most_io.max(2)];
+    thread_counts.dedup();
+    for threads in thread_counts {
+        let (w3, r3) = storage_ceiling_parallel(&ceiling_path, args.size, threads, args.direct)
+            .expect("parallel storage ceiling");
+        println!("ceilings: storage write {w3:.2} GB/s, read {r3:.2} GB/s ({threads} threads)");
+        disk_w = disk_w.max(w3);
+        disk_r = disk_r.max(r3);
+    }
     let ckpt_ceiling = dtoh.min(disk_w);
     let rest_ceiling = htod.min(disk_r);
     println!(
-        "{:>5} {:>9} {:>7} {:>7}   (of min(PCIe DtoH, storage write) = {ckpt_ceiling:.2} GB/s and min(PCIe HtoD, storage read) = {rest_ceiling:.2} GB/s)",
-        "slots", "chunk", "dev→file", "file→dev"
+        "{:>5} {:>9} {:>3} {:>7} {:>8} {:>8}   (of min(PCIe DtoH, storage write) = {ckpt_ceiling:.2} GB/s and min(PCIe HtoD, storage read) = {rest_ceiling:.2} GB/s)",
+        "slots", "chunk", "io", "hashing", "dev→file", "file→dev"
     );
-    for (slots, chunk, wg, rg) in rows {
+    for (label, wg, rg) in rows {
         println!(
-            "{slots:>5} {:>6}MiB {:>7.0}% {:>7.0}%",
-            chunk / MIB,
+            "{label} {:>7.0}% {:>7.0}%",
             100.0 * wg / ckpt_ceiling,
             100.0 * rg / rest_ceiling
         );

@@ -12,7 +12,9 @@ use gpusnap_cuda::discovery::CudaProcess;
 use gpusnap_cuda::driver::DeviceInfo;
 use gpusnap_cuda::engine::{EngineOp, StorageEngine};
 use gpusnap_cuda::orchestrate::{GpuMap, Orchestrator, OrchestratorOptions, RestoreTarget};
-use gpusnap_cuda::posix::{self, extent_name, DeviceRegion, PipelineOptions, Posix, PosixDetails};
+use gpusnap_cuda::posix::{
+    self, extent_name, DeviceRegion, PipelineOptions, Posix, PosixDetails, SlotHashing,
+};
 
 fn env13() -> Env {
     env_with(|f| f.set_driver_version(13040).unwrap())
@@ -403,6 +405,61 @@ fn the_pipeline_runs_on_plain_memory_with_any_slot_count() {
     let env = env13();
     let dir = tempfile::tempdir().unwrap();
     let src = pattern(9 * 4096 + 5, 77);
+    let big = pattern(5 * (2 << 20) + 4096 * 3 + 5, 78);
+    // (data, chunk, hashing, I/O threads): power-of-two chunks hashed beside the I/O (chunks
+    // larger than one I/O piece, too), a chunk the tree cannot use (falls back to file order),
+    // file-order hashing asked for, and more I/O threads than the default.
+    let cases: Vec<(&[u8], usize, SlotHashing, Option<usize>)> = vec![
+        (&src, 8192, SlotHashing::BesideIo, None),
+        (&src, 12288, SlotHashing::BesideIo, None),
+        (&src, 8192, SlotHashing::InFileOrder, None),
+        (&big, 2 << 20, SlotHashing::BesideIo, Some(7)),
+        (&big, 2 << 20, SlotHashing::InFileOrder, Some(7)),
+        (&big, 4 << 20, SlotHashing::BesideIo, None),
+    ];
+    for (n, (data, chunk, hashing, io_threads)) in cases.into_iter().enumerate() {
+        for slots in [1usize, 2, 8] {
+            let region = DeviceRegion {
+                ctx: std::ptr::null_mut(),
+                dev_ptr: data.as_ptr() as u64,
+                size: data.len(),
+                stream: std::ptr::null_mut(),
+            };
+            let path = dir.path().join(format!("case-{n}-{slots}.bin"));
+            let opts = PipelineOptions {
+                hashing,
+                io_threads,
+                ..PipelineOptions::new(slots, chunk)
+            };
+            let w = posix::device_to_file(&env.driver, &region, &path, &opts).unwrap();
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                data,
+                "case {n}, {slots} slots"
+            );
+            assert_eq!(
+                w.blake3,
+                blake3::hash(data).to_hex().to_string(),
+                "case {n}"
+            );
+            let mut dst = vec![0u8; data.len()];
+            let back = DeviceRegion {
+                dev_ptr: dst.as_mut_ptr() as u64,
+                ..region
+            };
+            let r =
+                posix::file_to_device(&env.driver, &back, &path, Some(&w.blake3), &opts).unwrap();
+            assert_eq!(r.blake3, w.blake3);
+            assert_eq!(dst, data, "case {n}, {slots} slots");
+            // A changed byte is caught whichever way the digest is computed.
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[data.len() / 2] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+            let err = posix::file_to_device(&env.driver, &back, &path, Some(&w.blake3), &opts)
+                .unwrap_err();
+            assert!(err.to_string().contains("changed or damaged"), "{err}");
+        }
+    }
     for slots in [1usize, 2, 4, 8] {
         // The fake's "device pointers" are host addresses.
         let region = DeviceRegion {

@@ -16,6 +16,7 @@
 //! `cuCheckpointOperationComplete`. Unlocking is the orchestrator's.
 
 pub mod pipeline;
+pub mod tree_digest;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -35,7 +36,7 @@ use crate::engine::{EngineError, EngineOp, EngineOutput, StorageEngine};
 
 pub use pipeline::{
     device_to_file, digest_file, file_to_device, DeviceRegion, PipelineError, PipelineOptions,
-    TransferStats,
+    SlotHashing, TransferStats,
 };
 
 /// Version of [`PosixDetails`].
@@ -131,6 +132,7 @@ impl Posix {
             deadline: Some(deadline),
             direct_io: self.direct_io,
             fail_write_after: self.fail_write_after,
+            ..PipelineOptions::new(self.buffer_count as usize, self.chunk_bytes as usize)
         }
     }
 
