@@ -188,7 +188,8 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     timings.record_into(&mut manifest);
 
     let sealed = match hashing.take() {
-        Some(h) => h.finish().and_then(|(inventory, digest)| {
+        Some(h) => h.finish().and_then(|(inventory, digest, early)| {
+            timings.hashed_during_dump(early);
             dir::seal_checkpoint_with(image_dir, manifest, inventory, digest)
         }),
         None => dir::seal_checkpoint(image_dir, manifest),
@@ -372,9 +373,9 @@ fn resume_in_place(
     r
 }
 
-/// The digest of a dumped checkpoint: the inventory, and how long hashing took once the dump
-/// had ended (the part that can hold up the seal).
-type Hashed = std::result::Result<(dir::ImageInventory, Duration), dir::InventoryError>;
+/// The digest of a dumped checkpoint: the inventory, how long hashing took once the dump had
+/// ended (the part that can hold up the seal), and how many bytes were hashed during the dump.
+type Hashed = std::result::Result<(dir::ImageInventory, Duration, u64), dir::InventoryError>;
 
 /// Hashing a checkpoint: page images while CRIU writes them ([`dir::ImageFollower`]), the rest
 /// on a thread of its own once CRIU has returned.
@@ -406,14 +407,14 @@ impl Hashing {
                 tail_ms = tail.as_millis() as u64,
                 "checkpoint digest"
             );
-            Ok((done.inventory, tail))
+            Ok((done.inventory, tail, done.hashed_while_written))
         }));
     }
 
-    /// The inventory, and how long hashing took after the dump.
+    /// See [`Hashed`].
     fn finish(
         mut self,
-    ) -> std::result::Result<(dir::ImageInventory, Duration), dir::ManifestError> {
+    ) -> std::result::Result<(dir::ImageInventory, Duration, u64), dir::ManifestError> {
         self.dump_done();
         let panicked = || {
             Err(dir::InventoryError::Io {

@@ -10,11 +10,17 @@ use gpusnap_checkpoint::Manifest;
 #[derive(Debug, Default, Clone)]
 pub struct Timings {
     phases: Vec<(&'static str, Duration)>,
+    /// Bytes of the checkpoint hashed while CRIU was still writing them.
+    hashed_during_dump: Option<u64>,
 }
 
 impl Timings {
     pub fn add(&mut self, phase: &'static str, elapsed: Duration) {
         self.phases.push((phase, elapsed));
+    }
+
+    pub fn hashed_during_dump(&mut self, bytes: u64) {
+        self.hashed_during_dump = Some(bytes);
     }
 
     /// Milliseconds of `phase`, when it ran.
@@ -57,6 +63,7 @@ impl Timings {
             criu_dump_ms = self.ms("criu-dump"),
             cuda_resume_ms = self.ms("cuda-resume"),
             digest_ms,
+            hashed_during_dump_bytes = self.hashed_during_dump,
             total_ms = total.as_millis() as u64,
             "{message}"
         );
