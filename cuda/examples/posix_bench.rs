@@ -69,7 +69,7 @@ fn parse() -> Args {
         slots: vec![1, 2, 4, 8],
         chunks: vec![16 * MIB, 64 * MIB, 256 * MIB],
         io_threads: vec![0],
-        hashing: vec![SlotHashing::BesideIo],
+        hashing: vec![SlotHashing::InFileOrder],
         library: "libcuda.so.1".into(),
         direct: true,
         fake: false,
