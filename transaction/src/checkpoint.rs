@@ -140,11 +140,25 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     // last piece of each, the small images) is hashed on every core while the CUDA processes
     // are restored and unlocked (leave running), instead of after.
     let hashing: std::cell::RefCell<Option<Hashing>> = std::cell::RefCell::new(None);
+    // With `exit`, the container is frozen from the end of the dump until it is killed:
+    // CRIU leaves it running, and anything it wrote before the kill (a file CRIU recorded at
+    // another size) would make the image unrestorable.
+    let frozen_for_exit = std::cell::Cell::new(false);
     let run_dump = || -> std::result::Result<Duration, RuncFailure> {
         let t = Instant::now();
         *hashing.borrow_mut() = Some(Hashing::follow(image_dir));
         runc.run(&dump_cmd, Some(&criu_log))?;
         let elapsed = t.elapsed();
+        if req.exit && !req.frozen {
+            match runc.pause() {
+                Ok(()) => frozen_for_exit.set(true),
+                Err(e) => tracing::warn!(
+                    id = %req.container_id,
+                    error = %e,
+                    "cannot freeze the container between its dump and its stop"
+                ),
+            }
+        }
         if let Some(h) = hashing.borrow_mut().as_mut() {
             h.dump_done();
         }
@@ -198,6 +212,9 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         Ok(m) => m,
         Err(e) => {
             abandon(image_dir);
+            if frozen_for_exit.get() {
+                let _ = runc.resume();
+            }
             let resumed = match (&gpu_report, orchestrator) {
                 // The CUDA processes were left checkpointed (for the kill, or for the caller's
                 // thaw); the container is not going away after all, so bring them back.
@@ -226,15 +243,16 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     let mut pending_cuda = None;
     let mut stopped = false;
     if req.exit {
-        // The sealed image is the container now. Frozen processes die only once thawed.
-        if req.frozen {
-            let _ = runc.resume();
-        }
+        // The sealed image is the container now. The kill goes to the frozen processes (runc
+        // freezes, signals, thaws), so they die without running another instruction.
         match runc.kill_all() {
             Ok(()) => stopped = true,
             Err(e) => {
                 tracing::warn!(id = %req.container_id, error = %e, "stopping the container after its checkpoint failed")
             }
+        }
+        if req.frozen || frozen_for_exit.get() {
+            let _ = runc.resume();
         }
     } else if let (Some(report), Some(orch)) = (&gpu_report, orchestrator) {
         if !report.left_running {
