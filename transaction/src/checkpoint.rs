@@ -140,25 +140,31 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     // last piece of each, the small images) is hashed on every core while the CUDA processes
     // are restored and unlocked (leave running), instead of after.
     let hashing: std::cell::RefCell<Option<Hashing>> = std::cell::RefCell::new(None);
-    // With `exit`, the container is frozen from the end of the dump until it is killed:
-    // CRIU leaves it running, and anything it wrote before the kill (a file CRIU recorded at
-    // another size) would make the image unrestorable.
+    // With `exit`, the container is frozen before the dump, as a caller-frozen one is: CRIU
+    // leaves a cgroup it found frozen frozen, so nothing runs between the dump and the kill
+    // (a file written then would no longer match the image: "File … has bad size").
     let frozen_for_exit = std::cell::Cell::new(false);
     let run_dump = || -> std::result::Result<Duration, RuncFailure> {
         let t = Instant::now();
-        *hashing.borrow_mut() = Some(Hashing::follow(image_dir));
-        runc.run(&dump_cmd, Some(&criu_log))?;
-        let elapsed = t.elapsed();
         if req.exit && !req.frozen {
             match runc.pause() {
                 Ok(()) => frozen_for_exit.set(true),
                 Err(e) => tracing::warn!(
                     id = %req.container_id,
                     error = %e,
-                    "cannot freeze the container between its dump and its stop"
+                    "cannot freeze the container for its dump before its stop"
                 ),
             }
         }
+        *hashing.borrow_mut() = Some(Hashing::follow(image_dir));
+        if let Err(f) = runc.run(&dump_cmd, Some(&criu_log)) {
+            // The container goes on running (and the driver's rollback needs it running).
+            if frozen_for_exit.replace(false) {
+                let _ = runc.resume();
+            }
+            return Err(f);
+        }
+        let elapsed = t.elapsed();
         if let Some(h) = hashing.borrow_mut().as_mut() {
             h.dump_done();
         }
