@@ -6,11 +6,10 @@
 //! ```text
 //! posix_bench --dir /mnt/nvme/bench [--size-mib 8192] [--device 0]
 //!             [--slots 1,2,4,8] [--chunks-mib 16,64,256] [--io-threads 0,4,7]
-//!             [--hashing beside,ordered] [--library libcuda.so.1]
+//!             [--library libcuda.so.1]
 //!             [--buffered] [--repeat N] [--fake]
 //! ```
-//! `--io-threads 0` is the engine's default for the slot count; `--hashing` picks where the
-//! digest is computed (beside each slot's I/O, or by one thread in file order).
+//! `--io-threads 0` is the engine's default for the slot count.
 //! `--fake` runs everything against the test double (host memory stands in for
 //! device memory): checks the CPU side without a GPU. Exit 2: no GPU.
 
@@ -22,7 +21,7 @@ use std::process::exit;
 use std::time::Instant;
 
 use gpusnap_cuda::driver::{Driver, DriverConfig};
-use gpusnap_cuda::posix::{self, DeviceRegion, PinnedBuffer, PipelineOptions, SlotHashing};
+use gpusnap_cuda::posix::{self, DeviceRegion, PinnedBuffer, PipelineOptions};
 
 const MIB: usize = 1 << 20;
 const PINNED_CAP: usize = 1 << 30;
@@ -34,7 +33,6 @@ struct Args {
     slots: Vec<usize>,
     chunks: Vec<usize>,
     io_threads: Vec<usize>,
-    hashing: Vec<SlotHashing>,
     library: String,
     direct: bool,
     fake: bool,
@@ -45,7 +43,7 @@ fn usage(msg: &str) -> ! {
     eprintln!("posix_bench: {msg}");
     eprintln!(
         "usage: posix_bench --dir DIR [--size-mib N] [--device I] [--slots 1,2,4,8] \
-         [--chunks-mib 16,64,256] [--io-threads 0,4,7] [--hashing beside,ordered] \
+         [--chunks-mib 16,64,256] [--io-threads 0,4,7] \
          [--library PATH] [--buffered] [--repeat N] [--fake]"
     );
     exit(64)
@@ -69,7 +67,6 @@ fn parse() -> Args {
         slots: vec![1, 2, 4, 8],
         chunks: vec![16 * MIB, 64 * MIB, 256 * MIB],
         io_threads: vec![0],
-        hashing: vec![SlotHashing::InFileOrder],
         library: "libcuda.so.1".into(),
         direct: true,
         fake: false,
@@ -90,16 +87,6 @@ fn parse() -> Args {
             "--repeat" => a.repeat = list(&val())[0].max(1),
             "--chunks-mib" => a.chunks = list(&val()).into_iter().map(|c| c * MIB).collect(),
             "--io-threads" => a.io_threads = list(&val()),
-            "--hashing" => {
-                a.hashing = val()
-                    .split(',')
-                    .map(|h| match h.trim() {
-                        "beside" => SlotHashing::BesideIo,
-                        "ordered" => SlotHashing::InFileOrder,
-                        other => usage(&format!("--hashing: unknown {other:?}")),
-                    })
-                    .collect()
-            }
             "--library" => a.library = val(),
             "--buffered" => a.direct = false,
             "--fake" => a.fake = true,
@@ -334,18 +321,14 @@ fn storage_ceiling_parallel(
     Ok((gbps(size, w), gbps(size, r)))
 }
 
-/// The row label of a pipeline setting: slots, chunk, I/O threads, hashing.
+/// The row label of a pipeline setting: slots, chunk, I/O threads.
 fn label(opts: &PipelineOptions) -> String {
     format!(
-        "{:>5} {:>6}MiB {:>3} {:>7}",
+        "{:>5} {:>6}MiB {:>3}",
         opts.buffer_count,
         opts.chunk_bytes / MIB,
         opts.io_threads
             .unwrap_or_else(|| posix::pipeline::io_threads(opts.buffer_count)),
-        match opts.hashing {
-            SlotHashing::BesideIo => "beside",
-            SlotHashing::InFileOrder => "ordered",
-        }
     )
 }
 
@@ -483,8 +466,8 @@ fn main() {
             .expect("storage ceiling");
     println!("ceilings: PCIe DtoH {dtoh:.2} GB/s, HtoD {htod:.2} GB/s; storage write {disk_w:.2} GB/s, read {disk_r:.2} GB/s (before the sweep)");
     println!(
-        "{:>5} {:>9} {:>3} {:>7} {:>12} {:>12} {:>6}   (best of {} runs per row)",
-        "slots", "chunk", "io", "hashing", "dev→file", "file→dev", "direct", args.repeat
+        "{:>5} {:>9} {:>3} {:>12} {:>12} {:>6}   (best of {} runs per row)",
+        "slots", "chunk", "io", "dev→file", "file→dev", "direct", args.repeat
     );
 
     let mut best = (0.0f64, 0.0f64);
@@ -515,28 +498,25 @@ fn main() {
                 seen_io.push(used);
                 base.io_threads = Some(used);
                 most_io = most_io.max(used);
-                for &hashing in &args.hashing {
-                    let opts = PipelineOptions {
-                        hashing,
-                        direct_io: args.direct,
-                        ..base.clone()
+                let opts = PipelineOptions {
+                    direct_io: args.direct,
+                    ..base
+                };
+                let (mut wg, mut rg, mut direct) = (0.0f64, 0.0f64, true);
+                for _ in 0..args.repeat {
+                    let Some((w, r)) = round_trip(&driver, &region, &path, &opts) else {
+                        break;
                     };
-                    let (mut wg, mut rg, mut direct) = (0.0f64, 0.0f64, true);
-                    for _ in 0..args.repeat {
-                        let Some((w, r)) = round_trip(&driver, &region, &path, &opts) else {
-                            break;
-                        };
-                        wg = wg.max(w.gb_per_s());
-                        rg = rg.max(r.gb_per_s());
-                        direct &= w.direct_io && r.direct_io;
-                    }
-                    if wg == 0.0 {
-                        continue;
-                    }
-                    best = (best.0.max(wg), best.1.max(rg));
-                    println!("{} {wg:>7.2} GB/s {rg:>7.2} GB/s {direct:>6}", label(&opts));
-                    rows.push((label(&opts), wg, rg));
+                    wg = wg.max(w.gb_per_s());
+                    rg = rg.max(r.gb_per_s());
+                    direct &= w.direct_io && r.direct_io;
                 }
+                if wg == 0.0 {
+                    continue;
+                }
+                best = (best.0.max(wg), best.1.max(rg));
+                println!("{} {wg:>7.2} GB/s {rg:>7.2} GB/s {direct:>6}", label(&opts));
+                rows.push((label(&opts), wg, rg));
             }
         }
     }
@@ -561,8 +541,8 @@ fn main() {
     let ckpt_ceiling = dtoh.min(disk_w);
     let rest_ceiling = htod.min(disk_r);
     println!(
-        "{:>5} {:>9} {:>3} {:>7} {:>8} {:>8}   (of min(PCIe DtoH, storage write) = {ckpt_ceiling:.2} GB/s and min(PCIe HtoD, storage read) = {rest_ceiling:.2} GB/s)",
-        "slots", "chunk", "io", "hashing", "dev→file", "file→dev"
+        "{:>5} {:>9} {:>3} {:>8} {:>8}   (of min(PCIe DtoH, storage write) = {ckpt_ceiling:.2} GB/s and min(PCIe HtoD, storage read) = {rest_ceiling:.2} GB/s)",
+        "slots", "chunk", "io", "dev→file", "file→dev"
     );
     for (label, wg, rg) in rows {
         println!(

@@ -16,7 +16,6 @@
 //! `cuCheckpointOperationComplete`. Unlocking is the orchestrator's.
 
 pub mod pipeline;
-pub mod tree_digest;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -36,7 +35,7 @@ use crate::engine::{EngineError, EngineOp, EngineOutput, StorageEngine};
 
 pub use pipeline::{
     device_to_file, digest_file, file_to_device, DeviceRegion, PipelineError, PipelineOptions,
-    SlotHashing, TransferStats,
+    TransferStats,
 };
 
 /// Version of [`PosixDetails`].

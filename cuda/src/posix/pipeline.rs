@@ -5,15 +5,10 @@
 //! allocated itself): a device pointer, a size, a stream and the context the
 //! stream lives in. The calling thread issues the copies on the stream; up to
 //! [`io_threads`] threads do positional file I/O on different chunks at once
-//! (one write in flight is what kept a single writer below the storage rate).
-//! Slots travel between them over channels, so with `N` slots up to `N - 1`
-//! chunks are in file I/O while one is being copied.
-//!
-//! The BLAKE3 digest is computed one of two ways ([`SlotHashing`]): by one more
-//! thread taking the slots in file order, each over all cores (the default, and
-//! the faster on the H200), or by each I/O thread for its own slot, a piece at a
-//! time right beside the read or write of that piece (see
-//! [`super::tree_digest`]).
+//! (one write in flight is what kept a single writer below the storage rate);
+//! one more thread computes the BLAKE3 digest in file order. Slots travel
+//! between them over channels, so with `N` slots up to `N - 1` chunks are in
+//! file I/O while one is being copied.
 //!
 //! The deadline is cooperative: both loops check it between chunks. Driver
 //! calls themselves cannot be interrupted.
@@ -27,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use super::tree_digest::TreeDigest;
 use crate::driver::ffi::{CuContext, CuDevicePtr, CuStream};
 use crate::driver::{CuError, Driver, MemoryApi};
 
@@ -47,8 +41,6 @@ pub struct PipelineOptions {
     pub direct_io: bool,
     /// Threads doing file I/O at once (at most one fewer than the slots); `None`: [`io_threads`].
     pub io_threads: Option<usize>,
-    /// How the digest is computed.
-    pub hashing: SlotHashing,
     /// Test hook: the writer fails with `ENOSPC` once this many bytes were written.
     #[doc(hidden)]
     pub fail_write_after: Option<u64>,
@@ -62,7 +54,6 @@ impl PipelineOptions {
             deadline: None,
             direct_io: true,
             io_threads: None,
-            hashing: SlotHashing::default(),
             fail_write_after: None,
         }
     }
@@ -74,26 +65,6 @@ impl PipelineOptions {
         )
     }
 }
-
-/// Where the BLAKE3 of the transferred bytes is computed.
-///
-/// The default is [`SlotHashing::InFileOrder`]: on the H200 (2026-12-03, tmpfs, 4 and 32 GiB)
-/// hashing beside the I/O was slower in every setting — up to 45 % on reads — because it
-/// takes the I/O threads' own time, while the ordered thread runs beside them on idle cores.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SlotHashing {
-    /// Each I/O thread hashes its slot, piece by piece, beside that piece's file I/O; the
-    /// slots' subtrees are joined at the end. Needs a power-of-two chunk size; other sizes
-    /// are hashed [`SlotHashing::InFileOrder`].
-    BesideIo,
-    /// One thread hashes the slots in file order (each over all cores).
-    #[default]
-    InFileOrder,
-}
-
-/// Bytes of a slot read or written (and hashed) at a time when hashing beside the I/O: small
-/// enough to still be in cache when hashed, large enough for few system calls.
-const IO_PIECE: usize = 1 << 20;
 
 /// A device region and the stream/context to copy it with.
 #[derive(Debug, Clone, Copy)]
@@ -459,52 +430,6 @@ fn take<T>(rx: &Shared<T>) -> Option<T> {
     rx.lock().unwrap_or_else(|e| e.into_inner()).recv().ok()
 }
 
-/// The tree digest for a transfer hashed [`SlotHashing::BesideIo`], when its chunk allows it.
-fn tree_for(opts: &PipelineOptions, total: u64, chunk: usize) -> Option<TreeDigest> {
-    match opts.hashing {
-        SlotHashing::BesideIo => TreeDigest::new(total, chunk as u64),
-        SlotHashing::InFileOrder => None,
-    }
-}
-
-/// Joins the I/O threads: whether any used `O_DIRECT`, or the first error.
-fn join_io(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<bool, PipelineError>>>,
-    what: &str,
-) -> Result<bool, PipelineError> {
-    let mut used_direct = false;
-    let mut first_err = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(d)) => used_direct |= d,
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(PipelineError::Invalid(format!(
-                    "an extent {what} thread panicked"
-                )));
-            }
-        }
-    }
-    first_err.map_or(Ok(used_direct), Err)
-}
-
-/// The digest once every slot went through: joined from the slots' subtrees, or what the
-/// ordered hashing thread computed.
-fn final_digest(
-    tree: Option<&TreeDigest>,
-    ordered: Option<std::thread::Result<String>>,
-) -> Result<String, PipelineError> {
-    match (tree, ordered) {
-        (Some(t), _) => t.finish().ok_or_else(|| {
-            PipelineError::Invalid("a slot's digest is missing from the extent's digest".into())
-        }),
-        (None, Some(Ok(d))) => Ok(d),
-        (None, _) => Err(PipelineError::Invalid("the hashing thread panicked".into())),
-    }
-}
-
 /// Device → pinned slots → `path` (created or truncated, fsynced), with the
 /// BLAKE3 of the bytes. On error the file is left for the caller to remove.
 pub fn device_to_file(
@@ -521,7 +446,6 @@ pub fn device_to_file(
     let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
     let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
     let total = region.size as u64;
-    let tree = tree_for(opts, total, chunk);
 
     let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
     let (free_tx, free_rx) = mpsc::channel::<Slot>();
@@ -538,21 +462,12 @@ pub fn device_to_file(
     let filled_rx = shared(filled_rx);
     let written = std::sync::atomic::AtomicU64::new(0);
 
-    let (copied, writer, ordered) = std::thread::scope(|scope| {
-        let hasher = tree.is_none().then(|| {
-            let free_tx = free_tx.clone();
-            scope.spawn(move || hash_slots(hash_rx, free_tx))
-        });
+    let (copied, writer, digest) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
         let handles: Vec<_> = writers
             .into_iter()
             .map(|mut extent| {
-                let (filled_rx, hash_tx, free_tx, written, tree) = (
-                    filled_rx.clone(),
-                    hash_tx.clone(),
-                    free_tx.clone(),
-                    &written,
-                    tree.as_ref(),
-                );
+                let (filled_rx, hash_tx, written) = (filled_rx.clone(), hash_tx.clone(), &written);
                 scope.spawn(move || -> Result<bool, PipelineError> {
                     let mut used_direct = false;
                     while let Some((slot, len, offset)) = take(&filled_rx) {
@@ -567,30 +482,33 @@ pub fn device_to_file(
                                 io::Error::from_raw_os_error(libc::ENOSPC),
                             ));
                         }
-                        match tree {
-                            Some(tree) => {
-                                let mut h = tree.hasher(offset);
-                                for (i, piece) in data.chunks(IO_PIECE).enumerate() {
-                                    h.update_rayon(piece);
-                                    let at = offset + (i * IO_PIECE) as u64;
-                                    used_direct |= extent.write_at(piece, at)?;
-                                }
-                                tree.add(offset, &h);
-                                let _ = free_tx.send(slot);
-                            }
-                            None => {
-                                used_direct |= extent.write_at(data, offset)?;
-                                let _ = hash_tx.send((slot, len, offset));
-                            }
-                        }
+                        used_direct |= extent.write_at(data, offset)?;
+                        let _ = hash_tx.send((slot, len, offset));
                     }
                     Ok(used_direct)
                 })
             })
             .collect();
-        drop((hash_tx, free_tx));
+        drop(hash_tx);
         let writer = scope.spawn(move || -> Result<bool, PipelineError> {
-            let used_direct = join_io(handles, "writer")?;
+            let mut used_direct = false;
+            let mut first_err = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(d)) => used_direct |= d,
+                    Ok(Err(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        first_err.get_or_insert(PipelineError::Invalid(
+                            "an extent writer thread panicked".into(),
+                        ));
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
             extent
                 .file
                 .sync_all()
@@ -647,15 +565,16 @@ pub fn device_to_file(
         drop(filled_tx);
         drop(free_rx);
         let writer = writer.join();
-        (copied, writer, hasher.map(|h| h.join()))
+        (copied, writer, hasher.join())
     });
     drop(pinned);
 
     let writer =
         writer.map_err(|_| PipelineError::Invalid("the extent writer thread panicked".into()))?;
+    let digest =
+        digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
     let copied = copied?;
     let direct_io = writer?;
-    let digest = final_digest(tree.as_ref(), ordered)?;
     if copied != total {
         return Err(PipelineError::Invalid(format!(
             "copied {copied} of {total} bytes to {}",
@@ -699,7 +618,6 @@ pub fn file_to_device(
     }
     let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
     let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
-    let tree = tree_for(opts, total, chunk);
     let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
     let (free_tx, free_rx) = mpsc::channel::<Slot>();
     for s in pinned.slots() {
@@ -714,20 +632,13 @@ pub fn file_to_device(
     let free_rx = shared(free_rx);
     let next_offset = std::sync::atomic::AtomicU64::new(0);
 
-    let (copied, reader, ordered) = std::thread::scope(|scope| {
-        let hasher = tree.is_none().then(|| {
-            let free_tx = free_tx.clone();
-            scope.spawn(move || hash_slots(hash_rx, free_tx))
-        });
+    let (copied, reader, digest) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
         let handles: Vec<_> = readers
             .into_iter()
             .map(|mut extent| {
-                let (free_rx, filled_tx, next_offset, tree) = (
-                    free_rx.clone(),
-                    filled_tx.clone(),
-                    &next_offset,
-                    tree.as_ref(),
-                );
+                let (free_rx, filled_tx, next_offset) =
+                    (free_rx.clone(), filled_tx.clone(), &next_offset);
                 scope.spawn(move || -> Result<bool, PipelineError> {
                     let mut used_direct = false;
                     loop {
@@ -748,18 +659,7 @@ pub fn file_to_device(
                         let len = chunk.min((total - offset) as usize);
                         // SAFETY: this thread owns the slot, which holds `chunk >= len` bytes.
                         let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, len) };
-                        match tree {
-                            Some(tree) => {
-                                let mut h = tree.hasher(offset);
-                                for (i, piece) in buf.chunks_mut(IO_PIECE).enumerate() {
-                                    let at = offset + (i * IO_PIECE) as u64;
-                                    used_direct |= extent.read_at(piece, at)?;
-                                    h.update_rayon(piece);
-                                }
-                                tree.add(offset, &h);
-                            }
-                            None => used_direct |= extent.read_at(buf, offset)?,
-                        }
+                        used_direct |= extent.read_at(buf, offset)?;
                         if filled_tx.send((slot, len, offset)).is_err() {
                             break;
                         }
@@ -769,7 +669,24 @@ pub fn file_to_device(
             })
             .collect();
         drop(filled_tx);
-        let reader = scope.spawn(move || join_io(handles, "reader"));
+        let reader = scope.spawn(move || -> Result<bool, PipelineError> {
+            let mut used_direct = false;
+            let mut first_err = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(d)) => used_direct |= d,
+                    Ok(Err(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        first_err.get_or_insert(PipelineError::Invalid(
+                            "an extent reader thread panicked".into(),
+                        ));
+                    }
+                }
+            }
+            first_err.map_or(Ok(used_direct), Err)
+        });
 
         let mut done = 0u64;
         let copied = loop {
@@ -806,27 +723,22 @@ pub fn file_to_device(
                 break Err(e);
             }
             done += len as u64;
-            if tree.is_some() {
-                // Hashed by its reader already: refill it.
-                let _ = free_tx.send(slot);
-            } else {
-                // Hashed after the copy (the slot is unchanged), then refilled.
-                let _ = hash_tx.send((slot, len, offset));
-            }
+            // Hashed after the copy (the slot is unchanged), then refilled.
+            let _ = hash_tx.send((slot, len, offset));
         };
         drop(hash_tx);
-        drop(free_tx);
         drop(filled_rx);
         let reader = reader.join();
-        (copied, reader, hasher.map(|h| h.join()))
+        (copied, reader, hasher.join())
     });
     drop(pinned);
 
     let reader =
         reader.map_err(|_| PipelineError::Invalid("the extent reader thread panicked".into()))?;
+    let digest =
+        digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
     let copied = copied?;
     let direct_io = reader?;
-    let digest = final_digest(tree.as_ref(), ordered)?;
     if copied != total {
         return Err(PipelineError::Invalid(format!(
             "copied {copied} of {total} bytes from {}",
