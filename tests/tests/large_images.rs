@@ -100,23 +100,7 @@ fn run() -> Result<()> {
         String::from_utf8_lossy(&inspect.stderr)
     );
     // ... and the restore verifies it before CRIU runs, then the counter goes on.
-    let work = dir.join("restore-work");
-    fs::create_dir_all(&work)?;
-    let (code, _, err) = c.wrapper(
-        &[
-            "restore",
-            "-d",
-            "--image-path",
-            images_s,
-            "--work-path",
-            work.to_str().context("work path")?,
-            "--bundle",
-            c.bundle.to_str().context("bundle path")?,
-            &c.id,
-        ],
-        &env,
-        dir,
-    );
+    let (code, _, err) = c.wrapper_restore(&images, &env, dir);
     ensure!(
         code == 0,
         "gpusnap-runc restore failed (exit {code}):\n{err}"

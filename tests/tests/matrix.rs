@@ -647,23 +647,7 @@ fn gpusnap_runc_door(engine: Engine, cuda: Cuda) -> Result<()> {
     gpu::check_gpu_checkpoint(&images, engine, cuda, old_pid, &bytes)?;
 
     gpu.emulate_criu_restore(&cuda_proc)?;
-    let work = dir.join("restore-work");
-    fs::create_dir_all(&work)?;
-    let (code, _, err) = c.wrapper(
-        &[
-            "restore",
-            "-d",
-            "--image-path",
-            images_arg,
-            "--work-path",
-            work.to_str().context("work path")?,
-            "--bundle",
-            c.bundle.to_str().context("bundle path")?,
-            &c.id,
-        ],
-        &env,
-        dir,
-    );
+    let (code, _, err) = c.wrapper_restore(&images, &env, dir);
     ensure!(
         code == 0,
         "gpusnap-runc restore failed (exit {code}):\n{err}"

@@ -160,6 +160,40 @@ impl BusyboxContainer {
     }
 }
 
+impl BusyboxContainer {
+    /// `gpusnap-runc restore -d --image-path <images> --work-path <out_dir>/restore-work
+    /// --bundle <bundle> <id>`, as [`BusyboxContainer::wrapper`] runs it.
+    pub fn wrapper_restore(
+        &self,
+        images: &Path,
+        envs: &[(&str, &str)],
+        out_dir: &Path,
+    ) -> (i32, String, String) {
+        let work = out_dir.join("restore-work");
+        fs::create_dir_all(&work).unwrap();
+        let (images, work, bundle) = (
+            images.to_str().unwrap(),
+            work.to_str().unwrap(),
+            self.bundle.to_str().unwrap(),
+        );
+        self.wrapper(
+            &[
+                "restore",
+                "-d",
+                "--image-path",
+                images,
+                "--work-path",
+                work,
+                "--bundle",
+                bundle,
+                &self.id,
+            ],
+            envs,
+            out_dir,
+        )
+    }
+}
+
 /// Runs `cmd` with stdin on /dev/null and stdout/stderr in fresh files under `out_dir`;
 /// returns (exit code or -1, stdout, stderr).
 pub fn run_detached_stdio(mut cmd: Command, out_dir: &Path) -> (i32, String, String) {
