@@ -5,7 +5,7 @@
 //!   (engine admitted on this driver)                                  ← refusals end here
 //! directory cleared
 //! [frozen by the caller, GPU: thaw for the driver]
-//! [GPU: lock → checkpoint]  → (refreeze) → runc checkpoint --leave-running (CRIU dump)
+//! [GPU: lock → checkpoint]  → (refreeze; with exit: freeze) → runc checkpoint --leave-running
 //!   → [GPU, leave running: restore → unlock]                           ← any failure rolls back
 //! seal: digest every file, write the manifest last                    ← failure: scrub, resume CUDA
 //! exit requested: only now kill the container
@@ -13,7 +13,9 @@
 //!
 //! The dump always leaves the container running: with `exit`, the container is stopped only
 //! once the image is sealed, so a failure anywhere leaves the workload running, unlocked and as
-//! frozen as the caller left it, and nothing in the directory looks complete.
+//! frozen as the caller left it, and nothing in the directory looks complete. With `exit` it is
+//! frozen before the dump (CRIU leaves a frozen cgroup frozen), so nothing it does between the
+//! dump and the kill can contradict the image.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
