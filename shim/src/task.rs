@@ -837,7 +837,13 @@ impl TaskService {
                 let opts = runc::options::KillOpts { all: req.all };
                 if let Err(e) = runc.kill(&req.id, req.signal, Some(&opts)).await {
                     let text = runc_log_error(&bundle).unwrap_or_else(|| runc_error_text(&e));
-                    if text.contains("not running") || text.contains("no such process") {
+                    // runc 1.1's `kill --all` freezes the cgroup first, which fails with
+                    // "invalid state transition from stopped to paused" when the container
+                    // stopped during the call: it is finished either way.
+                    if text.contains("not running")
+                        || text.contains("no such process")
+                        || text.contains("transition from stopped")
+                    {
                         return Err(not_found(format!("process already finished: {text}")));
                     }
                     return Err(internal(format!("runc kill: {text}")));
