@@ -544,3 +544,47 @@ fn aligned_slots_go_through_o_direct_where_the_filesystem_allows() {
     assert!(!b.direct_io, "buffered mode never reports O_DIRECT");
     assert_eq!(w.blake3, b.blake3);
 }
+
+#[test]
+fn slots_pinned_ahead_carry_several_transfers_both_ways() {
+    let env = env13();
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(3 * (1 << 20) + 4096 + 7, 91);
+    let region = DeviceRegion {
+        ctx: std::ptr::null_mut(),
+        dev_ptr: data.as_ptr() as u64,
+        size: data.len(),
+        stream: std::ptr::null_mut(),
+    };
+    // The slots' own count and chunk size rule, not the options'.
+    let opts = PipelineOptions::new(8, 64 << 20);
+    let mut slots = posix::TransferSlots::alloc(&env.driver, region.ctx, 3, 1 << 20).unwrap();
+    assert_eq!((slots.count(), slots.chunk_bytes()), (3, 1 << 20));
+    for round in 0..2 {
+        let path = dir.path().join(format!("round-{round}.bin"));
+        let w =
+            posix::device_to_file_through(&env.driver, &region, &path, &mut slots, &opts).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data, "round {round}");
+        assert_eq!(w.blake3, blake3::hash(&data).to_hex().to_string());
+        let mut dst = vec![0u8; data.len()];
+        let back = DeviceRegion {
+            dev_ptr: dst.as_mut_ptr() as u64,
+            ..region
+        };
+        let r = posix::file_to_device_through(
+            &env.driver,
+            &back,
+            &path,
+            Some(&w.blake3),
+            &mut slots,
+            &opts,
+        )
+        .unwrap();
+        assert_eq!(r.blake3, w.blake3);
+        assert_eq!(dst, data, "round {round}");
+    }
+    for (count, chunk) in [(0, 1 << 20), (9, 1 << 20), (2, 4095)] {
+        let err = posix::TransferSlots::alloc(&env.driver, region.ctx, count, chunk).unwrap_err();
+        assert!(err.to_string().contains("transfer"), "{err}");
+    }
+}

@@ -34,8 +34,8 @@ use crate::driver::{Capabilities, DeviceInfo, Driver, GpuRemap, GpuUuid};
 use crate::engine::{EngineError, EngineOp, EngineOutput, StorageEngine};
 
 pub use pipeline::{
-    device_to_file, digest_file, file_to_device, DeviceRegion, PipelineError, PipelineOptions,
-    TransferStats,
+    device_to_file, device_to_file_through, digest_file, file_to_device, file_to_device_through,
+    DeviceRegion, PipelineError, PipelineOptions, TransferSlots, TransferStats,
 };
 
 /// Version of [`PosixDetails`].
@@ -405,6 +405,50 @@ fn per_device<T: Send>(
     })
 }
 
+/// A retained context handed to the pinning thread.
+struct PinFor(u32, CuContext);
+// SAFETY: a driver token; the driver API is thread-safe and the pinning thread makes the
+// context current before using it.
+unsafe impl Send for PinFor {}
+
+/// Pins transfer slots for each of `gpus` (device ordinal → slots) on a thread of its own
+/// while `meanwhile` runs on this one: pinning takes milliseconds per slot, and both callers
+/// run it where the process waits (the driver's checkpoint call, the extent verification).
+fn pin_while<'d, R>(
+    driver: &'d Driver,
+    gpus: Vec<PinFor>,
+    count: usize,
+    chunk_bytes: usize,
+    meanwhile: impl FnOnce() -> R,
+) -> (HashMap<u32, Result<TransferSlots<'d>, PipelineError>>, R) {
+    std::thread::scope(|scope| {
+        let pinning = scope.spawn(move || {
+            gpus.into_iter()
+                .map(|PinFor(index, ctx)| {
+                    (index, TransferSlots::alloc(driver, ctx, count, chunk_bytes))
+                })
+                .collect::<HashMap<_, _>>()
+        });
+        let out = meanwhile();
+        let pinned = pinning.join().unwrap_or_else(|_| HashMap::new());
+        (pinned, out)
+    })
+}
+
+/// One extent transfer through the slots pinned for its GPU, or through slots of its own
+/// where none were pinned ahead.
+fn through_pinned<'d>(
+    pinned: Option<Result<TransferSlots<'d>, PipelineError>>,
+    fresh: impl FnOnce() -> Result<TransferStats, PipelineError>,
+    through: impl FnOnce(&mut TransferSlots<'d>) -> Result<TransferStats, PipelineError>,
+) -> Result<TransferStats, PipelineError> {
+    match pinned {
+        Some(Ok(mut slots)) => through(&mut slots),
+        Some(Err(e)) => Err(e),
+        None => fresh(),
+    }
+}
+
 impl StorageEngine for Posix {
     fn name(&self) -> &'static str {
         Self::NAME
@@ -452,8 +496,21 @@ impl StorageEngine for Posix {
         if !driver.capabilities().custom_storage {
             return Err(self.admit(driver.capabilities()).unwrap_err());
         }
-        // SAFETY: `info` outlives the call and the driver has CustomStorage.
-        unsafe { driver.checkpoint_process_with(pid, &mut args) }?;
+        let pin_for = op
+            .gpus
+            .iter()
+            .filter_map(|g| driver.capabilities().device(&g.uuid))
+            .filter_map(|d| contexts.get(&d.index).map(|&c| PinFor(d.index, c)))
+            .collect();
+        let (mut pinned, called) = pin_while(
+            driver,
+            pin_for,
+            self.buffer_count as usize,
+            self.chunk_bytes as usize,
+            // SAFETY: `info` outlives the call and the driver has CustomStorage.
+            || unsafe { driver.checkpoint_process_with(pid, &mut args) },
+        );
+        called?;
         // SAFETY: the driver just returned it.
         let Some((info_value, per)) = (unsafe { regions(info) }) else {
             return Err(Self::fail(
@@ -495,8 +552,17 @@ impl StorageEngine for Posix {
         let paths: Vec<PathBuf> = jobs.iter().map(|j| j.2.clone()).collect();
         let opts = self.options(op.deadline);
         let started = Instant::now();
-        let results = per_device(jobs.clone(), |(_, region, path)| {
-            device_to_file(driver, &region, &path, &opts)
+        let transfers: Vec<_> = jobs
+            .iter()
+            .map(|(d, region, path)| (*region, path.clone(), pinned.remove(&d.index)))
+            .collect();
+        drop(pinned);
+        let results = per_device(transfers, |(region, path, slots)| {
+            through_pinned(
+                slots,
+                || device_to_file(driver, &region, &path, &opts),
+                |s| device_to_file_through(driver, &region, &path, s, &opts),
+            )
         });
         let mut extents = Vec::new();
         let mut errors = Vec::new();
@@ -595,26 +661,39 @@ impl StorageEngine for Posix {
             planned.push((dev, e.clone(), path));
         }
         planned.sort_by_key(|(d, _, _)| d.index);
-        for (_, e, path) in &planned {
-            let (len, digest) =
-                digest_file(path, Some(op.deadline)).map_err(|err| refuse(err.to_string()))?;
-            if len != e.size {
-                return Err(refuse(format!(
-                    "extent {} holds {len} bytes, the checkpoint recorded {}",
-                    path.display(),
-                    e.size
-                )));
-            }
-            if !digest.eq_ignore_ascii_case(&e.blake3) {
-                return Err(refuse(format!(
-                    "extent {} has BLAKE3 {digest}, but the checkpoint recorded {}: it was changed or damaged",
-                    path.display(),
-                    e.blake3
-                )));
-            }
-        }
-
         let contexts = retain_all(driver, pid)?;
+        let pin_for = planned
+            .iter()
+            .filter_map(|(d, _, _)| contexts.get(&d.index).map(|&c| PinFor(d.index, c)))
+            .collect();
+        let (mut pinned, verified) = pin_while(
+            driver,
+            pin_for,
+            self.buffer_count as usize,
+            self.chunk_bytes as usize,
+            || -> Result<(), EngineError> {
+                for (_, e, path) in &planned {
+                    let (len, digest) = digest_file(path, Some(op.deadline))
+                        .map_err(|err| refuse(err.to_string()))?;
+                    if len != e.size {
+                        return Err(refuse(format!(
+                            "extent {} holds {len} bytes, the checkpoint recorded {}",
+                            path.display(),
+                            e.size
+                        )));
+                    }
+                    if !digest.eq_ignore_ascii_case(&e.blake3) {
+                        return Err(refuse(format!(
+                            "extent {} has BLAKE3 {digest}, but the checkpoint recorded {}: it was changed or damaged",
+                            path.display(),
+                            e.blake3
+                        )));
+                    }
+                }
+                Ok(())
+            },
+        );
+        verified?;
         let mut pairs: Vec<GpuPair> = remap
             .iter()
             .map(|r| GpuPair {
@@ -682,11 +761,21 @@ impl StorageEngine for Posix {
                 size: r.size,
                 stream: r.stream,
             };
-            jobs.push((region, path.clone(), e.blake3.clone()));
+            jobs.push((
+                region,
+                path.clone(),
+                e.blake3.clone(),
+                pinned.remove(&d.index),
+            ));
         }
+        drop(pinned);
         let opts = self.options(op.deadline);
-        let results = per_device(jobs, |(region, path, digest)| {
-            file_to_device(driver, &region, &path, Some(&digest), &opts)
+        let results = per_device(jobs, |(region, path, digest, slots)| {
+            through_pinned(
+                slots,
+                || file_to_device(driver, &region, &path, Some(&digest), &opts),
+                |s| file_to_device_through(driver, &region, &path, Some(&digest), s, &opts),
+            )
         });
         let errors: Vec<String> = planned
             .iter()

@@ -57,13 +57,6 @@ impl PipelineOptions {
             fail_write_after: None,
         }
     }
-
-    fn io_threads(&self) -> usize {
-        self.io_threads.map_or_else(
-            || io_threads(self.buffer_count),
-            |n| n.clamp(1, self.buffer_count.saturating_sub(1).max(1)),
-        )
-    }
 }
 
 /// A device region and the stream/context to copy it with.
@@ -173,38 +166,110 @@ struct Slot {
 // SAFETY: exactly one thread owns a slot at a time (it travels through channels).
 unsafe impl Send for Slot {}
 
-/// Pinned allocations, freed on drop.
-struct PinnedSlots<'a> {
+/// Page-locked transfer slots for transfers on one context, freed on drop.
+///
+/// Allocated apart from the transfer so that a caller can pin them ahead, off the path where
+/// the process waits: `cuMemHostAlloc` pins page by page and takes milliseconds per slot.
+pub struct TransferSlots<'a> {
     driver: &'a Driver,
     mem: &'a MemoryApi,
+    ctx: CuContext,
     ptrs: Vec<*mut c_void>,
+    chunk_bytes: usize,
+    pinned_in: Duration,
 }
 
-impl<'a> PinnedSlots<'a> {
-    fn alloc(driver: &'a Driver, count: usize, bytes: usize) -> Result<Self, PipelineError> {
+// SAFETY: the pointers are page-locked host memory usable from any thread, and the driver
+// API is thread-safe; the slots are handed to one transfer at a time (`&mut` below).
+unsafe impl Send for TransferSlots<'_> {}
+
+impl std::fmt::Debug for TransferSlots<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferSlots")
+            .field("count", &self.ptrs.len())
+            .field("chunk_bytes", &self.chunk_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> TransferSlots<'a> {
+    /// `count` slots (1–8) of `chunk_bytes` (a positive multiple of [`DIRECT_ALIGN`]), pinned
+    /// for `ctx` (made current on this thread; null: the current context).
+    pub fn alloc(
+        driver: &'a Driver,
+        ctx: CuContext,
+        count: usize,
+        chunk_bytes: usize,
+    ) -> Result<Self, PipelineError> {
+        check_shape(count, chunk_bytes)?;
+        let started = Instant::now();
+        set_current(driver, ctx)?;
         let mem = memory(driver)?;
         let mut slots = Self {
             driver,
             mem,
+            ctx,
             ptrs: Vec::with_capacity(count),
+            chunk_bytes,
+            pinned_in: Duration::ZERO,
         };
         for _ in 0..count {
             let mut p: *mut c_void = std::ptr::null_mut();
             // SAFETY: valid out-pointer; flags 0 = page-locked for the current context.
-            let rc = unsafe { (mem.mem_host_alloc)(&mut p, bytes, 0) };
+            let rc = unsafe { (mem.mem_host_alloc)(&mut p, chunk_bytes, 0) };
             cuda(driver, "cuMemHostAlloc", rc)?;
             slots.ptrs.push(p);
         }
+        slots.pinned_in = started.elapsed();
         Ok(slots)
+    }
+
+    /// The slots [`device_to_file`] and [`file_to_device`] pin for `region` with `opts`: no
+    /// larger than the region needs.
+    pub fn for_region(
+        driver: &'a Driver,
+        region: &DeviceRegion,
+        opts: &PipelineOptions,
+    ) -> Result<Self, PipelineError> {
+        let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
+        Self::alloc(driver, region.ctx, opts.buffer_count, chunk)
+    }
+
+    pub fn count(&self) -> usize {
+        self.ptrs.len()
+    }
+
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// How long pinning took.
+    pub fn pinned_in(&self) -> Duration {
+        self.pinned_in
     }
 
     fn slots(&self) -> impl Iterator<Item = Slot> + '_ {
         self.ptrs.iter().map(|p| Slot { ptr: p.cast() })
     }
+
+    /// I/O threads for `opts` with these slots: at most one fewer than the slots, so that the
+    /// copy thread always has one.
+    fn io_threads(&self, opts: &PipelineOptions) -> usize {
+        let count = self.count();
+        opts.io_threads.map_or_else(
+            || io_threads(count),
+            |n| n.clamp(1, count.saturating_sub(1).max(1)),
+        )
+    }
 }
 
-impl Drop for PinnedSlots<'_> {
+impl Drop for TransferSlots<'_> {
     fn drop(&mut self) {
+        // The allocating context, in case this thread has none (a pinning thread may differ
+        // from the freeing one).
+        if !self.ctx.is_null() {
+            let _ = set_current(self.driver, self.ctx);
+        }
         for p in self.ptrs.drain(..) {
             // SAFETY: allocated by cuMemHostAlloc above; no slot outlives the
             // transfer (both threads have joined when this runs).
@@ -216,20 +281,22 @@ impl Drop for PinnedSlots<'_> {
     }
 }
 
-fn check_options(opts: &PipelineOptions) -> Result<(), PipelineError> {
-    if !(1..=8).contains(&opts.buffer_count) {
+fn check_shape(count: usize, chunk_bytes: usize) -> Result<(), PipelineError> {
+    if !(1..=8).contains(&count) {
         return Err(PipelineError::Invalid(format!(
-            "transfer buffer count {} is outside 1–8",
-            opts.buffer_count
+            "transfer buffer count {count} is outside 1–8"
         )));
     }
-    if opts.chunk_bytes == 0 || !opts.chunk_bytes.is_multiple_of(DIRECT_ALIGN) {
+    if chunk_bytes == 0 || !chunk_bytes.is_multiple_of(DIRECT_ALIGN) {
         return Err(PipelineError::Invalid(format!(
-            "transfer chunk of {} bytes is not a positive multiple of {DIRECT_ALIGN}",
-            opts.chunk_bytes
+            "transfer chunk of {chunk_bytes} bytes is not a positive multiple of {DIRECT_ALIGN}"
         )));
     }
     Ok(())
+}
+
+fn check_options(opts: &PipelineOptions) -> Result<(), PipelineError> {
+    check_shape(opts.buffer_count, opts.chunk_bytes)
 }
 
 fn set_current(driver: &Driver, ctx: CuContext) -> Result<(), PipelineError> {
@@ -430,8 +497,25 @@ fn take<T>(rx: &Shared<T>) -> Option<T> {
     rx.lock().unwrap_or_else(|e| e.into_inner()).recv().ok()
 }
 
+/// [`take`], giving up once `stop` is set.
+fn take_unless<T>(rx: &Shared<T>, stop: &std::sync::atomic::AtomicBool) -> Option<T> {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv_timeout(Duration::from_millis(20))
+        {
+            Ok(v) => return Some(v),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+    None
+}
+
 /// Device → pinned slots → `path` (created or truncated, fsynced), with the
 /// BLAKE3 of the bytes. On error the file is left for the caller to remove.
+/// Pins its slots first ([`TransferSlots::for_region`]), and its time includes that.
 pub fn device_to_file(
     driver: &Driver,
     region: &DeviceRegion,
@@ -440,14 +524,29 @@ pub fn device_to_file(
 ) -> Result<TransferStats, PipelineError> {
     check_options(opts)?;
     let started = Instant::now();
+    let mut slots = TransferSlots::for_region(driver, region, opts)?;
+    let mut stats = device_to_file_through(driver, region, path, &mut slots, opts)?;
+    stats.elapsed = started.elapsed();
+    Ok(stats)
+}
+
+/// [`device_to_file`] through slots pinned ahead (for `region.ctx`); `opts`' slot count and
+/// chunk size are the slots' own.
+pub fn device_to_file_through(
+    driver: &Driver,
+    region: &DeviceRegion,
+    path: &Path,
+    pinned: &mut TransferSlots<'_>,
+    opts: &PipelineOptions,
+) -> Result<TransferStats, PipelineError> {
+    let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
     let extent = Extent::open(path, true, opts.direct_io)?;
-    let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
-    let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
+    let chunk = pinned.chunk_bytes();
     let total = region.size as u64;
 
-    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
+    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(pinned.count());
     let (free_tx, free_rx) = mpsc::channel::<Slot>();
     for s in pinned.slots() {
         let _ = free_tx.send(s);
@@ -456,7 +555,7 @@ pub fn device_to_file(
     let fail_after = opts.fail_write_after;
 
     let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize, u64)>();
-    let writers: Vec<Extent> = (0..opts.io_threads())
+    let writers: Vec<Extent> = (0..pinned.io_threads(opts))
         .map(|_| extent.try_clone())
         .collect::<Result<_, _>>()?;
     let filled_rx = shared(filled_rx);
@@ -567,7 +666,6 @@ pub fn device_to_file(
         let writer = writer.join();
         (copied, writer, hasher.join())
     });
-    drop(pinned);
 
     let writer =
         writer.map_err(|_| PipelineError::Invalid("the extent writer thread panicked".into()))?;
@@ -591,6 +689,7 @@ pub fn device_to_file(
 
 /// `path` → pinned slots → device. The file must hold exactly `region.size`
 /// bytes; with `expected` its BLAKE3 (computed while reading) must match.
+/// Pins its slots first ([`TransferSlots::for_region`]), and its time includes that.
 pub fn file_to_device(
     driver: &Driver,
     region: &DeviceRegion,
@@ -599,6 +698,23 @@ pub fn file_to_device(
     opts: &PipelineOptions,
 ) -> Result<TransferStats, PipelineError> {
     check_options(opts)?;
+    let started = Instant::now();
+    let mut slots = TransferSlots::for_region(driver, region, opts)?;
+    let mut stats = file_to_device_through(driver, region, path, expected, &mut slots, opts)?;
+    stats.elapsed = started.elapsed();
+    Ok(stats)
+}
+
+/// [`file_to_device`] through slots pinned ahead (for `region.ctx`); `opts`' slot count and
+/// chunk size are the slots' own.
+pub fn file_to_device_through(
+    driver: &Driver,
+    region: &DeviceRegion,
+    path: &Path,
+    expected: Option<&str>,
+    pinned: &mut TransferSlots<'_>,
+    opts: &PipelineOptions,
+) -> Result<TransferStats, PipelineError> {
     let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
@@ -616,9 +732,8 @@ pub fn file_to_device(
             actual,
         });
     }
-    let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
-    let pinned = PinnedSlots::alloc(driver, opts.buffer_count, chunk)?;
-    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(opts.buffer_count);
+    let chunk = pinned.chunk_bytes();
+    let (filled_tx, filled_rx) = mpsc::sync_channel::<(Slot, usize, u64)>(pinned.count());
     let (free_tx, free_rx) = mpsc::channel::<Slot>();
     for s in pinned.slots() {
         let _ = free_tx.send(s);
@@ -626,7 +741,7 @@ pub fn file_to_device(
     let deadline = opts.deadline;
 
     let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize, u64)>();
-    let readers: Vec<Extent> = (0..opts.io_threads())
+    let readers: Vec<Extent> = (0..pinned.io_threads(opts))
         .map(|_| extent.try_clone())
         .collect::<Result<_, _>>()?;
     let free_rx = shared(free_rx);
@@ -731,7 +846,6 @@ pub fn file_to_device(
         let reader = reader.join();
         (copied, reader, hasher.join())
     });
-    drop(pinned);
 
     let reader =
         reader.map_err(|_| PipelineError::Invalid("the extent reader thread panicked".into()))?;
@@ -762,31 +876,154 @@ pub fn file_to_device(
     })
 }
 
-/// BLAKE3 of a whole file (8 MiB reads), checking the deadline between reads.
+/// Bytes per read of [`digest_file`].
+const DIGEST_PIECE: usize = 8 << 20;
+/// Buffers of [`digest_file`]: one more than its readers, so the hasher always has one.
+const DIGEST_BUFFERS: usize = 8;
+
+/// BLAKE3 of a whole file (its length when opened), checking the deadline between reads.
+///
+/// Several threads read pieces at once and one thread hashes them in file order, each piece
+/// on all cores: one reading and hashing thread reaches a fraction of what the storage and
+/// the CPU take, and this runs before a restore, while the process waits.
 pub fn digest_file(path: &Path, deadline: Option<Instant>) -> Result<(u64, String), PipelineError> {
-    use std::io::Read;
     let io_err = |source| PipelineError::Io {
         what: "reading extent",
         path: path.to_owned(),
         source,
     };
-    let mut file = File::open(path).map_err(io_err)?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut total = 0u64;
-    loop {
-        if past(deadline) {
-            return Err(PipelineError::Deadline {
-                done: total,
-                total: file.metadata().map(|m| m.len()).unwrap_or(0),
-            });
-        }
-        let n = file.read(&mut buf).map_err(io_err)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        total += n as u64;
+    let file = File::open(path).map_err(io_err)?;
+    let total = file.metadata().map_err(io_err)?.len();
+    let pieces = total.div_ceil(DIGEST_PIECE as u64).max(1) as usize;
+    let mut buffers: Vec<Vec<u8>> = (0..DIGEST_BUFFERS.min(pieces + 1))
+        .map(|_| vec![0u8; DIGEST_PIECE])
+        .collect();
+    let (free_tx, free_rx) = mpsc::channel::<Slot>();
+    for b in &mut buffers {
+        let _ = free_tx.send(Slot {
+            ptr: b.as_mut_ptr(),
+        });
     }
-    Ok((total, hasher.finalize().to_hex().to_string()))
+    let (hash_tx, hash_rx) = mpsc::channel::<(Slot, usize, u64)>();
+    let free_rx = shared(free_rx);
+    let next_offset = std::sync::atomic::AtomicU64::new(0);
+    // A failed reader leaves a gap the hasher never gets past, so the others must stop rather
+    // than wait for a buffer it will not free.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let readers = io_threads(buffers.len());
+    let (read, digest) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_slots(hash_rx, free_tx));
+        let handles: Vec<_> = (0..readers)
+            .map(|_| {
+                let (free_rx, hash_tx, next_offset, file, stop) =
+                    (free_rx.clone(), hash_tx.clone(), &next_offset, &file, &stop);
+                scope.spawn(move || -> Result<(), PipelineError> {
+                    let fail = |e: PipelineError| {
+                        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        Err(e)
+                    };
+                    loop {
+                        let Some(slot) = take_unless(&free_rx, stop) else {
+                            return Ok(());
+                        };
+                        let offset = next_offset
+                            .fetch_add(DIGEST_PIECE as u64, std::sync::atomic::Ordering::Relaxed);
+                        if offset >= total {
+                            return Ok(());
+                        }
+                        if past(deadline) {
+                            return fail(PipelineError::Deadline {
+                                done: offset,
+                                total,
+                            });
+                        }
+                        let len = DIGEST_PIECE.min((total - offset) as usize);
+                        // SAFETY: this thread owns the slot, a buffer of DIGEST_PIECE >= len
+                        // bytes that outlives the scope.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, len) };
+                        if let Err(e) = file.read_exact_at(buf, offset) {
+                            return fail(if e.kind() == io::ErrorKind::UnexpectedEof {
+                                PipelineError::Invalid(format!(
+                                    "extent {} shrank while it was being verified",
+                                    path.display()
+                                ))
+                            } else {
+                                io_err(e)
+                            });
+                        }
+                        if hash_tx.send((slot, len, offset)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(hash_tx);
+        let mut first_err = None;
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(PipelineError::Invalid(
+                    "an extent reader thread panicked".into(),
+                ))
+            });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        // The readers are gone: the hasher finishes once the last piece is hashed.
+        (first_err.map_or(Ok(()), Err), hasher.join())
+    });
+    read?;
+    let digest =
+        digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
+    Ok((total, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn digest_file_matches_a_serial_hash_at_every_piece_boundary() {
+        let dir = tempfile::tempdir().unwrap();
+        // Around one piece, and more pieces than buffers (the buffers are reused).
+        let sizes = [
+            0,
+            1,
+            DIGEST_PIECE - 1,
+            DIGEST_PIECE,
+            DIGEST_PIECE + 1,
+            (DIGEST_BUFFERS + 2) * DIGEST_PIECE + 4097,
+        ];
+        let all = data(*sizes.iter().max().unwrap());
+        for size in sizes {
+            let path = dir.path().join(format!("extent-{size}.bin"));
+            std::fs::write(&path, &all[..size]).unwrap();
+            let (len, digest) = digest_file(&path, None).unwrap();
+            assert_eq!(len, size as u64);
+            assert_eq!(
+                digest,
+                blake3::hash(&all[..size]).to_hex().to_string(),
+                "{size} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn digest_file_stops_at_the_deadline_and_names_a_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("extent.bin");
+        std::fs::write(&path, data(3 * DIGEST_PIECE)).unwrap();
+        let past = Instant::now() - Duration::from_secs(1);
+        let err = digest_file(&path, Some(past)).unwrap_err();
+        assert!(err.is_deadline(), "{err}");
+        let err = digest_file(&dir.path().join("gone.bin"), None).unwrap_err();
+        assert!(err.to_string().contains("gone.bin"), "{err}");
+    }
 }
