@@ -8,8 +8,8 @@
 //! ```toml
 //! [storage]
 //! engine = "posix"                 # or "driver-managed" (default)
-//! transfer_buffer_count = 4        # 1-8
-//! transfer_chunk_bytes = "64MiB"   # 1 MiB-256 MiB, multiple of 4096; count x chunk <= 1 GiB
+//! transfer_buffer_count = 8        # 1-8
+//! transfer_chunk_bytes = "16MiB"   # 1 MiB-256 MiB, multiple of 4096; count x chunk <= 1 GiB
 //!
 //! [cuda]
 //! max_operation_seconds = 3600     # 1-3600

@@ -26,9 +26,9 @@ fn assert_names(msg: &str, parts: &[&str]) {
 fn defaults() {
     let c = Config::default();
     assert_eq!(c.storage.engine, StorageEngine::default());
-    assert_eq!(c.storage.transfer_buffer_count, 4);
-    assert_eq!(c.storage.transfer_chunk_bytes, 64 * MIB);
-    assert_eq!(c.storage.pinned_bytes_per_gpu(), 256 * MIB);
+    assert_eq!(c.storage.transfer_buffer_count, 8);
+    assert_eq!(c.storage.transfer_chunk_bytes, 16 * MIB);
+    assert_eq!(c.storage.pinned_bytes_per_gpu(), 128 * MIB);
     assert_eq!(c.cuda.max_operation(), Duration::from_secs(3600));
     assert_eq!(c.cuda.lock_timeout(), Some(Duration::from_secs(10)));
     assert_eq!(c.cuda.restore_budget(), Duration::from_secs(7200));
@@ -424,7 +424,7 @@ fn precedence_file_then_runtime_options_then_annotations() {
     )
     .unwrap();
     assert_eq!(c.storage.engine, "posix");
-    assert_eq!(c.storage.transfer_buffer_count, 4);
+    assert_eq!(c.storage.transfer_buffer_count, 8);
 }
 
 #[test]
