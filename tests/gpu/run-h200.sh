@@ -52,6 +52,8 @@
 #                        checkpoint (ctr t checkpoint --image-path), so a large size fits
 #                        several alternating repetitions into one call; iii needs ii
 #   --posixbench-sizes LIST  posix_bench sizes in MiB (default 4096,32768)
+#   --posixbench-dir DIR  where posix_bench writes (default: a tmpfs under the work dir; e.g.
+#                        /var/tmp/gpusnap-posixbench for the VM's disk)
 #   --posixbench-args "ARGS"  posix_bench slot/chunk arguments (default: 4096 MiB and less:
 #                        --slots 1,4,8 --chunks-mib 16,64; larger: --slots 4,8 --chunks-mib 64)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
@@ -64,7 +66,7 @@ T_START=$(date +%s%3N)
 MODE=full MIB=1024 SCENARIOS=run,a,b,c,p,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
 CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0 KEEP_PLUGIN=0
 BENCH2_SIZES=8192 BENCH2_PROCS=1,4 BENCH2_REPS=1 BENCH2_WARMUP=256 BENCH2_PREFAULT=auto
-BENCH2_ANNOT=auto BENCH2_SIDES=gpusnap,reference BENCH2_CASES=i,ii,iii POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
+BENCH2_ANNOT=auto BENCH2_SIDES=gpusnap,reference BENCH2_CASES=i,ii,iii POSIXBENCH_DIR="" POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
 while (($#)); do
     case $1 in
     --mode) MODE=$2; shift ;;
@@ -89,6 +91,7 @@ while (($#)); do
     --bench2-annot) BENCH2_ANNOT=$2; shift ;;
     --bench2-sides) BENCH2_SIDES=$2; shift ;;
     --bench2-cases) BENCH2_CASES=$2; shift ;;
+    --posixbench-dir) POSIXBENCH_DIR=$2; shift ;;
     --posixbench-sizes) POSIXBENCH_SIZES=$2; shift ;;
     --posixbench-args) POSIXBENCH_ARGS=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;

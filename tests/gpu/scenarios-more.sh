@@ -981,14 +981,14 @@ if has bench2; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# posixbench: cuda/examples/posix_bench on a tmpfs
+# posixbench: cuda/examples/posix_bench on a tmpfs (or --posixbench-dir)
 # ---------------------------------------------------------------------------------------------
 if has posixbench; then
-    say "posixbench: posix_bench (posix engine slot pipeline) on a tmpfs, sizes $POSIXBENCH_SIZES MiB"
+    pdir=${POSIXBENCH_DIR:-$WORK/ramtmp/posixbench}
+    say "posixbench: posix_bench (posix engine slot pipeline) in $pdir ($(stat -f -c %T "$(dirname "$pdir")" 2>/dev/null)), sizes $POSIXBENCH_SIZES MiB"
     if [[ ! -x $B/bin/posix_bench ]]; then
         note "posixbench: skipped: posix_bench is not in the bundle (it did not build)"
     else
-        pdir=$WORK/ramtmp/posixbench
         for size in ${POSIXBENCH_SIZES//,/ }; do
             est=$((20 + size * 5 / 1024))
             if ! time_left "$est"; then

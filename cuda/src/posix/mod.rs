@@ -769,7 +769,13 @@ impl StorageEngine for Posix {
             ));
         }
         drop(pinned);
-        let opts = self.options(op.deadline);
+        // Buffered reads: the image validation before CRIU and the verification above have
+        // just read every extent through the page cache, so O_DIRECT would read it from the
+        // storage once more (posix_bench's restore sequence measures both).
+        let opts = PipelineOptions {
+            direct_io: false,
+            ..self.options(op.deadline)
+        };
         let results = per_device(jobs, |(region, path, digest, slots)| {
             through_pinned(
                 slots,
@@ -784,6 +790,9 @@ impl StorageEngine for Posix {
             .collect();
         if !errors.is_empty() {
             return Err(before_commit(errors.join("; ")));
+        }
+        for ((d, _, _), stats) in planned.iter().zip(results.iter().flatten()) {
+            tracing::info!(pid, gpu = %d.uuid, bytes = stats.bytes, gbps = stats.gb_per_s(), direct_io = stats.direct_io, "extent read");
         }
         // SAFETY: the handle is from the restore above, not yet completed.
         unsafe { driver.complete_operation(pid, info_value.handle) }?;
