@@ -588,3 +588,59 @@ fn slots_pinned_ahead_carry_several_transfers_both_ways() {
         assert!(err.to_string().contains("transfer"), "{err}");
     }
 }
+
+#[test]
+fn a_region_smaller_than_a_slot_with_an_unaligned_size_goes_through() {
+    let env = env13();
+    let dir = tempfile::tempdir().unwrap();
+    for size in [1usize, 5000, 4096 + 1] {
+        let data = pattern(size, 93);
+        let region = DeviceRegion {
+            ctx: std::ptr::null_mut(),
+            dev_ptr: data.as_ptr() as u64,
+            size,
+            stream: std::ptr::null_mut(),
+        };
+        let opts = PipelineOptions::new(4, 1 << 20);
+        let path = dir.path().join(format!("small-{size}.bin"));
+        let w = posix::device_to_file(&env.driver, &region, &path, &opts).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data, "{size} bytes");
+        let mut dst = vec![0u8; size];
+        let back = DeviceRegion {
+            dev_ptr: dst.as_mut_ptr() as u64,
+            ..region
+        };
+        posix::file_to_device(&env.driver, &back, &path, Some(&w.blake3), &opts).unwrap();
+        assert_eq!(dst, data, "{size} bytes");
+    }
+}
+
+#[test]
+fn slots_a_failed_copy_went_through_carry_no_further_transfer() {
+    let env = env13();
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(3 << 20, 95);
+    let region = DeviceRegion {
+        ctx: std::ptr::null_mut(),
+        dev_ptr: data.as_ptr() as u64,
+        size: data.len(),
+        stream: std::ptr::null_mut(),
+    };
+    let opts = PipelineOptions::new(2, 1 << 20);
+    let path = dir.path().join("extent.bin");
+    let mut slots = posix::TransferSlots::alloc(&env.driver, region.ctx, 2, 1 << 20).unwrap();
+    env.fake.fail_copies(true).unwrap();
+    let err =
+        posix::device_to_file_through(&env.driver, &region, &path, &mut slots, &opts).unwrap_err();
+    assert!(
+        err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{err}"
+    );
+    env.fake.fail_copies(false).unwrap();
+    let err =
+        posix::device_to_file_through(&env.driver, &region, &path, &mut slots, &opts).unwrap_err();
+    assert!(err.to_string().contains("unusable"), "{err}");
+    // Fresh slots work again.
+    let w = posix::device_to_file(&env.driver, &region, &path, &opts).unwrap();
+    assert_eq!(w.blake3, blake3::hash(&data).to_hex().to_string());
+}

@@ -124,6 +124,7 @@ enum {
     CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_UNKNOWN = 999,
 };
@@ -903,6 +904,7 @@ static const struct error_text ERRORS[] = {
      "fake libcuda: the operation cannot be performed in the present state"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "fake libcuda: named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "fake libcuda: device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "fake libcuda: an illegal memory access was encountered"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "fake libcuda: operation not supported"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "fake libcuda: unknown error"},
 };
@@ -1004,10 +1006,19 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     return CUDA_SUCCESS;
 }
 
+/* The file "copies_fail" in the state directory makes every copy fail, as a device fault
+ * (illegal address) would. */
+static int copies_fail(void) {
+    char path[PATH_MAX];
+    path_of(path, sizeof path, "copies_fail");
+    return access(path, F_OK) == 0;
+}
+
 /* "Device" pointers handed out by the fake are host allocations. */
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     REQUIRE_INIT();
     (void)stream;
+    if (copies_fail()) return CUDA_ERROR_ILLEGAL_ADDRESS;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -1015,6 +1026,7 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     REQUIRE_INIT();
     (void)stream;
+    if (copies_fail()) return CUDA_ERROR_ILLEGAL_ADDRESS;
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
 }

@@ -292,6 +292,19 @@ impl FakeCuda {
     }
 
     /// `13000` is CUDA 13.0. At 13040 or above `cuCheckpointOperationComplete` appears.
+    /// With `true`, every `cuMemcpy*Async` fails with `CUDA_ERROR_ILLEGAL_ADDRESS` (700).
+    pub fn fail_copies(&self, fail: bool) -> io::Result<()> {
+        let path = self.dir.join("copies_fail");
+        if fail {
+            fs::write(path, b"")
+        } else {
+            match fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
+    }
+
     pub fn set_driver_version(&self, version: u32) -> io::Result<()> {
         fs::write(self.dir.join("driver_version"), format!("{version}\n"))
     }

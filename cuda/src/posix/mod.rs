@@ -405,38 +405,39 @@ fn per_device<T: Send>(
     })
 }
 
-/// A retained context handed to the pinning thread.
-struct PinFor(u32, CuContext);
-// SAFETY: a driver token; the driver API is thread-safe and the pinning thread makes the
-// context current before using it.
-unsafe impl Send for PinFor {}
-
-/// Pins transfer slots for each of `gpus` (device ordinal → slots) on a thread of its own
+/// Pins transfer slots for each GPU of `gpus` (ordinal, slot size), one thread per GPU,
 /// while `meanwhile` runs on this one: pinning takes milliseconds per slot, and both callers
 /// run it where the process waits (the driver's checkpoint call, the extent verification).
+/// Each thread retains the GPU's primary context first (a no-op once it is retained).
 fn pin_while<'d, R>(
     driver: &'d Driver,
-    gpus: Vec<PinFor>,
+    gpus: Vec<(u32, usize)>,
     count: usize,
-    chunk_bytes: usize,
     meanwhile: impl FnOnce() -> R,
 ) -> (HashMap<u32, Result<TransferSlots<'d>, PipelineError>>, R) {
     std::thread::scope(|scope| {
-        let pinning = scope.spawn(move || {
-            gpus.into_iter()
-                .map(|PinFor(index, ctx)| {
-                    (index, TransferSlots::alloc(driver, ctx, count, chunk_bytes))
-                })
-                .collect::<HashMap<_, _>>()
-        });
+        let pinning: Vec<_> = gpus
+            .into_iter()
+            .map(|(index, slot_bytes)| {
+                let slots = scope.spawn(move || {
+                    let ctx = retain_primary_context(driver, index)?;
+                    TransferSlots::alloc(driver, ctx, count, slot_bytes)
+                });
+                (index, slots)
+            })
+            .collect();
         let out = meanwhile();
-        let pinned = pinning.join().unwrap_or_else(|_| HashMap::new());
+        let pinned = pinning
+            .into_iter()
+            .filter_map(|(index, h)| h.join().ok().map(|slots| (index, slots)))
+            .collect();
         (pinned, out)
     })
 }
 
 /// One extent transfer through the slots pinned for its GPU, or through slots of its own
-/// where none were pinned ahead.
+/// where none were pinned ahead or pinning ahead failed (it is tried once more, as before
+/// pinning moved ahead, and that failure is the one reported).
 fn through_pinned<'d>(
     pinned: Option<Result<TransferSlots<'d>, PipelineError>>,
     fresh: impl FnOnce() -> Result<TransferStats, PipelineError>,
@@ -444,7 +445,10 @@ fn through_pinned<'d>(
 ) -> Result<TransferStats, PipelineError> {
     match pinned {
         Some(Ok(mut slots)) => through(&mut slots),
-        Some(Err(e)) => Err(e),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "pinning transfer slots ahead failed; pinning at the transfer");
+            fresh()
+        }
         None => fresh(),
     }
 }
@@ -496,17 +500,17 @@ impl StorageEngine for Posix {
         if !driver.capabilities().custom_storage {
             return Err(self.admit(driver.capabilities()).unwrap_err());
         }
+        // Region sizes are known only after the call: full-size slots.
         let pin_for = op
             .gpus
             .iter()
             .filter_map(|g| driver.capabilities().device(&g.uuid))
-            .filter_map(|d| contexts.get(&d.index).map(|&c| PinFor(d.index, c)))
+            .map(|d| (d.index, self.chunk_bytes as usize))
             .collect();
         let (mut pinned, called) = pin_while(
             driver,
             pin_for,
             self.buffer_count as usize,
-            self.chunk_bytes as usize,
             // SAFETY: `info` outlives the call and the driver has CustomStorage.
             || unsafe { driver.checkpoint_process_with(pid, &mut args) },
         );
@@ -661,16 +665,25 @@ impl StorageEngine for Posix {
             planned.push((dev, e.clone(), path));
         }
         planned.sort_by_key(|(d, _, _)| d.index);
-        let contexts = retain_all(driver, pid)?;
+        if !remap.is_empty() && !caps.gpu_remap {
+            return Err(refuse(
+                "restoring onto other GPUs needs driver r580 (CUDA 13.0) or newer".into(),
+            ));
+        }
         let pin_for = planned
             .iter()
-            .filter_map(|(d, _, _)| contexts.get(&d.index).map(|&c| PinFor(d.index, c)))
+            .map(|(d, e, _)| {
+                let size = usize::try_from(e.size).unwrap_or(usize::MAX);
+                (
+                    d.index,
+                    pipeline::slot_bytes(self.chunk_bytes as usize, size),
+                )
+            })
             .collect();
         let (mut pinned, verified) = pin_while(
             driver,
             pin_for,
             self.buffer_count as usize,
-            self.chunk_bytes as usize,
             || -> Result<(), EngineError> {
                 for (_, e, path) in &planned {
                     let (len, digest) = digest_file(path, Some(op.deadline))
@@ -694,6 +707,7 @@ impl StorageEngine for Posix {
             },
         );
         verified?;
+        let contexts = retain_all(driver, pid)?;
         let mut pairs: Vec<GpuPair> = remap
             .iter()
             .map(|r| GpuPair {
@@ -701,11 +715,6 @@ impl StorageEngine for Posix {
                 new_uuid: r.new.to_ffi(),
             })
             .collect();
-        if !pairs.is_empty() && !caps.gpu_remap {
-            return Err(refuse(
-                "restoring onto other GPUs needs driver r580 (CUDA 13.0) or newer".into(),
-            ));
-        }
         let mut info: *mut CustomStorageInfo = std::ptr::null_mut();
         let mut args = RestoreArgs::zeroed();
         if !pairs.is_empty() {

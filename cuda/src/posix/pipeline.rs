@@ -177,6 +177,9 @@ pub struct TransferSlots<'a> {
     ptrs: Vec<*mut c_void>,
     chunk_bytes: usize,
     pinned_in: Duration,
+    /// A CUDA copy or synchronisation failed during a transfer: a copy into a slot may still
+    /// be in flight, so the slots must not carry another transfer.
+    poisoned: bool,
 }
 
 // SAFETY: the pointers are page-locked host memory usable from any thread, and the driver
@@ -212,6 +215,7 @@ impl<'a> TransferSlots<'a> {
             ptrs: Vec::with_capacity(count),
             chunk_bytes,
             pinned_in: Duration::ZERO,
+            poisoned: false,
         };
         for _ in 0..count {
             let mut p: *mut c_void = std::ptr::null_mut();
@@ -231,8 +235,12 @@ impl<'a> TransferSlots<'a> {
         region: &DeviceRegion,
         opts: &PipelineOptions,
     ) -> Result<Self, PipelineError> {
-        let chunk = opts.chunk_bytes.min(region.size.max(DIRECT_ALIGN));
-        Self::alloc(driver, region.ctx, opts.buffer_count, chunk)
+        Self::alloc(
+            driver,
+            region.ctx,
+            opts.buffer_count,
+            slot_bytes(opts.chunk_bytes, region.size),
+        )
     }
 
     pub fn count(&self) -> usize {
@@ -246,6 +254,16 @@ impl<'a> TransferSlots<'a> {
     /// How long pinning took.
     pub fn pinned_in(&self) -> Duration {
         self.pinned_in
+    }
+
+    /// Refuses slots a failed CUDA copy may still be writing to or reading from.
+    fn usable(&self) -> Result<(), PipelineError> {
+        if self.poisoned {
+            return Err(PipelineError::Invalid(
+                "these transfer slots are unusable: a CUDA copy through them failed".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn slots(&self) -> impl Iterator<Item = Slot> + '_ {
@@ -265,20 +283,41 @@ impl<'a> TransferSlots<'a> {
 
 impl Drop for TransferSlots<'_> {
     fn drop(&mut self) {
-        // The allocating context, in case this thread has none (a pinning thread may differ
-        // from the freeing one).
-        if !self.ctx.is_null() {
-            let _ = set_current(self.driver, self.ctx);
+        if self.ptrs.is_empty() {
+            return;
         }
-        for p in self.ptrs.drain(..) {
-            // SAFETY: allocated by cuMemHostAlloc above; no slot outlives the
-            // transfer (both threads have joined when this runs).
-            let rc = unsafe { (self.mem.mem_free_host)(p) };
-            if rc != 0 {
-                tracing::warn!(error = %self.driver.cu_error(rc), "cuMemFreeHost failed");
-            }
-        }
+        // On a short-lived thread with the allocating context current: freeing needs a
+        // context, and making one current here would change the dropping thread's state.
+        // Addresses as integers: raw pointers are not Send.
+        let (driver, mem, ctx) = (self.driver, self.mem, self.ctx as usize);
+        let ptrs: Vec<usize> = std::mem::take(&mut self.ptrs)
+            .into_iter()
+            .map(|p| p as usize)
+            .collect();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                if ctx != 0 {
+                    let _ = set_current(driver, ctx as CuContext);
+                }
+                for p in ptrs {
+                    // SAFETY: allocated by cuMemHostAlloc in `alloc`; every transfer that used
+                    // these slots joined its threads before returning, and a slot a failed copy
+                    // may still target is never freed early (the poisoned slots are freed here,
+                    // after the failed transfer returned).
+                    let rc = unsafe { (mem.mem_free_host)(p as *mut c_void) };
+                    if rc != 0 {
+                        tracing::warn!(error = %driver.cu_error(rc), "cuMemFreeHost failed");
+                    }
+                }
+            });
+        });
     }
+}
+
+/// Slot size for a region of `size` bytes: `chunk_bytes`, or less for a smaller region,
+/// rounded up to the `O_DIRECT` alignment.
+pub fn slot_bytes(chunk_bytes: usize, size: usize) -> usize {
+    chunk_bytes.min(size.max(1).next_multiple_of(DIRECT_ALIGN))
 }
 
 fn check_shape(count: usize, chunk_bytes: usize) -> Result<(), PipelineError> {
@@ -497,6 +536,17 @@ fn take<T>(rx: &Shared<T>) -> Option<T> {
     rx.lock().unwrap_or_else(|e| e.into_inner()).recv().ok()
 }
 
+/// Sets its flag when the thread holding it unwinds.
+struct StopOnPanic<'s>(&'s std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// [`take`], giving up once `stop` is set.
 fn take_unless<T>(rx: &Shared<T>, stop: &std::sync::atomic::AtomicBool) -> Option<T> {
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -539,6 +589,7 @@ pub fn device_to_file_through(
     pinned: &mut TransferSlots<'_>,
     opts: &PipelineOptions,
 ) -> Result<TransferStats, PipelineError> {
+    pinned.usable()?;
     let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
@@ -671,6 +722,9 @@ pub fn device_to_file_through(
         writer.map_err(|_| PipelineError::Invalid("the extent writer thread panicked".into()))?;
     let digest =
         digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
+    if matches!(copied, Err(PipelineError::Cuda { .. })) {
+        pinned.poisoned = true;
+    }
     let copied = copied?;
     let direct_io = writer?;
     if copied != total {
@@ -715,6 +769,7 @@ pub fn file_to_device_through(
     pinned: &mut TransferSlots<'_>,
     opts: &PipelineOptions,
 ) -> Result<TransferStats, PipelineError> {
+    pinned.usable()?;
     let started = Instant::now();
     set_current(driver, region.ctx)?;
     let mem = memory(driver)?;
@@ -851,6 +906,9 @@ pub fn file_to_device_through(
         reader.map_err(|_| PipelineError::Invalid("the extent reader thread panicked".into()))?;
     let digest =
         digest.map_err(|_| PipelineError::Invalid("the hashing thread panicked".into()))?;
+    if matches!(copied, Err(PipelineError::Cuda { .. })) {
+        pinned.poisoned = true;
+    }
     let copied = copied?;
     let direct_io = reader?;
     if copied != total {
@@ -918,6 +976,8 @@ pub fn digest_file(path: &Path, deadline: Option<Instant>) -> Result<(u64, Strin
                 let (free_rx, hash_tx, next_offset, file, stop) =
                     (free_rx.clone(), hash_tx.clone(), &next_offset, &file, &stop);
                 scope.spawn(move || -> Result<(), PipelineError> {
+                    // A panicking reader leaves a gap too.
+                    let _stop_on_panic = StopOnPanic(stop);
                     let fail = |e: PipelineError| {
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                         Err(e)
