@@ -525,6 +525,30 @@ fn hash_slots(rx: mpsc::Receiver<(Slot, usize, u64)>, free_tx: mpsc::Sender<Slot
     hasher.finalize().to_hex().to_string()
 }
 
+/// Joins every I/O thread of a transfer: their results, or the first error (a panic counts
+/// as one).
+fn join_all<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T, PipelineError>>>,
+    role: &str,
+) -> Result<Vec<T>, PipelineError> {
+    let mut out = Vec::with_capacity(handles.len());
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(PipelineError::Invalid(format!(
+                    "an extent {role} thread panicked"
+                )));
+            }
+        }
+    }
+    first_err.map_or(Ok(out), Err)
+}
+
 /// A receiver shared by several I/O threads.
 type Shared<T> = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<T>>>;
 
@@ -641,24 +665,7 @@ pub fn device_to_file_through(
             .collect();
         drop(hash_tx);
         let writer = scope.spawn(move || -> Result<bool, PipelineError> {
-            let mut used_direct = false;
-            let mut first_err = None;
-            for h in handles {
-                match h.join() {
-                    Ok(Ok(d)) => used_direct |= d,
-                    Ok(Err(e)) => {
-                        first_err.get_or_insert(e);
-                    }
-                    Err(_) => {
-                        first_err.get_or_insert(PipelineError::Invalid(
-                            "an extent writer thread panicked".into(),
-                        ));
-                    }
-                }
-            }
-            if let Some(e) = first_err {
-                return Err(e);
-            }
+            let used_direct = join_all(handles, "writer")?.into_iter().any(|d| d);
             extent
                 .file
                 .sync_all()
@@ -840,22 +847,7 @@ pub fn file_to_device_through(
             .collect();
         drop(filled_tx);
         let reader = scope.spawn(move || -> Result<bool, PipelineError> {
-            let mut used_direct = false;
-            let mut first_err = None;
-            for h in handles {
-                match h.join() {
-                    Ok(Ok(d)) => used_direct |= d,
-                    Ok(Err(e)) => {
-                        first_err.get_or_insert(e);
-                    }
-                    Err(_) => {
-                        first_err.get_or_insert(PipelineError::Invalid(
-                            "an extent reader thread panicked".into(),
-                        ));
-                    }
-                }
-            }
-            first_err.map_or(Ok(used_direct), Err)
+            Ok(join_all(handles, "reader")?.into_iter().any(|d| d))
         });
 
         let mut done = 0u64;
@@ -1019,19 +1011,9 @@ pub fn digest_file(path: &Path, deadline: Option<Instant>) -> Result<(u64, Strin
             })
             .collect();
         drop(hash_tx);
-        let mut first_err = None;
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(PipelineError::Invalid(
-                    "an extent reader thread panicked".into(),
-                ))
-            });
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        }
+        let read = join_all(handles, "reader");
         // The readers are gone: the hasher finishes once the last piece is hashed.
-        (first_err.map_or(Ok(()), Err), hasher.join())
+        (read, hasher.join())
     });
     read?;
     let digest =
