@@ -780,8 +780,8 @@ impl StorageEngine for Posix {
         drop(pinned);
         // O_DIRECT stays on although the validation and the verification above just read each
         // extent through the page cache: posix_bench's restore sequence found buffered copies
-        // no faster (1.03-1.05x slower on a VM disk); only storage the host does not cache
-        // could tell otherwise.
+        // no faster (1.03-1.05x slower on the development VM's disk, test double, 2 and 4 GiB);
+        // storage the host does not cache might tell otherwise.
         let opts = self.options(op.deadline);
         let results = per_device(jobs, |(region, path, digest, slots)| {
             through_pinned(
