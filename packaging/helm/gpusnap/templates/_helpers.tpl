@@ -1,0 +1,108 @@
+{{/*
+Object names: the release name, or RELEASE-gpusnap when the release name does not already say
+gpusnap. With `helm install gpusnap ...` the objects are named as the kustomize base names them
+(gpusnap-installer, gpusnap-config).
+*/}}
+{{- define "gpusnap.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpusnap.labels" -}}
+app.kubernetes.io/name: gpusnap
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gpusnap.installerSelector" -}}
+app.kubernetes.io/name: gpusnap-installer
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* A TOML basic string: JSON's escapes (\", \\, \n, \uXXXX) are all valid TOML. */}}
+{{- define "gpusnap.tomlString" -}}
+{{- toJson (toString .) -}}
+{{- end -}}
+
+{{/* A byte size: an integer, or a string such as "64MiB" that gpusnap parses itself. */}}
+{{- define "gpusnap.tomlBytes" -}}
+{{- if kindIs "string" . -}}{{ toJson . }}{{- else -}}{{ int64 . }}{{- end -}}
+{{- end -}}
+
+{{/* Where the installer puts the Secrets' files on the node (read by the shim and gpusnap-runc). */}}
+{{- define "gpusnap.hostKeysDir" -}}/etc/gpusnap/keys{{- end -}}
+{{- define "gpusnap.hostSigningKey" -}}/etc/gpusnap/signing.key{{- end -}}
+{{- define "gpusnap.hostRegistryDir" -}}/etc/gpusnap/registry{{- end -}}
+
+{{/* Refuses values that would install a config the node then refuses, with the reason. */}}
+{{- define "gpusnap.validate" -}}
+{{- $sk := .Values.signatureKeys -}}
+{{- if and $sk.secretName (not $sk.keys) -}}
+{{- fail "signatureKeys.secretName is set: list the Secret's public-key entries in signatureKeys.keys" -}}
+{{- end -}}
+{{- if and $sk.keys (not $sk.secretName) -}}
+{{- fail "signatureKeys.keys is set: name the Secret holding them in signatureKeys.secretName" -}}
+{{- end -}}
+{{- if and (ne (toString .Values.config.restore.signature_policy) "off") (not $sk.keys) -}}
+{{- fail (printf "config.restore.signature_policy is %q: give the trusted public keys in signatureKeys (secretName, keys)" (toString .Values.config.restore.signature_policy)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* /etc/gpusnap/config.toml as the node gets it. */}}
+{{- define "gpusnap.configToml" -}}
+{{- $c := .Values.config -}}
+# gpusnap node configuration, rendered by the gpusnap Helm chart (release {{ .Release.Name }}).
+# Installed as /etc/gpusnap/config.toml on every node after validation: a bad value stops the
+# installer with a message naming the setting.
+
+[storage]
+engine = {{ include "gpusnap.tomlString" $c.storage.engine }}
+transfer_buffer_count = {{ int64 $c.storage.transfer_buffer_count }}
+transfer_chunk_bytes = {{ include "gpusnap.tomlBytes" $c.storage.transfer_chunk_bytes }}
+
+[cuda]
+max_operation_seconds = {{ int64 $c.cuda.max_operation_seconds }}
+lock_timeout_ms = {{ int64 $c.cuda.lock_timeout_ms }}
+restore_budget_seconds = {{ int64 $c.cuda.restore_budget_seconds }}
+library = {{ include "gpusnap.tomlString" $c.cuda.library }}
+
+[runc]
+binary = {{ include "gpusnap.tomlString" $c.runc.binary }}
+root = {{ include "gpusnap.tomlString" $c.runc.root }}
+systemd_cgroup = {{ $c.runc.systemd_cgroup }}
+
+[criu]
+{{- with $c.criu.binary_dir }}
+binary_dir = {{ include "gpusnap.tomlString" . }}
+{{- end }}
+{{- with $c.criu.min_version }}
+min_version = {{ include "gpusnap.tomlString" . }}
+{{- end }}
+
+[restore]
+checkpoint_root = {{ include "gpusnap.tomlString" $c.restore.checkpoint_root }}
+criu_flags = {{ toJson (default (list) $c.restore.criu_flags) }}
+signature_policy = {{ include "gpusnap.tomlString" $c.restore.signature_policy }}
+{{- $keys := list }}
+{{- range .Values.signatureKeys.keys }}
+{{- $keys = append $keys (printf "%s/%s" (include "gpusnap.hostKeysDir" $) .) }}
+{{- end }}
+{{- with .Values.signatureKeys.secretName }}
+# From Secret {{ . }}, installed by the installer (root, 0644).
+{{- end }}
+signature_keys = {{ toJson $keys }}
+max_rootfs_diff_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_rootfs_diff_bytes }}
+{{- if .Values.signingKey.secretName }}
+
+[checkpoint]
+# From Secret {{ .Values.signingKey.secretName }}, installed by the installer (root, 0600).
+signing_key = {{ include "gpusnap.tomlString" (include "gpusnap.hostSigningKey" .) }}
+{{- end }}
+{{ end -}}
