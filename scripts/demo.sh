@@ -4,8 +4,10 @@
 #   2. run a counter container through gpusnap (runtime io.containerd.gpusnap.v2)
 #   3. checkpoint it with `ctr containers checkpoint --task`, kill and remove it
 #   4. restore it with `ctr containers restore --live` and show the counter carrying on
-# Needs root and the environment from scripts/setup-env.sh. Leaves nothing running.
+# Needs root (a user with sudo rights: it re-runs itself through sudo) and the environment from
+# scripts/setup-env.sh. Leaves nothing running.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/as-root.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 RIG=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}

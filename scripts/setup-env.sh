@@ -26,7 +26,10 @@
 #   GPUSNAP_FORCE=1      redo every step (rebuild CRIU, re-extract containerd, images)
 #   GPUSNAP_VERIFY=1     run the containerd import/run smoke check even if nothing changed
 #   GPUSNAP_LINKS=0      do not create the /usr/local/bin symlinks (e.g. for a trial prefix)
+#
+# Run it as root, or as a user with sudo rights: it re-runs itself through sudo.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/as-root.sh"
 
 PREFIX=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}
 SID_MIRROR=${GPUSNAP_SID_MIRROR:-http://deb.debian.org/debian}
