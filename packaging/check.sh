@@ -121,6 +121,30 @@ refuse "decimal byte unit" --set config.storage.transfer_chunk_bytes=64MB
 refuse "relative checkpoint root" --set config.restore.checkpoint_root=checkpoints
 refuse "key name with a path" --set signatureKeys.secretName=k --set 'signatureKeys.keys={../x}'
 
+# The installer's put() (ci/full-values.yaml renders it), run by sh on a Secret volume's layout:
+# the entry is a symlink into ..data; the host must get a root-owned regular file of the given
+# mode, replaced when the content or the mode changed, left alone otherwise.
+"$PY" - "$OUT/helm-full.yaml" >"$OUT/put.sh" <<'PY'
+import re, sys, yaml
+ds = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet")
+script = ds["spec"]["template"]["spec"]["containers"][0]["args"][0]
+print(re.search(r"^put\(\) \{\n.*?^\}\n", script, re.S | re.M).group(0))
+PY
+P=$OUT/put-test && rm -rf "$P" && mkdir -p "$P/vol/..2026" "$P/host" && ln -s ..2026 "$P/vol/..data"
+echo key-1 >"$P/vol/..2026/k" && ln -s ..data/k "$P/vol/k"
+put() { sh -c ". '$OUT/put.sh'; put \"\$@\"" put "$@"; }
+put "$P/vol/k" "$P/host/k" 600
+[[ -f $P/host/k && ! -L $P/host/k && $(stat -c %a:%u:%g "$P/host/k") == 600:0:0 && $(cat "$P/host/k") == key-1 ]] ||
+    fail "put: $(stat -c '%F %a:%u:%g' "$P/host/k")"
+ino=$(stat -c %i "$P/host/k")
+put "$P/vol/k" "$P/host/k" 600
+[[ $(stat -c %i "$P/host/k") == "$ino" ]] || fail "put rewrote an unchanged file"
+chmod 644 "$P/host/k" && put "$P/vol/k" "$P/host/k" 600
+[[ $(stat -c %a "$P/host/k") == 600 ]] || fail "put left a widened mode"
+echo key-2 >"$P/vol/..2026/k" && put "$P/vol/k" "$P/host/k" 600
+[[ $(cat "$P/host/k") == key-2 && ! -e $P/host/k.new ]] || fail "put did not replace a changed key"
+echo "installer put(): a Secret's symlinked entry becomes a root-owned 0600 file, replaced on change"
+
 step "schema check (Kubernetes $K8S_VERSION, strict)"
 "$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" packaging/kubernetes/runtimeclass.yaml
 
