@@ -24,6 +24,9 @@
 #   CRITEST_KEEP=1        keep the temporary directory (logs, reports)
 #   CRITEST_MAX_CONTROL_FAILURES  most failures the runc run may have before the environment
 #                         counts as broken (default 5; 2 fail offline for any runtime)
+#   GPUSNAP_CRITEST_TIMEOUT  seconds one critest run (one handler) may take (default 420; a
+#                         full run takes about 90 s here); past it critest is killed and the
+#                         script fails naming the handler and the limit
 #   CRITEST_COMPARE_ONLY=DIR  only compare the report-<handler>.json files a kept run left in DIR
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -33,6 +36,7 @@ RIG_PREFIX=${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}
 RIG_BIN=$RIG_PREFIX/bin
 SHIM=${GPUSNAP_SHIM_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/debug/containerd-shim-gpusnap-v2}
 SEED=${CRITEST_SEED:-20261203}
+CRITEST_TIMEOUT=${GPUSNAP_CRITEST_TIMEOUT:-420}
 HANDLERS=${CRITEST_HANDLERS:-runc gpusnap}
 ALLOW=$REPO/tests/critest/allow-list.txt
 CNI_BIN=/usr/lib/cni
@@ -354,8 +358,15 @@ for h in $HANDLERS; do
     # shellcheck disable=SC2206 # word splitting wanted: extra flags
     [[ -n ${CRITEST_ARGS:-} ]] && args+=($CRITEST_ARGS)
     log "critest --runtime-handler $h ..."
-    # critest exits non-zero when a test fails; the comparison below decides.
-    "$RIG_BIN/critest" "${args[@]}" >"$TMP/critest-$h.log" 2>&1 || true
+    # critest exits non-zero when a test fails; the comparison below decides. A hung critest
+    # (timeout's 124, or 137 after --kill-after) fails the run here, with its log's tail.
+    rc=0
+    timeout --kill-after=30 "$CRITEST_TIMEOUT" "$RIG_BIN/critest" "${args[@]}" \
+        >"$TMP/critest-$h.log" 2>&1 || rc=$?
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        tail -40 "$TMP/critest-$h.log" >&2
+        die "TIMEOUT: critest --runtime-handler $h ran past ${CRITEST_TIMEOUT}s (GPUSNAP_CRITEST_TIMEOUT) and was killed; the test it was running is the last one in critest-$h.log"
+    fi
     [[ -s $TMP/report-$h.json ]] || { tail -40 "$TMP/critest-$h.log" >&2; die "critest ($h) wrote no report"; }
     log "critest --runtime-handler $h: $((SECONDS - t))s"
 done

@@ -7,6 +7,11 @@
 # which the build step below produces; set GPUSNAP_SHIM_BIN to test another binary.
 #
 # Extra arguments are passed to `cargo test` (e.g. a test-name filter: `scripts/test.sh runc_v2`).
+#
+# Time limits (seconds; a run past one fails with a TIMEOUT line naming it):
+#   GPUSNAP_TEST_BINARY_TIMEOUT  one test binary (default 900; scripts/test-timeout.sh)
+#   GPUSNAP_TEST_TIMEOUT         the whole `cargo test` run (default 1800)
+#   GPUSNAP_CRITEST_TIMEOUT      one critest run, per handler (default 420; critest-parity.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,6 +27,8 @@ fi
 
 T0=$SECONDS
 step() { printf '\n==> %s  [t+%ds]\n' "$*" "$((SECONDS - T0))"; }
+# The total, also when a step fails.
+trap 'rc=$?; printf "\n==> scripts/test.sh: %s after %dm%02ds (exit %d)\n" "$([[ $rc -eq 0 ]] && echo passed || echo FAILED)" "$(((SECONDS - T0) / 60))" "$(((SECONDS - T0) % 60))" "$rc"' EXIT
 
 step "cargo build --workspace --all-targets"
 cargo build --workspace --all-targets
@@ -30,7 +37,14 @@ step "packaging/check.sh (render and schema-check the Kubernetes manifests, buil
 bash packaging/check.sh
 
 step "cargo test --workspace --no-fail-fast $*"
+# Every test binary runs under scripts/test-timeout.sh (cargo's target runner): at most
+# GPUSNAP_TEST_BINARY_TIMEOUT each, and none past GPUSNAP_TEST_TIMEOUT from here.
+HOST_TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
+RUNNER_VAR=CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$HOST_TRIPLE")_RUNNER
+export "$RUNNER_VAR=$PWD/scripts/test-timeout.sh"
+export GPUSNAP_TEST_DEADLINE=$(($(date +%s) + ${GPUSNAP_TEST_TIMEOUT:-1800}))
 cargo test --workspace --no-fail-fast "$@"
+unset "$RUNNER_VAR" GPUSNAP_TEST_DEADLINE
 
 # critest with the runc.v2 handler and with gpusnap, same seed: fails when a test passes with
 # runc and not with gpusnap (tests/critest/allow-list.txt). About 3 minutes; skipped when a

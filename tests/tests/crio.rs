@@ -65,14 +65,14 @@ fn counter(c: &Crio, name: &str, marker: &str, env: &[(&str, &str)]) -> Result<(
         &pod_cfg,
         &c.container_config("counter", BUSYBOX_IMAGE, Some(marker), env),
     )?;
-    let warm = wait_count(name, WARM, || c.count(&id))?;
+    let warm = wait_count(marker, name, WARM, || c.count(&id))?;
     Ok((id, warm))
 }
 
 /// `crictl checkpoint --export`: the container keeps running (CRI-O checkpoints with
 /// --leave-running); returns the count read just before.
-fn export(c: &Crio, id: &str, archive: &Path) -> Result<Count> {
-    let before = wait_count(id, 0, || c.count(id))?;
+fn export(c: &Crio, run: &str, id: &str, archive: &Path) -> Result<Count> {
+    let before = wait_count(run, id, 0, || c.count(id))?;
     let arg = format!("--export={}", archive.display());
     c.ok(&["checkpoint", &arg, id])?;
     ensure!(archive.is_file(), "no archive at {}", archive.display());
@@ -102,7 +102,7 @@ fn checkpoint_export_restore_into_new_pod_and_tampered_archive_refused() {
         let marker = unique("gco-counter");
         let (a, _) = counter(&c, &unique("gco-a"), &marker, &[])?;
         let archive = c.dir().join("a.tar");
-        let before = export(&c, &a, &archive)?;
+        let before = export(&c, &marker, &a, &archive)?;
         let b = restore_into_new_pod(&c, &unique("gco-b"), &archive)?;
         check_continues("the restored container", &before, || c.count(&b))?;
         ensure!(
@@ -187,7 +187,7 @@ fn gpu_double(engine: Engine, cuda: Cuda) {
         let (a, _) = counter(&c, &unique("gco-ga"), &marker, &[proc_.env_pair()])?;
         let old_pid = c.pid(&a)?;
         let archive = c.dir().join("gpu.tar");
-        let before = export(&c, &a, &archive)?;
+        let before = export(&c, &marker, &a, &archive)?;
         gpu.check_checkpoint_calls(&proc_, old_pid, true)?;
         let unpacked = c.dir().join("gpu-unpacked");
         let ck = gpu::unpack_cri_archive(&archive, &unpacked)?;

@@ -14,18 +14,16 @@ use std::{fs, path::Path, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_fake_libcuda::{FakeCuda, FakeDevice, FakeOp, Fault};
+use gpusnap_testkit::can_fail::ensure_frozen;
+use gpusnap_testkit::counter::{counter_command, parse_count, run_token, wait_count, Count};
 use gpusnap_testkit::{wait_until, OutputExt, Rig, RunOpts, Runtime, TaskState};
-
-const COUNTER: &[&str] = &[
-    "sh",
-    "-c",
-    "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
-];
 
 struct GpuRig {
     rig: Rig,
     fake: FakeCuda,
     config: std::path::PathBuf,
+    /// The run token of this test's counter (see gpusnap_testkit::counter).
+    run: String,
     _dir: tempfile::TempDir,
 }
 
@@ -48,6 +46,7 @@ impl GpuRig {
             rig,
             fake,
             config,
+            run: run_token(),
             _dir: dir,
         })
     }
@@ -74,16 +73,18 @@ impl GpuRig {
             ],
             ..Default::default()
         };
+        let command = counter_command(&self.run);
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
         let task = self
             .rig
-            .run_detached_with(Runtime::Gpusnap, id, COUNTER, &opts)?;
-        wait_until(Duration::from_secs(10), || self.count(id).is_some());
+            .run_detached_with(Runtime::Gpusnap, id, &command, &opts)?;
+        self.wait_count(id, 1)?;
         Ok(task.pid)
     }
 
     /// The container's counter, read with `ctr tasks exec` (retried: on a loaded 2-core
     /// machine an exec can fail to start in time).
-    fn count(&self, id: &str) -> Option<u64> {
+    fn count(&self, id: &str) -> Option<Count> {
         let mut value = None;
         wait_until(Duration::from_secs(10), || {
             let exec_id = format!("c{}", rand_suffix());
@@ -91,10 +92,25 @@ impl GpuRig {
                 .rig
                 .exec(id, &exec_id, &["cat", "/tmp/count"])
                 .ok()
-                .and_then(|out| String::from_utf8_lossy(&out.stdout).trim().parse().ok());
+                .and_then(|out| parse_count(&String::from_utf8_lossy(&out.stdout)));
             value.is_some()
         });
         value
+    }
+
+    /// Waits until this test's counter in `id` reached `min`.
+    fn wait_count(&self, id: &str, min: u64) -> Result<Count> {
+        wait_count(&self.run, id, min, || self.count(id))
+    }
+
+    /// The same process counts on past `from` (bounded wait, no fixed sleep).
+    fn keeps_counting(&self, id: &str, from: &Count) -> Result<()> {
+        let later = self.wait_count(id, from.n + 3)?;
+        ensure!(
+            later.token == from.token,
+            "{id} runs another process after {from:?}: {later:?}"
+        );
+        Ok(())
     }
 
     /// `ctr tasks checkpoint --image-path DIR ID`.
@@ -159,12 +175,8 @@ fn leave_running_checkpoint_locks_checkpoints_dumps_then_resumes_the_cuda_proces
     );
     assert_eq!(g.cuda_state("lr"), "running", "left running and unlocked");
     assert_eq!(g.rig.task_state("lr")?, Some(TaskState::Running));
-    let before = g.count("lr").context("counter")?;
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(
-        g.count("lr").context("counter")? > before,
-        "workload keeps running"
-    );
+    let before = g.wait_count("lr", 0)?;
+    g.keeps_counting("lr", &before)?;
 
     let m = manifest(&path)?;
     let gpu = &m["gpu"];
@@ -202,7 +214,7 @@ fn killed_gpu_container_is_restored_with_its_cuda_state_and_continues() -> Resul
     let g = GpuRig::start("")?;
     let pid = g.run_cuda_counter("rs")?;
     // The checkpoint leaves the task running, so its counter value lies between these two.
-    let before = g.count("rs").context("counter")?;
+    let before = g.wait_count("rs", 0)?;
     g.rig.ctr_ok(&[
         "containers",
         "checkpoint",
@@ -210,7 +222,7 @@ fn killed_gpu_container_is_restored_with_its_cuda_state_and_continues() -> Resul
         "rs",
         "docker.io/gpusnap/ck-rs:1",
     ])?;
-    let after_checkpoint = g.count("rs").context("counter")?;
+    let after_checkpoint = g.wait_count("rs", 0)?;
     g.rig.stop_and_delete("rs")?;
     g.rig.delete_container("rs")?;
     // The image holds the process as it was during the dump: CHECKPOINTED (real driver state
@@ -234,16 +246,20 @@ fn killed_gpu_container_is_restored_with_its_cuda_state_and_continues() -> Resul
         "CUDA restore then unlock of the restored pid"
     );
     assert_eq!(g.cuda_state("rs"), "running");
-    let restored = g.count("rs").context("counter after restore")?;
+    let restored = g.wait_count("rs", 0)?;
     ensure!(
-        restored >= before && restored < after_checkpoint + 30,
-        "counter continues from the checkpoint (between {before} and {after_checkpoint} at checkpoint, {restored} after restore)"
+        restored.token == before.token,
+        "the restored container runs another process than the checkpointed one: {restored:?}, \
+         checkpointed {before:?}"
     );
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(
-        g.count("rs").context("counter")? > restored,
-        "and keeps counting"
+    ensure!(
+        restored.n >= before.n && restored.n < after_checkpoint.n + 30,
+        "counter continues from the checkpoint (between {} and {} at checkpoint, {} after restore)",
+        before.n,
+        after_checkpoint.n,
+        restored.n
     );
+    g.keeps_counting("rs", &restored)?;
     Ok(())
 }
 
@@ -306,12 +322,8 @@ fn failed_cuda_checkpoint_is_rolled_back_to_running_and_unlocked() -> Result<()>
     assert_eq!(g.cuda_state("cf"), "running", "unlocked again");
     assert_eq!(g.rig.task_state("cf")?, Some(TaskState::Running));
     assert!(!path.join("gpusnap-manifest.json").exists());
-    let before = g.count("cf").context("counter")?;
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(
-        g.count("cf").context("counter")? > before,
-        "workload still runs"
-    );
+    let before = g.wait_count("cf", 0)?;
+    g.keeps_counting("cf", &before)?;
     Ok(())
 }
 
@@ -320,7 +332,14 @@ fn posix_engine_without_the_13_4_api_is_refused_before_anything_is_locked() -> R
     let g = GpuRig::start("[storage]\nengine = \"posix\"\n")?;
     g.fake.hide_symbol("cuCheckpointOperationComplete")?;
     let pid = g.run_cuda_counter("px")?;
-    let err = g.refused_checkpoint("px", Path::new("/tmp/gpusnap-px-never"))?;
+    // What the refusal must leave alone: gpusnap creates the directory (0700) and locks it
+    // before the GPU plan, and clears it only after every check passed; a file already there
+    // must survive, and no CRIU image, GPU state file or manifest may appear.
+    let image = tempfile::tempdir()?;
+    let path = image.path().join("ck");
+    fs::create_dir(&path)?;
+    fs::write(path.join("operator-note"), b"keep")?;
+    let err = g.refused_checkpoint("px", &path)?;
     assert!(
         err.contains("posix") && err.contains("13.4"),
         "names the engine and what it needs: {err}"
@@ -333,7 +352,16 @@ fn posix_engine_without_the_13_4_api_is_refused_before_anything_is_locked() -> R
     );
     assert_eq!(g.cuda_state("px"), "running");
     assert_eq!(g.rig.task_state("px")?, Some(TaskState::Running));
-    assert!(!Path::new("/tmp/gpusnap-px-never/gpusnap").exists());
+    let left: Vec<String> = fs::read_dir(&path)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(
+        left,
+        ["operator-note"],
+        "the refused checkpoint cleared or wrote into {}",
+        path.display()
+    );
+    assert_eq!(fs::read(path.join("operator-note"))?, b"keep");
     Ok(())
 }
 
@@ -418,15 +446,13 @@ fn paused_gpu_task_stays_frozen_after_checkpoint_until_it_is_resumed() -> Result
         "no CUDA resume while paused"
     );
     assert_eq!(g.cuda_state("fz"), "checkpointed");
-    // Frozen since the dump: the counter file in the container's rootfs does not move.
-    let count_file = g.rig.bundle_dir("fz").join("rootfs/tmp/count");
-    let frozen = fs::read_to_string(&count_file)?;
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        fs::read_to_string(&count_file)?,
-        frozen,
-        "nothing ran after the dump"
-    );
+    // Frozen since the dump: the kernel's freezer holds the container's cgroup (proof that
+    // nothing in it runs, where a wait would only sample).
+    ensure_frozen(pid, "after the checkpoint of the paused task")?;
+    let frozen = parse_count(&fs::read_to_string(
+        g.rig.bundle_dir("fz").join("rootfs/tmp/count"),
+    )?)
+    .context("counter file")?;
 
     g.rig.resume("fz")?;
     assert_eq!(
@@ -435,12 +461,8 @@ fn paused_gpu_task_stays_frozen_after_checkpoint_until_it_is_resumed() -> Result
         "resume restored and unlocked the CUDA process"
     );
     assert_eq!(g.cuda_state("fz"), "running");
-    let after = g.count("fz").context("counter")?;
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(
-        g.count("fz").context("counter")? > after,
-        "the workload runs again"
-    );
+    // The same process goes on from the frozen value.
+    g.keeps_counting("fz", &frozen)?;
     assert!(manifest(&path)?["gpu"]["processes"]
         .as_array()
         .is_some_and(|p| p.len() == 1));

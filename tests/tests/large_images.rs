@@ -6,7 +6,9 @@ use std::fs;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::bundle::BusyboxContainer;
-use gpusnap_testkit::counter::{check_continues, count_in_file, wait_count, COUNTER, WARM};
+use gpusnap_testkit::counter::{
+    check_continues, count_in_file, counter_script, run_token, wait_count, WARM,
+};
 use gpusnap_testkit::paths;
 
 /// 768 MiB of process memory (a `dd` block held while `dd` waits on a pipe nobody reads),
@@ -34,11 +36,12 @@ fn run() -> Result<()> {
     )?;
     let config_s = config.to_str().context("config path")?;
     let env = [("GPUSNAP_CONFIG", config_s), ("GPUSNAP_LOG", "info")];
-    let c = BusyboxContainer::create(dir, "big", &format!("{HOLDER}{COUNTER}"));
+    let run = run_token();
+    let c = BusyboxContainer::create(dir, "big", &format!("{HOLDER}{}", counter_script(&run)));
     c.start();
     let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-    wait_count(&c.id, WARM, count)?;
-    let before = wait_count(&c.id, 0, count)?;
+    wait_count(&run, &c.id, WARM, count)?;
+    let before = wait_count(&run, &c.id, 0, count)?;
 
     let images = dir.join("images");
     let log = dir.join("runc.log");

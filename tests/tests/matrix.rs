@@ -44,7 +44,8 @@ use gpusnap_testkit::checkpoint::{
     proc_state, task_checkpoint, CkRig,
 };
 use gpusnap_testkit::counter::{
-    check_continues as continues, count_in_file, count_of, wait_count, Count, COUNTER, WARM,
+    check_continues as continues, count_in_file, count_of, counter_script, wait_count, Count,
+    COUNTER, WARM,
 };
 use gpusnap_testkit::cri::{gpusnap_handler, wait_for_state, ContainerSpec, CriNode, Pod};
 use gpusnap_testkit::gpu::{self, Cuda, CudaProcess, Engine, GpuDouble};
@@ -170,10 +171,10 @@ impl CtrCell {
             extra_args,
             ..Default::default()
         };
-        let task = self
-            .rig
-            .run_detached_with(rt, &id, &["sh", "-c", COUNTER], &opts)?;
-        wait_count(&id, WARM, || count_of(task.pid))?;
+        let task =
+            self.rig
+                .run_detached_with(rt, &id, &["sh", "-c", COUNTER, cuda.id.as_str()], &opts)?;
+        wait_count(&cuda.id, &id, WARM, || count_of(task.pid))?;
         Ok(CtrWorkload {
             id,
             cuda,
@@ -224,7 +225,7 @@ fn task_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda, exit: bool) -> R
     if exit {
         args.insert(0, "--exit");
     }
-    let before = wait_count(&w.id, 0, || count_of(w.pid))?;
+    let before = wait_count(&w.cuda.id, &w.id, 0, || count_of(w.pid))?;
     let out = task_checkpoint(&cell.rig, &w.id, &args)?;
 
     if refused(engine, cuda) {
@@ -286,7 +287,7 @@ fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<(
     let cell = CtrCell::start_on(shim, engine, cuda)?;
     let w = cell.run_counter("cc")?;
     let image_ref = format!("docker.io/gpusnap/ck-{}:1", w.id);
-    let before = wait_count(&w.id, 0, || count_of(w.pid))?;
+    let before = wait_count(&w.cuda.id, &w.id, 0, || count_of(w.pid))?;
     // --rw: the counter's shell may hold /tmp/count open at the dump, and CRIU reopens it on
     // restore, so the container's writable layer travels with the checkpoint.
     let out = container_checkpoint(&cell.rig, &w.id, &image_ref, true)?;
@@ -381,7 +382,7 @@ impl CriCell {
         ContainerSpec {
             name: "counter".into(),
             image,
-            command: vec!["sh".into(), "-c".into(), COUNTER.into()],
+            command: vec!["sh".into(), "-c".into(), COUNTER.into(), cuda.id.clone()],
             env: vec![(k.to_string(), v.to_string())],
         }
     }
@@ -400,7 +401,7 @@ impl CriCell {
             Duration::from_secs(20),
         )?;
         let pid = self.node.pid(&id)?;
-        wait_count(&id, WARM, || count_of(pid))?;
+        wait_count(&cuda.id, &id, WARM, || count_of(pid))?;
         Ok(CriWorkload {
             pod,
             id,
@@ -444,7 +445,7 @@ struct CriCheckpoint {
 fn cri_checkpoint(cell: &CriCell, engine: Engine, cuda: Cuda) -> Result<Option<CriCheckpoint>> {
     let w = cell.run_counter("cri")?;
     let archive = cell.gpu.scratch().join("checkpoint.tar");
-    let before = wait_count(&w.id, 0, || count_of(w.pid))?;
+    let before = wait_count(&w.cuda.id, &w.id, 0, || count_of(w.pid))?;
     let result = cell.node.cri.checkpoint_container(&w.id, &archive, 60);
 
     if refused(engine, cuda) {
@@ -606,13 +607,13 @@ fn gpusnap_runc_door(engine: Engine, cuda: Cuda) -> Result<()> {
     let env = [("GPUSNAP_CONFIG", config.to_str().context("config path")?)];
     let dir = gpu.scratch();
     let (cuda_proc, bytes) = gpu.cuda_process("rn")?;
-    let c = BusyboxContainer::create(dir, &cuda_proc.id, COUNTER);
+    let c = BusyboxContainer::create(dir, &cuda_proc.id, &counter_script(&cuda_proc.id));
     c.add_env(&cuda_proc.env());
     c.start();
     let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-    wait_count(&c.id, WARM, count)?;
+    wait_count(&cuda_proc.id, &c.id, WARM, count)?;
     let old_pid = c.pid().context("runc state gives no pid")? as u32;
-    let before = wait_count(&c.id, 0, count)?;
+    let before = wait_count(&cuda_proc.id, &c.id, 0, count)?;
     let images = dir.join("images");
     let images_arg = images.to_str().context("image path")?;
     let (code, _, err) = c.wrapper(

@@ -66,10 +66,10 @@ fn checkpoint_restore_export_import_stop_and_rm() {
         let marker = unique("gpp-counter");
         let a = unique("gpp-a");
         let a_id = p.run_counter(&a, &marker)?;
-        wait_count(&a, WARM, || p.count(&a))?;
+        wait_count(&marker, &a, WARM, || p.count(&a))?;
 
         // In place: the container stops at the checkpoint and goes on at the restore.
-        let before = wait_count(&a, 0, || p.count(&a))?;
+        let before = wait_count(&marker, &a, 0, || p.count(&a))?;
         p.ok(&["container", "checkpoint", &a])?;
         ensure!(
             p.inspect(&a, "{{.State.Status}}")? == "exited",
@@ -151,7 +151,7 @@ fn tampered_export_is_refused_with_one_line_naming_the_file() {
         let marker = unique("gpp-tamper");
         let c = unique("gpp-c");
         let c_id = p.run_counter(&c, &marker)?;
-        wait_count(&c, WARM, || p.count(&c))?;
+        wait_count(&marker, &c, WARM, || p.count(&c))?;
         let export = p.dir().join("c-export.tar");
         let export_arg = export.display().to_string();
         p.ok(&[

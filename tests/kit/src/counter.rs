@@ -1,27 +1,60 @@
-//! The workload the front-door tests share: a shell counter with a random token, and the
-//! checks that a restored process is the checkpointed one and keeps counting.
+//! The workload the front-door tests share: a shell counter carrying the test's run token and
+//! a random process token, and the checks that a restored process is the checkpointed one and
+//! keeps counting.
 
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
-/// The workload: a random token kept in shell memory and a counter, written to /tmp/count ten
-/// times a second. A restored process goes on with the same token from where it was; a fresh
-/// start draws a new token and starts from 1.
-pub const COUNTER: &str = "tok=$(cat /proc/sys/kernel/random/uuid); i=0; \
+/// The workload, run as `sh -c COUNTER <run token>` ([`counter_command`]): `$0` is the run
+/// token the test drew ([`run_token`]), so a count proves which test's container it came from;
+/// a random process token drawn at start is kept in shell memory. Writes `"<run>:<process>
+/// <n>"` to /tmp/count ten times a second. A restored process goes on with the same tokens
+/// from where it was; a fresh start draws a new process token and starts from 1.
+pub const COUNTER: &str = "tok=\"$0:$(cat /proc/sys/kernel/random/uuid)\"; i=0; \
      while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; sleep 0.1; done";
 /// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
 pub const WARM: u64 = 10;
 
+/// A fresh run token: random, no `:` or space, unique to one test's container.
+pub fn run_token() -> String {
+    let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    let hex: String = uuid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    format!("run{hex}")
+}
+
+/// `sh -c COUNTER <run>`.
+pub fn counter_command(run: &str) -> Vec<String> {
+    ["sh", "-c", COUNTER, run].map(String::from).to_vec()
+}
+
+/// The counter as one script with `run` in place of `$0`, for callers that run
+/// `/bin/sh -c <script>` without further arguments.
+pub fn counter_script(run: &str) -> String {
+    COUNTER.replace("$0", run)
+}
+
 /// The counter's last report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Count {
+    /// `<run>:<process>`.
     pub token: String,
     pub n: u64,
 }
 
-/// `"<token> <n>"` as the counter writes it.
+impl Count {
+    /// The run token the test started the counter with.
+    pub fn run(&self) -> &str {
+        self.token.split_once(':').map_or("", |(run, _)| run)
+    }
+}
+
+/// `"<run>:<process> <n>"` as the counter writes it.
 pub fn parse_count(text: &str) -> Option<Count> {
     let (token, n) = text.trim().split_once(' ')?;
     Some(Count {
@@ -30,17 +63,35 @@ pub fn parse_count(text: &str) -> Option<Count> {
     })
 }
 
-/// Waits (30 s at most) until `read` gives a count of at least `min`.
-pub fn wait_count(what: &str, min: u64, mut read: impl FnMut() -> Option<Count>) -> Result<Count> {
+/// Waits (30 s at most) until `read` gives a count of at least `min` of the counter started
+/// with run token `run`; a count of another run (another test's container, or a counter
+/// started without this run's token) is an error at once.
+pub fn wait_count(
+    run: &str,
+    what: &str,
+    min: u64,
+    mut read: impl FnMut() -> Option<Count>,
+) -> Result<Count> {
     let mut last = None;
-    crate::wait::wait_some(Duration::from_secs(30), || {
+    let mut foreign = None;
+    let got = crate::wait::wait_some(Duration::from_secs(30), || {
         let c = read();
-        if c.is_some() {
-            last.clone_from(&c);
+        if let Some(c) = &c {
+            if c.run() != run {
+                foreign = Some(c.clone());
+                return Some(c.clone());
+            }
+            last = Some(c.clone());
         }
         c.filter(|c| c.n >= min)
-    })
-    .with_context(|| format!("the counter of {what} did not reach {min}; last read {last:?}"))
+    });
+    if let Some(f) = foreign {
+        bail!(
+            "the counter of {what} belongs to another run ({f:?}); this test started it with \
+             run token {run}"
+        );
+    }
+    got.with_context(|| format!("the counter of {what} did not reach {min}; last read {last:?}"))
 }
 
 /// The restored workload is the checkpointed process: same token, counting on from at least
@@ -50,7 +101,7 @@ pub fn check_continues(
     checkpointed: &Count,
     mut read: impl FnMut() -> Option<Count>,
 ) -> Result<Count> {
-    let now = wait_count(what, 0, &mut read)?;
+    let now = wait_count(checkpointed.run(), what, 0, &mut read)?;
     ensure!(
         now.token == checkpointed.token,
         "{what} runs a new process (token {}, checkpointed {})",
@@ -63,7 +114,7 @@ pub fn check_continues(
         now.n,
         checkpointed.n
     );
-    let later = wait_count(what, now.n + 3, &mut read)?;
+    let later = wait_count(checkpointed.run(), what, now.n + 3, &mut read)?;
     ensure!(
         later.token == checkpointed.token,
         "{what} restarted after the restore"

@@ -50,6 +50,7 @@
 //! 3. `<workspace>/target/debug/containerd-shim-gpusnap-v2`.
 
 pub mod bundle;
+pub mod can_fail;
 pub mod checkpoint;
 pub mod cmd;
 pub mod containerd;
