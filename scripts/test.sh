@@ -13,6 +13,7 @@
 #   GPUSNAP_TEST_TIMEOUT         the whole `cargo test` run (default 1800)
 #   GPUSNAP_CRITEST_TIMEOUT      one critest run, per handler (default 420; critest-parity.sh)
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/as-root.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/root}/.cargo/bin/cargo ]]; then
@@ -21,10 +22,6 @@ fi
 if [[ -n ${CI:-} ]]; then
     export CARGO_TERM_COLOR=never CARGO_TERM_PROGRESS_WHEN=never
 fi
-if [[ $(id -u) -ne 0 ]]; then
-    echo "warning: not root; the containerd integration tests (gpusnap-tests) will fail" >&2
-fi
-
 T0=$SECONDS
 step() { printf '\n==> %s  [t+%ds]\n' "$*" "$((SECONDS - T0))"; }
 # The total, also when a step fails.
