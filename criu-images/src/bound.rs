@@ -123,7 +123,11 @@ fn exceeds(findings: &[Finding]) -> String {
         "the checkpoint's CRIU images give its processes more than the spec of the container \
          being restored allows: ",
     );
-    let shown: Vec<String> = findings.iter().take(SHOWN).map(Finding::to_string).collect();
+    let shown: Vec<String> = findings
+        .iter()
+        .take(SHOWN)
+        .map(Finding::to_string)
+        .collect();
     s.push_str(&shown.join("; "));
     if findings.len() > SHOWN {
         s.push_str(&format!(" (and {} more)", findings.len() - SHOWN));
@@ -334,7 +338,8 @@ impl Bound {
         };
         let bnd = set(|c| c.bounding());
         let prm = set(|c| c.permitted());
-        let any = bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | set(|c| c.ambient());
+        let any =
+            bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | set(|c| c.ambient());
         let user = process.user();
         let mut gids: BTreeSet<u32> = user.additional_gids().iter().flatten().copied().collect();
         gids.insert(user.gid());
@@ -479,6 +484,11 @@ impl Check<'_> {
                 let core: CoreEntry = dir
                     .read_one(&core_file, Kind::Core)?
                     .ok_or_else(|| missing(&core_file))?;
+                // A zombie's core has no thread state: CRIU restores it only to exit, and
+                // none of its credentials are set.
+                if tid == pid && core.tc.as_ref().and_then(|t| t.task_state) == Some(TASK_DEAD) {
+                    break;
+                }
                 let Some(thread) = &core.thread_core else {
                     self.find(
                         Some(pid),
@@ -676,8 +686,9 @@ impl Check<'_> {
 
     fn lsm(&mut self, pid: u32, file: &str, c: &CredsEntry) {
         let shown = |v: &Option<Vec<u8>>| {
-            v.as_ref()
-                .map_or("none".to_string(), |v| format!("{:?}", String::from_utf8_lossy(v)))
+            v.as_ref().map_or("none".to_string(), |v| {
+                format!("{:?}", String::from_utf8_lossy(v))
+            })
         };
         let same = |v: &Option<Vec<u8>>, want: &str| v.as_deref() == Some(want.as_bytes());
         let (which, want) = match self.bound.lsm {
@@ -813,8 +824,10 @@ impl Check<'_> {
             return Err(missing(&userns_file));
         };
         let map = |m: &[UidGidExtent]| {
-            let mut v: Vec<(u32, u32, u32)> =
-                m.iter().map(|e| (e.first, e.lower_first, e.count)).collect();
+            let mut v: Vec<(u32, u32, u32)> = m
+                .iter()
+                .map(|e| (e.first, e.lower_first, e.count))
+                .collect();
             v.sort_unstable();
             v
         };
@@ -1012,8 +1025,9 @@ impl Check<'_> {
     }
 
     fn apparmor(&mut self, dir: &mut ImageDir) -> Result<(), Refusal> {
-        let entries: Vec<ApparmorEntry> =
-            dir.read("apparmor.img", Kind::Apparmor)?.unwrap_or_default();
+        let entries: Vec<ApparmorEntry> = dir
+            .read("apparmor.img", Kind::Apparmor)?
+            .unwrap_or_default();
         let namespaces: usize = entries.iter().map(|e| e.namespaces.len()).sum();
         if namespaces > 0 {
             self.find(
@@ -1031,6 +1045,7 @@ impl Check<'_> {
     }
 }
 
+const TASK_DEAD: u32 = 2;
 const SECCOMP_MODE_STRICT: i32 = 1;
 const SECCOMP_MODE_FILTER: i32 = 2;
 

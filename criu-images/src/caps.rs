@@ -102,7 +102,10 @@ mod tests {
             "CAP_KILL",
             "CAP_AUDIT_WRITE",
         ];
-        let mask = defaults.iter().map(|n| bit(n).unwrap()).fold(0, |a, b| a | b);
+        let mask = defaults
+            .iter()
+            .map(|n| bit(n).unwrap())
+            .fold(0, |a, b| a | b);
         assert_eq!(mask, 0xa80425fb);
         assert_eq!(from_words(&[0xa80425fb, 0]), mask);
         assert_eq!(names(SYS_ADMIN | 1 << 16), "CAP_SYS_MODULE, CAP_SYS_ADMIN");

@@ -152,7 +152,9 @@ pub fn edit_creds(
     core_img: &[u8],
     edit: impl FnOnce(&mut CredsEntry),
 ) -> Result<Vec<u8>, ForgeError> {
-    edit_core(core_img, |t| edit(t.creds.get_or_insert_with(Default::default)))
+    edit_core(core_img, |t| {
+        edit(t.creds.get_or_insert_with(Default::default))
+    })
 }
 
 /// The credentials of a container process as runc leaves them: `uid`/`gid` everywhere,

@@ -118,7 +118,9 @@ pub enum ImageError {
         found: u32,
         expected: u32,
     },
-    #[error("{name} is not a CRIU {what} image (type magic {found:#010x}, expected {expected:#010x})")]
+    #[error(
+        "{name} is not a CRIU {what} image (type magic {found:#010x}, expected {expected:#010x})"
+    )]
     WrongType {
         name: String,
         what: &'static str,

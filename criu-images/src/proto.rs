@@ -69,10 +69,13 @@ pub struct ThreadCoreEntry {
     pub seccomp_filter: Option<u32>,
 }
 
-/// `task_core_entry` (core.proto): only the per-task seccomp fields of old images, which CRIU
-/// moves onto the main thread when present.
+/// `task_core_entry` (core.proto): the task's state, and the per-task seccomp fields of old
+/// images, which CRIU moves onto the main thread when present.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TaskCoreEntry {
+    /// 1 alive, 2 dead (a zombie: CRIU restores it only to exit), 3 stopped.
+    #[prost(uint32, optional, tag = "1")]
+    pub task_state: Option<u32>,
     #[prost(int32, optional, tag = "11")]
     pub old_seccomp_mode: Option<i32>,
     #[prost(uint32, optional, tag = "12")]
