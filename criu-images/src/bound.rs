@@ -21,9 +21,9 @@
 //!   well-formed, non-empty chain in `seccomp.img` (or in strict mode);
 //! - **LSM**: on a node running AppArmor (SELinux) every thread's label is the spec's
 //!   `apparmorProfile` (`selinuxLabel`) when it sets one; `apparmor.img` loads no policy;
-//! - **namespaces**: the root task is not left in CRIU's (the node's) namespace of any type the
-//!   spec gives the container its own; no user namespace unless the spec has one, and then
-//!   its maps are the spec's;
+//! - **namespaces**: no task is left in CRIU's (the node's) namespace of a type the spec gives
+//!   the container a new one of (a namespace joined by path is CRIU's own in honest images);
+//!   no user namespace unless the spec has one, and then its maps are the spec's;
 //! - **mounts**: every mount of the container's mount namespace is the rootfs, one of the
 //!   spec's mounts (same filesystem type, its `ro`/`nosuid`/`nodev`/`noexec` kept; a bind
 //!   mount external, so its source comes from runc), a masked or read-only path as runc makes
@@ -258,7 +258,9 @@ struct Bound {
     lsm: HostLsm,
     apparmor: Option<String>,
     selinux: Option<String>,
-    namespaces: BTreeSet<String>,
+    /// The spec's namespaces by OCI type, and whether the container joins an existing one
+    /// (a `path`) rather than getting a new one.
+    namespaces: std::collections::BTreeMap<String, bool>,
     uid_map: Vec<(u32, u32, u32)>,
     gid_map: Vec<(u32, u32, u32)>,
     mounts: Vec<SpecMount>,
@@ -348,8 +350,10 @@ impl Bound {
             .and_then(|l| l.namespaces().as_ref())
             .into_iter()
             .flatten()
-            .filter_map(|n| serde_json::to_value(n.typ()).ok())
-            .filter_map(|v| v.as_str().map(str::to_owned))
+            .filter_map(|n| {
+                let typ = serde_json::to_value(n.typ()).ok()?.as_str()?.to_owned();
+                Some((typ, n.path().is_some()))
+            })
             .collect();
         let map = |m: Option<&Vec<oci_spec::runtime::LinuxIdMapping>>| {
             let mut v: Vec<(u32, u32, u32)> = m
@@ -408,7 +412,12 @@ impl Bound {
     }
 
     fn has_ns(&self, typ: &str) -> bool {
-        self.namespaces.contains(typ)
+        self.namespaces.contains_key(typ)
+    }
+
+    /// The spec gives the container a new namespace of this type (not one to join by path).
+    fn new_ns(&self, typ: &str) -> bool {
+        self.namespaces.get(typ) == Some(&false)
     }
 }
 
@@ -772,7 +781,9 @@ impl Check<'_> {
         let task = Some(pid);
         for (typ, get) in OWN_NAMESPACES {
             let (mine, criu) = (get(ids).unwrap_or(0), get(root_ids).unwrap_or(0));
-            if self.bound.has_ns(typ) && mine == criu {
+            // A namespace joined by path (a pod's network, ipc, uts) is one runc has CRIU
+            // join, and CRIU records it as its own; only a new one must not be.
+            if self.bound.new_ns(typ) && mine == criu {
                 self.find(
                     task,
                     file,
@@ -802,6 +813,10 @@ impl Check<'_> {
                     ),
                 );
             }
+            return Ok(());
+        }
+        if !self.bound.new_ns("user") {
+            // Joined by path: CRIU creates none and writes no maps.
             return Ok(());
         }
         if mine == criu {

@@ -574,6 +574,11 @@ fn namespaces_the_spec_gives_are_not_left_to_the_node() {
         f.check(&spec_of(spec_json())),
         &["task 1 (ids-1.img): network namespace is CRIU's own (id 2"],
     );
+    // A pod's container joins the sandbox's network namespace by path: runc has CRIU join
+    // it, and an honest image records it as CRIU's own.
+    let mut spec = spec_json();
+    spec["linux"]["namespaces"][1] = json!({"type": "network", "path": "/proc/42/ns/net"});
+    f.check(&spec_of(spec)).unwrap();
     let mut f = Fixture::honest();
     f.ids.clear();
     refused(f.check(&spec_of(spec_json())), &["has no ids-1.img"]);
