@@ -16,6 +16,7 @@ pub mod error;
 pub mod gpu;
 pub mod host;
 pub mod lock;
+mod privilege;
 pub mod restore;
 pub mod runc;
 mod timings;

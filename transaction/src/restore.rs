@@ -3,7 +3,8 @@
 //! ```text
 //! directory locked (shared) → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
-//! → CRIU found (version, plugins)                                     ← refusals end here
+//! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
+//!                                                                     ← refusals end here
 //! rootfs diff applied → runc restore (CRIU)                           ← failure: nothing runs
 //! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
 //! ```
@@ -169,6 +170,12 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         ));
     }
 
+    // Last of the refusals: what the CRIU images give the restored processes, bounded by
+    // the spec of the container being created (`privilege.rs`).
+    let t = Instant::now();
+    crate::privilege::check(&req.bundle, ckpt)?;
+    timings.add("privilege-check", t.elapsed());
+
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
         let rootfs = req.bundle.join("rootfs");
@@ -259,6 +266,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         dir = %ckpt.display(),
         cuda_processes,
         validate_ms = timings.ms("validate"),
+        privilege_check_ms = timings.ms("privilege-check"),
         gpu_gate_ms = timings.ms("gpu-gate"),
         rootfs_diff_ms = timings.ms("rootfs-diff"),
         criu_restore_ms = timings.ms("criu-restore"),

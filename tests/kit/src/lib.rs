@@ -62,6 +62,7 @@ pub mod fixtures;
 pub mod gpu;
 pub mod paths;
 pub mod podman;
+pub mod privilege;
 pub mod pty;
 pub mod registry;
 pub mod rig;

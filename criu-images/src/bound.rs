@@ -1,0 +1,1107 @@
+//! The check: what a checkpoint's CRIU images give the restored tasks, bounded by the spec of
+//! the container they are restored into.
+//!
+//! CRIU's restorer sets every task's uids and gids, groups, securebits, capability sets,
+//! no_new_privs, LSM label and seccomp filters from the images, creates the namespaces and
+//! mounts the images describe, and runc hands it none of the spec's process settings. So the
+//! images alone would decide what the restored processes may do. [`bound_by_spec`] refuses a
+//! checkpoint whose images give any task more than a process of the target container could
+//! ever hold, which is a bound the kernel guarantees for the spec's settings:
+//!
+//! - **capabilities**: no set may hold a capability outside the spec's bounding set (or a set
+//!   the spec lists explicitly); the bounding set must be within the spec's; with
+//!   `noNewPrivileges` the permitted, effective and ambient sets must be within the spec's
+//!   permitted set (execve cannot add to them then);
+//! - **ids**: uid, euid, suid, fsuid are the spec's uid unless its bounding set has
+//!   `CAP_SETUID`; gid, egid, sgid, fsgid the spec's gid and every supplementary group one of
+//!   its gid and additionalGids unless it has `CAP_SETGID`;
+//! - **securebits**: no `SECBIT_NO_SETUID_FIXUP` unless the bounding set has `CAP_SETPCAP`;
+//! - **no_new_privs** set on every thread when the spec sets `noNewPrivileges`;
+//! - **seccomp**: with `linux.seccomp` in the spec every thread is in filter mode with a
+//!   well-formed, non-empty chain in `seccomp.img` (or in strict mode);
+//! - **LSM**: on a node running AppArmor (SELinux) every thread's label is the spec's
+//!   `apparmorProfile` (`selinuxLabel`) when it sets one; `apparmor.img` loads no policy;
+//! - **namespaces**: no task is left in CRIU's (the node's) namespace of a type the spec gives
+//!   the container a new one of (a namespace joined by path is CRIU's own in honest images);
+//!   no user namespace unless the spec has one, and then its maps are the spec's;
+//! - **mounts**: every mount of the container's mount namespace is the rootfs, one of the
+//!   spec's mounts (same filesystem type, its `ro`/`nosuid`/`nodev`/`noexec` kept; a bind
+//!   mount external, so its source comes from runc), a masked or read-only path as runc makes
+//!   it, or a cgroup mount beneath the spec's cgroup mount.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::Path;
+
+use oci_spec::runtime::Spec;
+
+use crate::caps;
+use crate::image::{ImageDir, ImageError, Kind, Limits};
+use crate::proto::{
+    ApparmorEntry, CoreEntry, CredsEntry, InventoryEntry, MntEntry, PstreeEntry, SeccompEntry,
+    TaskKobjIdsEntry, UidGidExtent, UsernsEntry,
+};
+
+/// The LSM the node enforces, detected the way CRIU does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostLsm {
+    None,
+    AppArmor,
+    SeLinux,
+}
+
+impl HostLsm {
+    /// AppArmor when its securityfs directory exists (CRIU's test), SELinux when selinuxfs is
+    /// mounted, else none.
+    pub fn detect() -> HostLsm {
+        if Path::new("/sys/kernel/security/apparmor").exists() {
+            HostLsm::AppArmor
+        } else if Path::new("/sys/fs/selinux/enforce").exists() {
+            HostLsm::SeLinux
+        } else {
+            HostLsm::None
+        }
+    }
+}
+
+/// What an accepted checkpoint held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub tasks: usize,
+    pub threads: usize,
+    pub files_read: usize,
+}
+
+/// One thing the images give that the spec does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The task (pid in the checkpoint), when the finding is about one.
+    pub task: Option<u32>,
+    /// The image file.
+    pub file: String,
+    /// The field.
+    pub field: String,
+    /// What is wrong, with the spec's and the image's values.
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.task {
+            Some(pid) => write!(
+                f,
+                "task {pid} ({}): {} {}",
+                self.file, self.field, self.detail
+            ),
+            None => write!(f, "{}: {} {}", self.file, self.field, self.detail),
+        }
+    }
+}
+
+/// Why a checkpoint is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the checkpoint's CRIU images cannot be checked against the container's spec: {0}; \
+         nothing was changed — take the checkpoint again"
+    )]
+    Unreadable(#[from] ImageError),
+    #[error("the container's spec cannot bound the checkpoint: {0}; nothing was changed")]
+    Spec(String),
+    #[error(
+        "the checkpoint has no {0}, which CRIU needs to restore it; nothing was changed — take \
+         the checkpoint again"
+    )]
+    Incomplete(String),
+    #[error("{}", exceeds(.0))]
+    Exceeds(Vec<Finding>),
+}
+
+fn exceeds(findings: &[Finding]) -> String {
+    const SHOWN: usize = 6;
+    let mut s = String::from(
+        "the checkpoint's CRIU images give its processes more than the spec of the container \
+         being restored allows: ",
+    );
+    let shown: Vec<String> = findings
+        .iter()
+        .take(SHOWN)
+        .map(Finding::to_string)
+        .collect();
+    s.push_str(&shown.join("; "));
+    if findings.len() > SHOWN {
+        s.push_str(&format!(" (and {} more)", findings.len() - SHOWN));
+    }
+    s.push_str(
+        ". Nothing was changed. Restore it into a container whose spec grants this (user, \
+         capabilities, no_new_privs, seccomp, LSM label, namespaces, mounts), or take the \
+         checkpoint again from the container as it is specified",
+    );
+    s
+}
+
+/// Checks the CRIU images in `checkpoint_dir` against `spec`, on this node's LSM.
+pub fn bound_by_spec(checkpoint_dir: &Path, spec: &Spec) -> Result<Report, Refusal> {
+    bound_by_spec_on(checkpoint_dir, spec, HostLsm::detect(), Limits::default())
+}
+
+/// [`bound_by_spec`] for a given LSM and reader limits.
+pub fn bound_by_spec_on(
+    checkpoint_dir: &Path,
+    spec: &Spec,
+    lsm: HostLsm,
+    limits: Limits,
+) -> Result<Report, Refusal> {
+    let bound = Bound::of(spec, lsm)?;
+    let mut dir = ImageDir::open(checkpoint_dir, limits).map_err(|source| {
+        Refusal::Unreadable(ImageError::Open {
+            name: checkpoint_dir.display().to_string(),
+            source,
+        })
+    })?;
+    let mut check = Check {
+        bound: &bound,
+        findings: Vec::new(),
+    };
+    let (tasks, threads) = check.tasks(&mut dir)?;
+    check.apparmor(&mut dir)?;
+    if check.findings.is_empty() {
+        Ok(Report {
+            tasks,
+            threads,
+            files_read: dir.files_read(),
+        })
+    } else {
+        Err(Refusal::Exceeds(check.findings))
+    }
+}
+
+// ----- the spec, as a bound --------------------------------------------------------------
+
+const MS_RDONLY: u32 = 1;
+const MS_NOSUID: u32 = 2;
+const MS_NODEV: u32 = 4;
+const MS_NOEXEC: u32 = 8;
+
+/// CRIU's `fstype` codes (mnt.proto).
+mod fs {
+    pub const UNSUPPORTED: u32 = 0;
+    pub const PROC: u32 = 1;
+    pub const SYSFS: u32 = 2;
+    pub const DEVTMPFS: u32 = 3;
+    pub const BINFMT_MISC: u32 = 4;
+    pub const TMPFS: u32 = 5;
+    pub const DEVPTS: u32 = 6;
+    pub const CGROUP: u32 = 12;
+    pub const MQUEUE: u32 = 14;
+    pub const AUTO: u32 = 16;
+    pub const CGROUP2: u32 = 23;
+
+    /// Filesystems that take no device or path as their source: what a container with
+    /// `CAP_SYS_ADMIN` could mount itself.
+    pub const PSEUDO: [u32; 7] = [PROC, SYSFS, TMPFS, DEVPTS, CGROUP, MQUEUE, CGROUP2];
+
+    /// The codes an OCI mount `type` appears as (a cgroup v1 mount is a tmpfs with cgroup
+    /// mounts beneath it).
+    pub fn codes(typ: &str) -> &'static [u32] {
+        match typ {
+            "proc" => &[PROC],
+            "sysfs" => &[SYSFS],
+            "tmpfs" | "shm" => &[TMPFS],
+            "devpts" => &[DEVPTS],
+            "mqueue" => &[MQUEUE],
+            "cgroup" => &[CGROUP, CGROUP2, TMPFS],
+            "cgroup2" => &[CGROUP2],
+            "devtmpfs" => &[DEVTMPFS],
+            "binfmt_misc" => &[BINFMT_MISC],
+            _ => &[],
+        }
+    }
+
+    pub fn name(code: u32) -> String {
+        match code {
+            UNSUPPORTED => "an unsupported (device-backed) filesystem".into(),
+            PROC => "proc".into(),
+            SYSFS => "sysfs".into(),
+            DEVTMPFS => "devtmpfs".into(),
+            BINFMT_MISC => "binfmt_misc".into(),
+            TMPFS => "tmpfs".into(),
+            DEVPTS => "devpts".into(),
+            CGROUP => "cgroup".into(),
+            MQUEUE => "mqueue".into(),
+            AUTO => "a filesystem named by the image (auto)".into(),
+            CGROUP2 => "cgroup2".into(),
+            other => format!("filesystem type {other}"),
+        }
+    }
+}
+
+struct SpecMount {
+    dest: String,
+    typ: String,
+    bind: bool,
+    /// `MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC` as its options ask.
+    flags: u32,
+}
+
+struct Bound {
+    bnd: u64,
+    prm: u64,
+    /// Everything a process of the container could ever hold: the bounding set and the sets
+    /// the spec gives explicitly (runc sets them even where they exceed the bounding set).
+    any: u64,
+    nnp: bool,
+    uid: u32,
+    gid: u32,
+    gids: BTreeSet<u32>,
+    seccomp: bool,
+    lsm: HostLsm,
+    apparmor: Option<String>,
+    selinux: Option<String>,
+    /// The spec's namespaces by OCI type, and whether the container joins an existing one
+    /// (a `path`) rather than getting a new one.
+    namespaces: std::collections::BTreeMap<String, bool>,
+    uid_map: Vec<(u32, u32, u32)>,
+    gid_map: Vec<(u32, u32, u32)>,
+    mounts: Vec<SpecMount>,
+    masked: BTreeSet<String>,
+    readonly: BTreeSet<String>,
+    root_readonly: bool,
+    terminal: bool,
+}
+
+fn cap_mask(set: &Option<oci_spec::runtime::Capabilities>) -> u64 {
+    set.iter()
+        .flatten()
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .filter_map(|v| v.as_str().and_then(caps::bit))
+        .fold(0, |a, b| a | b)
+}
+
+fn mount_flags(options: &[String]) -> u32 {
+    options.iter().fold(0, |f, o| {
+        f | match o.as_str() {
+            "ro" => MS_RDONLY,
+            "nosuid" => MS_NOSUID,
+            "nodev" => MS_NODEV,
+            "noexec" => MS_NOEXEC,
+            _ => 0,
+        }
+    })
+}
+
+fn flag_names(flags: u32) -> String {
+    let names: Vec<&str> = [
+        (MS_RDONLY, "ro"),
+        (MS_NOSUID, "nosuid"),
+        (MS_NODEV, "nodev"),
+        (MS_NOEXEC, "noexec"),
+    ]
+    .iter()
+    .filter(|(f, _)| flags & f != 0)
+    .map(|(_, n)| *n)
+    .collect();
+    names.join(",")
+}
+
+/// `/a//b/` → `/a/b`; `None` for a relative path or one with `.` or `..` components.
+fn normalize(path: &[u8]) -> Option<String> {
+    let s = String::from_utf8_lossy(path);
+    if !s.starts_with('/') {
+        return None;
+    }
+    let mut out = String::new();
+    for part in s.split('/').filter(|p| !p.is_empty()) {
+        if part == "." || part == ".." {
+            return None;
+        }
+        out.push('/');
+        out.push_str(part);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Some(out)
+}
+
+fn label(value: &Option<String>) -> Option<String> {
+    value.as_ref().filter(|v| !v.is_empty()).cloned()
+}
+
+impl Bound {
+    fn of(spec: &Spec, lsm: HostLsm) -> Result<Bound, Refusal> {
+        let process = spec
+            .process()
+            .as_ref()
+            .ok_or_else(|| Refusal::Spec("it has no process".into()))?;
+        let caps = process.capabilities().as_ref();
+        let set = |f: fn(&oci_spec::runtime::LinuxCapabilities) -> &Option<_>| {
+            caps.map_or(0, |c| cap_mask(f(c)))
+        };
+        let bnd = set(|c| c.bounding());
+        let prm = set(|c| c.permitted());
+        let any =
+            bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | set(|c| c.ambient());
+        let user = process.user();
+        let mut gids: BTreeSet<u32> = user.additional_gids().iter().flatten().copied().collect();
+        gids.insert(user.gid());
+        let linux = spec.linux().as_ref();
+        let namespaces = linux
+            .and_then(|l| l.namespaces().as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|n| {
+                let typ = serde_json::to_value(n.typ()).ok()?.as_str()?.to_owned();
+                Some((typ, n.path().is_some()))
+            })
+            .collect();
+        let map = |m: Option<&Vec<oci_spec::runtime::LinuxIdMapping>>| {
+            let mut v: Vec<(u32, u32, u32)> = m
+                .into_iter()
+                .flatten()
+                .map(|m| (m.container_id(), m.host_id(), m.size()))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let paths = |p: Option<&Vec<String>>| {
+            p.into_iter()
+                .flatten()
+                .filter_map(|p| normalize(p.as_bytes()))
+                .collect::<BTreeSet<_>>()
+        };
+        let mounts = spec
+            .mounts()
+            .iter()
+            .flatten()
+            .filter_map(|m| {
+                let options = m.options().clone().unwrap_or_default();
+                let typ = m.typ().clone().unwrap_or_default();
+                Some(SpecMount {
+                    dest: normalize(m.destination().as_os_str().as_encoded_bytes())?,
+                    bind: typ == "bind" || options.iter().any(|o| o == "bind" || o == "rbind"),
+                    flags: mount_flags(&options),
+                    typ,
+                })
+            })
+            .collect();
+        Ok(Bound {
+            bnd,
+            prm,
+            any,
+            nnp: process.no_new_privileges().unwrap_or(false),
+            uid: user.uid(),
+            gid: user.gid(),
+            gids,
+            seccomp: linux.is_some_and(|l| l.seccomp().is_some()),
+            lsm,
+            apparmor: label(process.apparmor_profile()).filter(|p| p != "unconfined"),
+            selinux: label(process.selinux_label()),
+            namespaces,
+            uid_map: map(linux.and_then(|l| l.uid_mappings().as_ref())),
+            gid_map: map(linux.and_then(|l| l.gid_mappings().as_ref())),
+            mounts,
+            masked: paths(linux.and_then(|l| l.masked_paths().as_ref())),
+            readonly: paths(linux.and_then(|l| l.readonly_paths().as_ref())),
+            root_readonly: spec
+                .root()
+                .as_ref()
+                .is_some_and(|r| r.readonly().unwrap_or(false)),
+            terminal: process.terminal().unwrap_or(false),
+        })
+    }
+
+    fn has_ns(&self, typ: &str) -> bool {
+        self.namespaces.contains_key(typ)
+    }
+
+    /// The spec gives the container a new namespace of this type (not one to join by path).
+    fn new_ns(&self, typ: &str) -> bool {
+        self.namespaces.get(typ) == Some(&false)
+    }
+}
+
+// ----- the images, against the bound -------------------------------------------------------
+
+struct Check<'a> {
+    bound: &'a Bound,
+    findings: Vec<Finding>,
+}
+
+/// Namespace types CRIU creates for the root task when its id differs from CRIU's own, with
+/// their OCI names.
+const OWN_NAMESPACES: [(&str, fn(&TaskKobjIdsEntry) -> Option<u32>); 5] = [
+    ("pid", |i| i.pid_ns_id),
+    ("network", |i| i.net_ns_id),
+    ("ipc", |i| i.ipc_ns_id),
+    ("uts", |i| i.uts_ns_id),
+    ("mount", |i| i.mnt_ns_id),
+];
+
+impl Check<'_> {
+    fn find(&mut self, task: Option<u32>, file: &str, field: &str, detail: String) {
+        self.findings.push(Finding {
+            task,
+            file: file.into(),
+            field: field.into(),
+            detail,
+        });
+    }
+
+    /// Every task and thread of `pstree.img`; returns (tasks, threads).
+    fn tasks(&mut self, dir: &mut ImageDir) -> Result<(usize, usize), Refusal> {
+        let inventory: InventoryEntry = dir
+            .read_one("inventory.img", Kind::Inventory)?
+            .ok_or_else(|| missing("inventory.img"))?;
+        let pstree: Vec<PstreeEntry> = dir
+            .read("pstree.img", Kind::Pstree)?
+            .ok_or_else(|| missing("pstree.img"))?;
+        if pstree.is_empty() {
+            return Err(missing("a task in pstree.img"));
+        }
+        let root_ids = inventory.root_ids.unwrap_or_default();
+        let mut seccomp: Option<SeccompEntry> = None;
+        let mut threads = 0;
+        let mut root_mnt_ns = None;
+        for (index, task) in pstree.iter().enumerate() {
+            let pid = task.pid;
+            let ids_file = format!("ids-{pid}.img");
+            let ids: Option<TaskKobjIdsEntry> = dir.read_one(&ids_file, Kind::Ids)?;
+            match &ids {
+                Some(ids) => {
+                    self.namespaces(dir, pid, &ids_file, ids, &root_ids, index == 0)?;
+                    if index == 0 {
+                        root_mnt_ns = Some(ids.mnt_ns_id.unwrap_or(0));
+                    }
+                }
+                // CRIU refuses a root task without ids; others share their parent's.
+                None if index == 0 => return Err(missing(&ids_file)),
+                None => {}
+            }
+
+            let creds_file = format!("creds-{pid}.img");
+            let legacy: Option<CredsEntry> = dir.read_one(&creds_file, Kind::Creds)?;
+            if let Some(c) = &legacy {
+                self.creds(pid, &creds_file, c);
+            }
+
+            let mut tids: Vec<u32> = vec![pid];
+            tids.extend(task.threads.iter().filter(|t| **t != pid));
+            for tid in tids {
+                threads += 1;
+                let core_file = format!("core-{tid}.img");
+                let core: CoreEntry = dir
+                    .read_one(&core_file, Kind::Core)?
+                    .ok_or_else(|| missing(&core_file))?;
+                // A zombie's core has no thread state: CRIU restores it only to exit, and
+                // none of its credentials are set.
+                if tid == pid && core.tc.as_ref().and_then(|t| t.task_state) == Some(TASK_DEAD) {
+                    break;
+                }
+                let Some(thread) = &core.thread_core else {
+                    self.find(
+                        Some(pid),
+                        &core_file,
+                        "thread_core",
+                        "is missing: CRIU would leave the thread with CRIU's own credentials \
+                         (root, every capability)"
+                            .into(),
+                    );
+                    continue;
+                };
+                match (&thread.creds, &legacy) {
+                    (Some(c), _) => self.creds(pid, &core_file, c),
+                    (None, Some(_)) if tid == pid => {}
+                    (None, _) => self.find(
+                        Some(pid),
+                        &core_file,
+                        "creds",
+                        format!(
+                            "are missing (and {creds_file} does not hold them for the main \
+                             thread): CRIU would not set the thread's credentials"
+                        ),
+                    ),
+                }
+                // Old images keep the mode per task; CRIU moves it onto the thread.
+                let tc = core.tc.as_ref();
+                let mode = tc
+                    .and_then(|t| t.old_seccomp_mode)
+                    .or(thread.seccomp_mode)
+                    .unwrap_or(0);
+                let filter = tc
+                    .and_then(|t| t.old_seccomp_filter)
+                    .or(thread.seccomp_filter)
+                    .unwrap_or(0);
+                if self.bound.seccomp {
+                    if seccomp.is_none() && mode == SECCOMP_MODE_FILTER {
+                        seccomp = Some(
+                            dir.read_one("seccomp.img", Kind::Seccomp)?
+                                .unwrap_or_default(),
+                        );
+                    }
+                    self.seccomp(pid, &core_file, mode, filter, seccomp.as_ref());
+                }
+            }
+        }
+        if let Some(root_mnt) = root_mnt_ns {
+            self.mounts(dir, root_mnt)?;
+        }
+        Ok((pstree.len(), threads))
+    }
+
+    fn creds(&mut self, pid: u32, file: &str, c: &CredsEntry) {
+        let b = self.bound;
+        let task = Some(pid);
+        let sets = [
+            ("cap_inh", &c.cap_inh),
+            ("cap_prm", &c.cap_prm),
+            ("cap_eff", &c.cap_eff),
+            ("cap_amb", &c.cap_amb),
+        ];
+        for (field, words) in sets {
+            let mask = caps::from_words(words);
+            let extra = mask & !b.any;
+            if extra != 0 {
+                self.find(
+                    task,
+                    file,
+                    field,
+                    format!(
+                        "holds {}, which the container spec's bounding set does not (spec \
+                         {:#x}, image {mask:#x})",
+                        caps::names(extra),
+                        b.any
+                    ),
+                );
+            } else if b.nnp && field != "cap_inh" && mask & !b.prm != 0 {
+                self.find(
+                    task,
+                    file,
+                    field,
+                    format!(
+                        "holds {}, outside the spec's permitted set, which no_new_privs keeps \
+                         any process of the container within (spec {:#x}, image {mask:#x})",
+                        caps::names(mask & !b.prm),
+                        b.prm
+                    ),
+                );
+            }
+        }
+        let bnd = caps::from_words(&c.cap_bnd);
+        if bnd & !b.bnd != 0 {
+            self.find(
+                task,
+                file,
+                "cap_bnd",
+                format!(
+                    "holds {}, which the container spec's bounding set does not (spec {:#x}, \
+                     image {bnd:#x})",
+                    caps::names(bnd & !b.bnd),
+                    b.bnd
+                ),
+            );
+        }
+
+        if b.bnd & caps::SETUID == 0 {
+            for (field, v) in [
+                ("uid", c.uid),
+                ("euid", c.euid),
+                ("suid", c.suid),
+                ("fsuid", c.fsuid),
+            ] {
+                if v != b.uid {
+                    self.find(
+                        task,
+                        file,
+                        field,
+                        format!(
+                            "is {v}, but the container spec's user is uid {} and its bounding \
+                             set lacks CAP_SETUID (spec {}, image {v})",
+                            b.uid, b.uid
+                        ),
+                    );
+                }
+            }
+        }
+        if b.bnd & caps::SETGID == 0 {
+            for (field, v) in [
+                ("gid", c.gid),
+                ("egid", c.egid),
+                ("sgid", c.sgid),
+                ("fsgid", c.fsgid),
+            ] {
+                if v != b.gid {
+                    self.find(
+                        task,
+                        file,
+                        field,
+                        format!(
+                            "is {v}, but the container spec's user is gid {} and its bounding \
+                             set lacks CAP_SETGID (spec {}, image {v})",
+                            b.gid, b.gid
+                        ),
+                    );
+                }
+            }
+            let extra: Vec<String> = c
+                .groups
+                .iter()
+                .filter(|g| !b.gids.contains(g))
+                .map(u32::to_string)
+                .collect();
+            if !extra.is_empty() {
+                self.find(
+                    task,
+                    file,
+                    "groups",
+                    format!(
+                        "hold {}, which are neither the spec's gid nor its additionalGids and \
+                         its bounding set lacks CAP_SETGID (spec {:?}, image {:?})",
+                        extra.join(", "),
+                        b.gids,
+                        c.groups
+                    ),
+                );
+            }
+        }
+
+        const SECBIT_NO_SETUID_FIXUP: u32 = 1 << 2;
+        if c.secbits & SECBIT_NO_SETUID_FIXUP != 0 && b.bnd & caps::SETPCAP == 0 {
+            self.find(
+                task,
+                file,
+                "secbits",
+                format!(
+                    "set SECBIT_NO_SETUID_FIXUP (capabilities kept across uid changes), which \
+                     needs CAP_SETPCAP the container spec's bounding set lacks (spec 0, image \
+                     {:#x})",
+                    c.secbits
+                ),
+            );
+        }
+        if b.nnp && c.no_new_privs.unwrap_or(0) == 0 {
+            self.find(
+                task,
+                file,
+                "no_new_privs",
+                format!(
+                    "is off, but the container spec sets noNewPrivileges (spec true, image {})",
+                    c.no_new_privs.map_or("absent".into(), |v| v.to_string())
+                ),
+            );
+        }
+        self.lsm(pid, file, c);
+    }
+
+    fn lsm(&mut self, pid: u32, file: &str, c: &CredsEntry) {
+        let shown = |v: &Option<Vec<u8>>| {
+            v.as_ref().map_or("none".to_string(), |v| {
+                format!("{:?}", String::from_utf8_lossy(v))
+            })
+        };
+        let same = |v: &Option<Vec<u8>>, want: &str| v.as_deref() == Some(want.as_bytes());
+        let (which, want) = match self.bound.lsm {
+            HostLsm::AppArmor => ("apparmorProfile", &self.bound.apparmor),
+            HostLsm::SeLinux => ("selinuxLabel", &self.bound.selinux),
+            HostLsm::None => return,
+        };
+        let Some(want) = want else { return };
+        if !same(&c.lsm_profile, want) {
+            self.find(
+                Some(pid),
+                file,
+                "lsm_profile",
+                format!(
+                    "is not the container spec's {which} (spec {want:?}, image {}): CRIU would \
+                     restore the task under the image's label",
+                    shown(&c.lsm_profile)
+                ),
+            );
+        }
+        if self.bound.lsm == HostLsm::SeLinux
+            && c.lsm_sockcreate.is_some()
+            && !same(&c.lsm_sockcreate, want)
+        {
+            self.find(
+                Some(pid),
+                file,
+                "lsm_sockcreate",
+                format!(
+                    "labels new sockets with another context than the spec's selinuxLabel \
+                     (spec {want:?}, image {})",
+                    shown(&c.lsm_sockcreate)
+                ),
+            );
+        }
+    }
+
+    fn seccomp(
+        &mut self,
+        pid: u32,
+        file: &str,
+        mode: i32,
+        filter: u32,
+        image: Option<&SeccompEntry>,
+    ) {
+        match mode {
+            SECCOMP_MODE_STRICT => {}
+            SECCOMP_MODE_FILTER => {
+                if let Err(why) = chain(image, filter) {
+                    self.find(
+                        Some(pid),
+                        file,
+                        "seccomp_filter",
+                        format!("does not lead to a usable filter in seccomp.img: {why}"),
+                    );
+                }
+            }
+            other => self.find(
+                Some(pid),
+                file,
+                "seccomp_mode",
+                format!(
+                    "is {} where the container spec sets a seccomp profile (spec filter, \
+                     image {})",
+                    seccomp_mode_name(other),
+                    seccomp_mode_name(other)
+                ),
+            ),
+        }
+    }
+
+    fn namespaces(
+        &mut self,
+        dir: &mut ImageDir,
+        pid: u32,
+        file: &str,
+        ids: &TaskKobjIdsEntry,
+        root_ids: &TaskKobjIdsEntry,
+        root_task: bool,
+    ) -> Result<(), Refusal> {
+        let task = Some(pid);
+        for (typ, get) in OWN_NAMESPACES {
+            let (mine, criu) = (get(ids).unwrap_or(0), get(root_ids).unwrap_or(0));
+            // A namespace joined by path (a pod's network, ipc, uts) is one runc has CRIU
+            // join, and CRIU records it as its own; only a new one must not be.
+            if self.bound.new_ns(typ) && mine == criu {
+                self.find(
+                    task,
+                    file,
+                    &format!("{typ} namespace"),
+                    format!(
+                        "is CRIU's own (id {mine}, as inventory.img's root_ids): CRIU would \
+                         restore the task in the node's {typ} namespace, where the container \
+                         spec gives the container its own"
+                    ),
+                );
+            }
+        }
+        let (mine, criu) = (
+            ids.user_ns_id.unwrap_or(0),
+            root_ids.user_ns_id.unwrap_or(0),
+        );
+        if !self.bound.has_ns("user") {
+            if mine != criu {
+                self.find(
+                    task,
+                    file,
+                    "user namespace",
+                    format!(
+                        "is a new one (id {mine}, CRIU's is {criu}): CRIU would create it and \
+                         write its uid/gid maps as root, but the container spec has no user \
+                         namespace"
+                    ),
+                );
+            }
+            return Ok(());
+        }
+        if !self.bound.new_ns("user") {
+            // Joined by path: CRIU creates none and writes no maps.
+            return Ok(());
+        }
+        if mine == criu {
+            self.find(
+                task,
+                file,
+                "user namespace",
+                format!(
+                    "is CRIU's own (id {mine}): CRIU would restore the task in the node's user \
+                     namespace, where the container spec gives it its own"
+                ),
+            );
+            return Ok(());
+        }
+        if !root_task {
+            return Ok(());
+        }
+        let userns_file = format!("userns-{mine}.img");
+        let Some(userns) = dir.read_one::<UsernsEntry>(&userns_file, Kind::Userns)? else {
+            return Err(missing(&userns_file));
+        };
+        let map = |m: &[UidGidExtent]| {
+            let mut v: Vec<(u32, u32, u32)> = m
+                .iter()
+                .map(|e| (e.first, e.lower_first, e.count))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        for (field, image, spec) in [
+            ("uid_map", map(&userns.uid_map), &self.bound.uid_map),
+            ("gid_map", map(&userns.gid_map), &self.bound.gid_map),
+        ] {
+            if &image != spec {
+                self.find(
+                    task,
+                    &userns_file,
+                    field,
+                    format!(
+                        "is not the container spec's mapping (spec {spec:?}, image {image:?}, \
+                         as container id, host id, size)"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `mountpoints-<ns>.img`: the container's mount namespace (`root_mnt`) and any
+    /// other the workload made.
+    fn mounts(&mut self, dir: &mut ImageDir, root_mnt: u32) -> Result<(), Refusal> {
+        let names = dir.names().map_err(|source| ImageError::Read {
+            name: dir.path().display().to_string(),
+            source,
+        })?;
+        for name in names {
+            let Some(ns) = name
+                .strip_prefix("mountpoints-")
+                .and_then(|n| n.strip_suffix(".img"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let entries: Vec<MntEntry> = dir.read(&name, Kind::Mountpoints)?.unwrap_or_default();
+            let own = ns == root_mnt;
+            let sysadmin = self.bound.bnd & caps::SYS_ADMIN != 0;
+            if !own && !sysadmin {
+                self.find(
+                    None,
+                    &name,
+                    "mount namespace",
+                    format!(
+                        "{ns} is not the container's ({root_mnt}): only a process with \
+                         CAP_SYS_ADMIN makes one, which the container spec's bounding set lacks"
+                    ),
+                );
+                continue;
+            }
+            let ids: BTreeSet<u32> = entries.iter().map(|e| e.mnt_id).collect();
+            for e in &entries {
+                let ns_root = !ids.contains(&e.parent_mnt_id);
+                if let Err(why) = self.mount(e, ns_root, own, sysadmin) {
+                    self.find(None, &name, "mountpoint", why);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn mount(&self, e: &MntEntry, ns_root: bool, own: bool, sysadmin: bool) -> Result<(), String> {
+        let b = self.bound;
+        let raw = String::from_utf8_lossy(&e.mountpoint).into_owned();
+        let path = normalize(&e.mountpoint)
+            .ok_or_else(|| format!("{raw:?} is not a plain absolute path"))?;
+        let flags = e.flags | e.sb_flags.unwrap_or(0);
+        let missing_flags = |want: u32| -> Result<(), String> {
+            let lost = want & !flags;
+            if lost == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{path} is mounted without {} that the container spec gives it (spec {}, \
+                     image flags {:#x})",
+                    flag_names(lost),
+                    flag_names(want),
+                    e.flags
+                ))
+            }
+        };
+        if ns_root {
+            if path != "/" {
+                return Err(format!(
+                    "{path} is the root of a mount namespace, which CRIU mounts only at /"
+                ));
+            }
+            // CRIU bind-mounts runc's rootfs here; only its flags come from the image.
+            return if own && b.root_readonly {
+                missing_flags(MS_RDONLY)
+            } else {
+                Ok(())
+            };
+        }
+        // An external mount's source is what runc maps its key to; the special keys make CRIU
+        // mount what the image names instead.
+        let ext = match (&e.ext_key, e.ext_mount.unwrap_or(false)) {
+            (Some(k), _) if !k.is_empty() => Some(String::from_utf8_lossy(k).into_owned()),
+            (_, true) => Some(String::from_utf8_lossy(&e.root).into_owned()),
+            _ => None,
+        };
+        if let Some(k) = &ext {
+            if k.starts_with("CRIU:") {
+                return Err(format!(
+                    "{path} is an external mount with key {k:?}: CRIU would mount a source the \
+                     image names, not one runc gives"
+                ));
+            }
+            // A spec mount's source keeps the spec's flags wherever the image puts it.
+            if let Some(m) = normalize(k.as_bytes())
+                .and_then(|k| b.mounts.iter().find(|m| m.dest == k && m.bind))
+            {
+                missing_flags(m.flags)?;
+            }
+        }
+        if let Some(m) = b.mounts.iter().find(|m| m.dest == path) {
+            if m.bind {
+                return if ext.is_some() {
+                    missing_flags(m.flags)
+                } else {
+                    Err(format!(
+                        "{path} is a bind mount in the container spec, but the image mounts {} \
+                         there from a source it names",
+                        fs::name(e.fstype)
+                    ))
+                };
+            }
+            if ext.is_none() && !fs::codes(&m.typ).contains(&e.fstype) {
+                return Err(format!(
+                    "{path} is {} in the container spec, but {} in the image",
+                    m.typ,
+                    fs::name(e.fstype)
+                ));
+            }
+            // runc mounts a cgroup v1 tree as a writable tmpfs with read-only cgroup mounts
+            // beneath it.
+            let want = if m.typ == "cgroup" && e.fstype == fs::TMPFS {
+                m.flags & !MS_RDONLY
+            } else {
+                m.flags
+            };
+            return missing_flags(want);
+        }
+        let under_cgroup = b.mounts.iter().any(|m| {
+            (m.typ == "cgroup" || m.typ == "cgroup2") && path.starts_with(&format!("{}/", m.dest))
+        });
+        if under_cgroup {
+            return if [fs::CGROUP, fs::CGROUP2].contains(&e.fstype) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{path} is beneath the spec's cgroup mount but is {}",
+                    fs::name(e.fstype)
+                ))
+            };
+        }
+        if b.masked.contains(&path) {
+            // runc masks a directory with a read-only tmpfs and a file with /dev/null, an
+            // external bind mount.
+            return if ext.is_some() || e.fstype == fs::TMPFS {
+                if ext.is_none() {
+                    missing_flags(MS_RDONLY)
+                } else {
+                    Ok(())
+                }
+            } else {
+                Err(format!(
+                    "{path} is masked in the container spec, but the image mounts {} there",
+                    fs::name(e.fstype)
+                ))
+            };
+        }
+        if b.readonly.contains(&path) {
+            return missing_flags(MS_RDONLY);
+        }
+        if path == "/dev/console" && b.terminal && e.fstype == fs::DEVPTS {
+            return Ok(());
+        }
+        if sysadmin && ext.is_none() && fs::PSEUDO.contains(&e.fstype) {
+            // The container could mount this itself.
+            return Ok(());
+        }
+        if ext.is_some() {
+            return Err(format!(
+                "{path} is an external mount the container spec does not have"
+            ));
+        }
+        Err(format!(
+            "{path} ({}) is not a mount of the container spec (its mounts, masked or read-only \
+             paths)",
+            fs::name(e.fstype)
+        ))
+    }
+
+    fn apparmor(&mut self, dir: &mut ImageDir) -> Result<(), Refusal> {
+        let entries: Vec<ApparmorEntry> = dir
+            .read("apparmor.img", Kind::Apparmor)?
+            .unwrap_or_default();
+        let namespaces: usize = entries.iter().map(|e| e.namespaces.len()).sum();
+        if namespaces > 0 {
+            self.find(
+                None,
+                "apparmor.img",
+                "namespaces",
+                format!(
+                    "hold {namespaces} AppArmor namespace(s) whose policies CRIU would load \
+                     into the node's kernel; a container spec never grants that (spec none, \
+                     image {namespaces})"
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+const TASK_DEAD: u32 = 2;
+const SECCOMP_MODE_STRICT: i32 = 1;
+const SECCOMP_MODE_FILTER: i32 = 2;
+
+fn seccomp_mode_name(mode: i32) -> String {
+    match mode {
+        0 => "disabled".into(),
+        1 => "strict".into(),
+        2 => "filter".into(),
+        other => format!("{other} (unknown)"),
+    }
+}
+
+/// The filter chain from `index` back to the first filter: every filter a non-empty, whole
+/// number of BPF instructions, every `prev` a filter of the image, no loop.
+fn chain(image: Option<&SeccompEntry>, index: u32) -> Result<usize, String> {
+    const BPF_INSN: usize = 8;
+    let filters = image.map_or(&[][..], |e| &e.seccomp_filters[..]);
+    let mut at = Some(index);
+    let mut len = 0;
+    while let Some(i) = at {
+        let f = filters.get(i as usize).ok_or_else(|| {
+            format!(
+                "filter {i} does not exist (the image holds {})",
+                filters.len()
+            )
+        })?;
+        if f.filter.is_empty() || f.filter.len() % BPF_INSN != 0 {
+            return Err(format!(
+                "filter {i} is {} bytes, not a BPF program",
+                f.filter.len()
+            ));
+        }
+        len += 1;
+        if len > filters.len() {
+            return Err("the chain loops".into());
+        }
+        at = f.prev;
+    }
+    Ok(len)
+}
+
+fn missing(what: &str) -> Refusal {
+    Refusal::Incomplete(what.into())
+}

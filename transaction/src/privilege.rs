@@ -1,0 +1,57 @@
+//! The restore target's spec bounds what the checkpoint's CRIU images give the restored
+//! processes.
+//!
+//! CRIU restores each task's credentials, capabilities, securebits, no_new_privs, LSM label,
+//! seccomp filters, namespaces and mounts from the images, and runc passes it none of the
+//! spec's. So before anything changes, the images are checked against the spec of the
+//! container being created: `<bundle>/config.json`, which containerd, CRI-O or Podman wrote
+//! for this container. The checkpoint's own copy of a spec (`config.dump`, `spec.dump`) is
+//! as hostile as its images and is never read here. The rules are in
+//! `gpusnap_criu_images::bound`.
+
+use std::io::Read;
+use std::path::Path;
+
+use gpusnap_criu_images::{bound_by_spec, Report};
+use oci_spec::runtime::Spec;
+
+use crate::error::{Error, Result};
+
+/// The largest `config.json` read. Real specs are a few KiB (a CRI spec with many mounts
+/// and a seccomp profile stays under 100 KiB).
+pub const MAX_SPEC_BYTES: u64 = 4 << 20;
+
+/// Refuses (nothing changed) a checkpoint whose CRIU images give any task more than the spec
+/// in `<bundle>/config.json` allows.
+pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<Report> {
+    let started = std::time::Instant::now();
+    let spec = read_spec(&bundle.join("config.json"))?;
+    let report =
+        bound_by_spec(checkpoint_dir, &spec).map_err(|e| Error::precondition(e.to_string()))?;
+    tracing::debug!(
+        tasks = report.tasks,
+        threads = report.threads,
+        files = report.files_read,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "CRIU images within the container's spec"
+    );
+    Ok(report)
+}
+
+fn read_spec(path: &Path) -> Result<Spec> {
+    let unreadable = |why: String| {
+        Error::precondition(format!(
+            "cannot read the spec of the container being restored ({}): {why}",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SPEC_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(e.to_string()))?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(unreadable(format!("larger than {MAX_SPEC_BYTES} bytes")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))
+}
