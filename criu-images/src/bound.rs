@@ -430,7 +430,9 @@ struct Check<'a> {
 
 /// Namespace types CRIU creates for the root task when its id differs from CRIU's own, with
 /// their OCI names.
-const OWN_NAMESPACES: [(&str, fn(&TaskKobjIdsEntry) -> Option<u32>); 5] = [
+type NsId = fn(&TaskKobjIdsEntry) -> Option<u32>;
+
+const OWN_NAMESPACES: [(&str, NsId); 5] = [
     ("pid", |i| i.pid_ns_id),
     ("network", |i| i.net_ns_id),
     ("ipc", |i| i.ipc_ns_id),

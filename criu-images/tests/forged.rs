@@ -188,24 +188,24 @@ impl Fixture {
         let put = |name: &str, bytes: Vec<u8>| std::fs::write(dir.join(name), bytes).unwrap();
         put(
             "inventory.img",
-            forge::image_of(Kind::Inventory, &[self.inventory.clone()]),
+            forge::image_of(Kind::Inventory, std::slice::from_ref(&self.inventory)),
         );
         put("pstree.img", forge::image_of(Kind::Pstree, &self.pstree));
         for (pid, ids) in &self.ids {
             put(
                 &format!("ids-{pid}.img"),
-                forge::image_of(Kind::Ids, &[ids.clone()]),
+                forge::image_of(Kind::Ids, std::slice::from_ref(ids)),
             );
         }
         for (tid, core) in &self.cores {
             put(
                 &format!("core-{tid}.img"),
-                forge::image_of(Kind::Core, &[core.clone()]),
+                forge::image_of(Kind::Core, std::slice::from_ref(core)),
             );
         }
         put(
             "seccomp.img",
-            forge::image_of(Kind::Seccomp, &[self.seccomp.clone()]),
+            forge::image_of(Kind::Seccomp, std::slice::from_ref(&self.seccomp)),
         );
         put(
             "mountpoints-13.img",
