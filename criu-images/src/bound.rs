@@ -955,11 +955,12 @@ impl Check<'_> {
                      image names, not one runc gives"
                 ));
             }
-            // A spec mount's source keeps the spec's flags wherever the image puts it.
+            // A spec bind mount's source keeps the spec's flags wherever the image puts it (runc
+            // keys it by the spec's destination, which symlinks in the rootfs may move).
             if let Some(m) = normalize(k.as_bytes())
                 .and_then(|k| b.mounts.iter().find(|m| m.dest == k && m.bind))
             {
-                missing_flags(m.flags)?;
+                return missing_flags(m.flags);
             }
         }
         if let Some(m) = b.mounts.iter().find(|m| m.dest == path) {
@@ -990,12 +991,14 @@ impl Check<'_> {
             };
             return missing_flags(want);
         }
-        let under_cgroup = b.mounts.iter().any(|m| {
+        let under_cgroup = b.mounts.iter().find(|m| {
             (m.typ == "cgroup" || m.typ == "cgroup2") && path.starts_with(&format!("{}/", m.dest))
         });
-        if under_cgroup {
+        if let Some(m) = under_cgroup {
+            // runc's cgroup v1 mounts beneath the tree, with the spec's flags: a writable one
+            // would let the container change its own limits or a release agent.
             return if [fs::CGROUP, fs::CGROUP2].contains(&e.fstype) {
-                Ok(())
+                missing_flags(m.flags)
             } else {
                 Err(format!(
                     "{path} is beneath the spec's cgroup mount but is {}",

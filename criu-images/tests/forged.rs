@@ -543,6 +543,24 @@ fn mounts_lose_no_flag_the_spec_gives() {
         f.check(&spec_of(spec_json())),
         &["/dev/shm is mounted without nosuid,nodev,noexec"],
     );
+    let mut f = Fixture::honest();
+    f.mounts
+        .iter_mut()
+        .find(|m| m.mountpoint == b"/sys/fs/cgroup/cpu")
+        .unwrap()
+        .flags = 2 | 4 | 8;
+    refused(
+        f.check(&spec_of(spec_json())),
+        &["/sys/fs/cgroup/cpu is mounted without ro"],
+    );
+    // runc keys a bind mount by the spec's destination, wherever symlinks in the rootfs put it.
+    let mut f = Fixture::honest();
+    f.mounts
+        .iter_mut()
+        .find(|m| m.mountpoint == b"/data")
+        .unwrap()
+        .mountpoint = b"/srv/data".to_vec();
+    f.check(&spec_of(spec_json())).unwrap();
     // A read-only spec mount's source put elsewhere keeps its flags.
     let mut f = Fixture::honest();
     f.mounts
