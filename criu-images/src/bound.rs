@@ -430,7 +430,9 @@ struct Check<'a> {
 
 /// Namespace types CRIU creates for the root task when its id differs from CRIU's own, with
 /// their OCI names.
-const OWN_NAMESPACES: [(&str, fn(&TaskKobjIdsEntry) -> Option<u32>); 5] = [
+type NsId = fn(&TaskKobjIdsEntry) -> Option<u32>;
+
+const OWN_NAMESPACES: [(&str, NsId); 5] = [
     ("pid", |i| i.pid_ns_id),
     ("network", |i| i.net_ns_id),
     ("ipc", |i| i.ipc_ns_id),
@@ -953,11 +955,12 @@ impl Check<'_> {
                      image names, not one runc gives"
                 ));
             }
-            // A spec mount's source keeps the spec's flags wherever the image puts it.
+            // A spec bind mount's source keeps the spec's flags wherever the image puts it (runc
+            // keys it by the spec's destination, which symlinks in the rootfs may move).
             if let Some(m) = normalize(k.as_bytes())
                 .and_then(|k| b.mounts.iter().find(|m| m.dest == k && m.bind))
             {
-                missing_flags(m.flags)?;
+                return missing_flags(m.flags);
             }
         }
         if let Some(m) = b.mounts.iter().find(|m| m.dest == path) {
@@ -988,12 +991,14 @@ impl Check<'_> {
             };
             return missing_flags(want);
         }
-        let under_cgroup = b.mounts.iter().any(|m| {
+        let under_cgroup = b.mounts.iter().find(|m| {
             (m.typ == "cgroup" || m.typ == "cgroup2") && path.starts_with(&format!("{}/", m.dest))
         });
-        if under_cgroup {
+        if let Some(m) = under_cgroup {
+            // runc's cgroup v1 mounts beneath the tree, with the spec's flags: a writable one
+            // would let the container change its own limits or a release agent.
             return if [fs::CGROUP, fs::CGROUP2].contains(&e.fstype) {
-                Ok(())
+                missing_flags(m.flags)
             } else {
                 Err(format!(
                     "{path} is beneath the spec's cgroup mount but is {}",

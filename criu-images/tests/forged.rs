@@ -188,24 +188,24 @@ impl Fixture {
         let put = |name: &str, bytes: Vec<u8>| std::fs::write(dir.join(name), bytes).unwrap();
         put(
             "inventory.img",
-            forge::image_of(Kind::Inventory, &[self.inventory.clone()]),
+            forge::image_of(Kind::Inventory, std::slice::from_ref(&self.inventory)),
         );
         put("pstree.img", forge::image_of(Kind::Pstree, &self.pstree));
         for (pid, ids) in &self.ids {
             put(
                 &format!("ids-{pid}.img"),
-                forge::image_of(Kind::Ids, &[ids.clone()]),
+                forge::image_of(Kind::Ids, std::slice::from_ref(ids)),
             );
         }
         for (tid, core) in &self.cores {
             put(
                 &format!("core-{tid}.img"),
-                forge::image_of(Kind::Core, &[core.clone()]),
+                forge::image_of(Kind::Core, std::slice::from_ref(core)),
             );
         }
         put(
             "seccomp.img",
-            forge::image_of(Kind::Seccomp, &[self.seccomp.clone()]),
+            forge::image_of(Kind::Seccomp, std::slice::from_ref(&self.seccomp)),
         );
         put(
             "mountpoints-13.img",
@@ -543,6 +543,24 @@ fn mounts_lose_no_flag_the_spec_gives() {
         f.check(&spec_of(spec_json())),
         &["/dev/shm is mounted without nosuid,nodev,noexec"],
     );
+    let mut f = Fixture::honest();
+    f.mounts
+        .iter_mut()
+        .find(|m| m.mountpoint == b"/sys/fs/cgroup/cpu")
+        .unwrap()
+        .flags = 2 | 4 | 8;
+    refused(
+        f.check(&spec_of(spec_json())),
+        &["/sys/fs/cgroup/cpu is mounted without ro"],
+    );
+    // runc keys a bind mount by the spec's destination, wherever symlinks in the rootfs put it.
+    let mut f = Fixture::honest();
+    f.mounts
+        .iter_mut()
+        .find(|m| m.mountpoint == b"/data")
+        .unwrap()
+        .mountpoint = b"/srv/data".to_vec();
+    f.check(&spec_of(spec_json())).unwrap();
     // A read-only spec mount's source put elsewhere keeps its flags.
     let mut f = Fixture::honest();
     f.mounts

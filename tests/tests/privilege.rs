@@ -238,7 +238,8 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
 
     let blob = criu_tar_blob(&rig, image)?;
     let pristine = fs::read(&blob)?;
-    let cases: [(&str, fn(u32, &mut ThreadCoreEntry), &[&str]); 2] = [
+    type Edit = fn(u32, &mut ThreadCoreEntry);
+    let cases: [(&str, Edit, &[&str]); 2] = [
         (
             "caps",
             all_capabilities,
