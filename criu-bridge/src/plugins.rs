@@ -67,8 +67,8 @@ pub fn default_config_files(
 pub fn plugin_source(criu_libs_dir: Option<&std::ffi::OsStr>, config_files: &[PathBuf]) -> PathBuf {
     config_files
         .iter()
-        .filter_map(|f| config_libdir(f))
-        .last()
+        .rev()
+        .find_map(|f| config_libdir(f))
         .map(|c| c.libdir)
         .unwrap_or_else(|| plugin_dir_for(criu_libs_dir))
 }

@@ -65,6 +65,9 @@ const CHECKPOINT_DOORS: &[Door] = &[Runc, RestoreFrom, Ctr, Cri];
 /// CRI archive itself first and keeps regular files only: symlink cases do not apply there).
 const FILE_DOORS: &[Door] = &[Runc, RestoreFrom, Ctr];
 
+/// An image's layers: tar bytes, gzip-compressed when true.
+type Layers = Vec<(Vec<u8>, bool)>;
+
 /// One hostile input.
 enum Hostile {
     /// A sealed checkpoint directory, altered.
@@ -78,7 +81,7 @@ enum Hostile {
     Name(fn(&Path, &Sentinel) -> String),
     /// A checkpoint image: its layers (tar, gzip-compressed when true) and how many bytes of
     /// padding its image config carries.
-    Image(fn(&Sentinel) -> (Vec<(Vec<u8>, bool)>, usize)),
+    Image(fn(&Sentinel) -> (Layers, usize)),
 }
 
 struct Case {

@@ -382,7 +382,7 @@ fn a_libdir_in_criu_default_config_does_not_bring_the_cuda_plugin_back() -> Resu
                 d.plugins.display()
             ),
         )?;
-        let cases: [(&str, &dyn Fn(&Doubles) -> Result<()>, bool); 4] = [
+        let cases: [(&str, &DoorRun, bool); 4] = [
             ("ctr, runc.v2", &|d| conf_ctr(d, Runtime::RuncV2), true),
             (
                 "ctr, gpusnap shim",
@@ -413,6 +413,9 @@ fn a_libdir_in_criu_default_config_does_not_bring_the_cuda_plugin_back() -> Resu
     );
     Ok(())
 }
+
+/// One door's checkpoint and restore with the doubles.
+type DoorRun = dyn Fn(&Doubles) -> Result<()>;
 
 fn conf_ctr(d: &Doubles, rt: Runtime) -> Result<()> {
     let rig = Rig::start_with(RigOptions {
