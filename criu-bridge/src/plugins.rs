@@ -13,7 +13,8 @@
 //! (`/usr/lib/criu/`). runc passes its whole environment to CRIU.
 //!
 //! So gpusnap runs runc with a private plugin directory — every plugin of the directory CRIU
-//! would have used, linked in, except the excluded ones — named both by `CRIU_LIBS_DIR` and by
+//! would have used ([`plugin_source`]: a default config file's `libdir`, else
+//! `CRIU_LIBS_DIR`, else the built-in one), linked in, except the excluded ones — named both by `CRIU_LIBS_DIR` and by
 //! a `libdir` line in a private `CRIU_CONFIG_FILE` (which outranks the default config files).
 //! Only a `libdir` in runc's CRIU config file still wins; [`runc_config_libdir`] finds it so
 //! the caller can refuse before CRIU runs.
@@ -26,6 +27,8 @@ use std::path::{Path, PathBuf};
 /// CRIU's built-in plugin directory when it was built without `PLUGINDIR` (as Debian's and
 /// setup-env's builds are).
 pub const DEFAULT_PLUGIN_DIR: &str = "/usr/lib/criu";
+/// CRIU's own default configuration file, read by every CRIU run.
+pub const CRIU_DEFAULT_CONFIG: &str = "/etc/criu/default.conf";
 /// runc's CRIU configuration file (runc `handleCriuConfigurationFile`).
 pub const RUNC_CRIU_CONFIG: &str = "/etc/criu/runc.conf";
 /// The OCI annotation that names another CRIU configuration file for runc.
@@ -40,6 +43,34 @@ pub fn plugin_dir_for(criu_libs_dir: Option<&std::ffi::OsStr>) -> PathBuf {
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_PLUGIN_DIR))
+}
+
+/// CRIU's default config files, in the order CRIU reads them (a later `libdir` wins):
+/// `/etc/criu/default.conf`, `$HOME/.criu/default.conf`, then `$CRIU_CONFIG_FILE`.
+pub fn default_config_files(
+    home: Option<&std::ffi::OsStr>,
+    criu_config_file: Option<&std::ffi::OsStr>,
+) -> Vec<PathBuf> {
+    let mut files = vec![PathBuf::from(CRIU_DEFAULT_CONFIG)];
+    files.extend(home.map(|h| Path::new(h).join(".criu/default.conf")));
+    files.extend(
+        criu_config_file
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
+    );
+    files
+}
+
+/// The plugin directory CRIU would use for a run: the last `libdir` among `config_files`
+/// (which outranks the environment), else [`plugin_dir_for`] `criu_libs_dir`. gpusnap mirrors
+/// this directory, so plugins an operator named in CRIU's own config file keep loading.
+pub fn plugin_source(criu_libs_dir: Option<&std::ffi::OsStr>, config_files: &[PathBuf]) -> PathBuf {
+    config_files
+        .iter()
+        .rev()
+        .find_map(|f| config_libdir(f))
+        .map(|c| c.libdir)
+        .unwrap_or_else(|| plugin_dir_for(criu_libs_dir))
 }
 
 /// The excluded plugins present in `dir`.
@@ -262,6 +293,36 @@ mod tests {
             runc_config_file(None, &root.path().join("absent")),
             None,
             "no runc.conf"
+        );
+    }
+
+    #[test]
+    fn plugin_source_follows_the_last_config_libdir_then_the_environment() {
+        let root = tempfile::tempdir().unwrap();
+        let (etc, user) = (root.path().join("etc.conf"), root.path().join("user.conf"));
+        let env = Some(std::ffi::OsStr::new("/env"));
+        assert_eq!(
+            plugin_source(env, &[etc.clone(), user.clone()]),
+            Path::new("/env")
+        );
+        fs::write(&etc, "libdir /etc-plugins\n").unwrap();
+        assert_eq!(
+            plugin_source(env, &[etc.clone(), user.clone()]),
+            Path::new("/etc-plugins")
+        );
+        fs::write(&user, "tcp-established\n--libdir=/user-plugins\n").unwrap();
+        assert_eq!(
+            plugin_source(None, &[etc, user]),
+            Path::new("/user-plugins")
+        );
+        let files = default_config_files(Some("/root".as_ref()), Some("/x.conf".as_ref()));
+        assert_eq!(
+            files,
+            [
+                PathBuf::from(CRIU_DEFAULT_CONFIG),
+                PathBuf::from("/root/.criu/default.conf"),
+                PathBuf::from("/x.conf")
+            ]
         );
     }
 

@@ -511,7 +511,8 @@ fn leave_running_vs_exit(rt: Runtime) -> Result<()> {
         t.pid == pid && t.state == TaskState::Paused,
         "after checkpointing a paused task: {t:?}, want pid {pid} PAUSED"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // The kernel's freezer holds the task: proof that nothing in it runs (no sampling).
+    gpusnap_testkit::can_fail::ensure_frozen(pid, "after checkpointing a paused task")?;
     let still = read_counter(&rig, id, COUNT)?;
     ensure!(
         still == frozen_at,

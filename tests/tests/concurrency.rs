@@ -87,13 +87,13 @@ fn two_checkpoints_of_one_container_through_ctr() -> Result<()> {
         let first = first.join().expect("checkpoint thread panicked")?;
         Ok((first, second, overlapped))
     })?;
-    ensure_overlapped(overlapped)?;
-
     ensure!(
         !second.status.success(),
-        "the second checkpoint succeeded while the first ran: {}",
+        "the second checkpoint succeeded (the first still held its lock when it was answered: \
+         {overlapped}): {}",
         second.describe()
     );
+    ensure_overlapped(overlapped)?;
     let err = second.stderr_str();
     // The shim refuses with FailedPrecondition (shim/src/errors.rs); ctr prints the message.
     ensure!(
@@ -213,8 +213,8 @@ fn two_checkpoints_of_one_container_through_gpusnap_runc() -> Result<()> {
         let overlapped = exclusive_flock_on(&first_dir);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    ensure_overlapped(overlapped)?;
     refusal_line(code2, &err2, "another checkpoint or restore is using")?;
+    ensure_overlapped(overlapped)?;
     gpu::check_nothing_complete(&second_dir)?;
 
     ensure!(
@@ -290,7 +290,6 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
         let overlapped = exclusive_flock_on(&images);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    ensure_overlapped(overlapped)?;
     refusal_line(
         code2,
         &err2,
@@ -299,6 +298,7 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
             images.display()
         ),
     )?;
+    ensure_overlapped(overlapped)?;
     ensure!(
         other.status().is_none(),
         "runc created the container whose restore was refused: {:?}",

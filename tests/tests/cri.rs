@@ -143,6 +143,18 @@ fn count(node: &CriNode, w: &Workload) -> Result<(String, u64)> {
     )
 }
 
+/// Waits (10 s at most) until the counter of `w` — still the process with `token` — is past
+/// `n`.
+fn advances(node: &CriNode, w: &Workload, token: &str, n: u64) -> Result<u64> {
+    let mut last = None;
+    let got = gpusnap_testkit::wait_some(Duration::from_secs(10), || {
+        let c = count(node, w).ok();
+        last.clone_from(&c);
+        c.filter(|(t, m)| t == token && *m > n).map(|(_, m)| m)
+    });
+    got.with_context(|| format!("want token {token} past {n}; last read {last:?}"))
+}
+
 /// A counter container and its pod.
 struct Workload {
     pod: Pod,
@@ -542,12 +554,8 @@ fn assert_restored(node: &CriNode, w: &Workload, ck: &Checkpointed) -> Result<u6
     );
     let note = node.exec_ok(id, &["cat", NOTE])?;
     ensure!(note.trim() == NOTE_TEXT, "note after restore: {note:?}");
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, later) = count(node, w)?;
-    ensure!(
-        later > n,
-        "restored counter does not advance ({n} → {later})"
-    );
+    // It goes on: the same process counts past n (a bounded wait, no fixed sleep).
+    advances(node, w, &ck.token, n).context("the restored counter does not advance")?;
     Ok(n)
 }
 
@@ -568,12 +576,8 @@ fn cri_checkpoint_writes_the_archive_and_leaves_the_container_running() {
         // CRI leaves the container running: same process, still counting.
         ensure!(a.state(&w.id)? == ContainerState::ContainerRunning);
         ensure!(a.pid(&w.id)? == pid, "the checkpoint replaced the process");
-        std::thread::sleep(Duration::from_millis(500));
-        let (token, n) = count(&a, &w)?;
-        ensure!(
-            token == ck.token && n > ck.after,
-            "counter stopped after the checkpoint"
-        );
+        advances(&a, &w, &ck.token, ck.after)
+            .context("the counter stopped after the checkpoint")?;
         // A second checkpoint of the same container works too (the work dir is reused).
         let again = out.path().join("again.tar");
         a.cri.checkpoint_container(&w.id, &again, 0)?;

@@ -21,9 +21,13 @@ use gpusnap_testkit::counter::{
     wait_count, WARM,
 };
 use gpusnap_testkit::cri::{gpusnap_handler, wait_for_state, ContainerSpec};
-use gpusnap_testkit::rig::BUSYBOX_IMAGE;
-use gpusnap_testkit::{paths, CriNode, CriNodeOptions, OutputExt, Rig, RigOptions, Runtime};
+use gpusnap_testkit::{
+    paths, CriNode, CriNodeOptions, OutputExt, Registry, Rig, RigOptions, Runtime,
+};
 use k8s_cri::v1::ContainerState;
+
+/// The busybox test image in the private registry of the CRI tests.
+const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
 
 /// Builds the double as `<dir>/<name>.so`.
 fn build_double(dir: &Path, name: &str) -> Result<()> {
@@ -280,11 +284,11 @@ fn gpusnap_runc_runs_criu_without_the_cuda_plugin_and_keeps_the_others() -> Resu
 /// CRI `CheckpointContainer` of a counter in a pod run with `handler`, then a new pod whose
 /// container restores from the archive (containerd's CRI restore); the restored process is the
 /// checkpointed one.
-fn cri_checkpoint_and_restore(node: &CriNode, handler: &str) -> Result<()> {
+fn cri_checkpoint_and_restore(node: &CriNode, image: &str, handler: &str) -> Result<()> {
     let run = run_token();
     let spec = ContainerSpec {
         name: "counter".into(),
-        image: BUSYBOX_IMAGE.into(),
+        image: image.into(),
         command: counter_command(&run),
         env: vec![],
     };
@@ -318,31 +322,45 @@ fn cri_checkpoint_and_restore(node: &CriNode, handler: &str) -> Result<()> {
     node.remove_pod(&pod.id)
 }
 
-fn cri_node(doubles: &Doubles) -> Result<CriNode> {
+/// A CRI node whose containerd names the doubles' directory, with the busybox image pulled
+/// from a private registry (a restore from a CRI archive pulls its base image by name).
+fn cri_node(doubles: &Doubles) -> Result<(Registry, CriNode, String)> {
+    let reg = Registry::start()?;
+    gpusnap_oci_image::push(
+        &paths::busybox_archive(),
+        &reg.url(BUSYBOX_REPO),
+        &gpusnap_oci_image::RegistryOptions::default(),
+    )
+    .context("pushing busybox to the test registry")?;
     let node = CriNode::start(CriNodeOptions {
+        registry_host: Some(reg.host()),
         rig: RigOptions {
             containerd_env: doubles.env(),
             ..Default::default()
         },
         ..Default::default()
     })?;
-    node.import_image(&paths::busybox_archive(), BUSYBOX_IMAGE)?;
-    Ok(node)
+    let image = reg.image(BUSYBOX_REPO);
+    node.cri
+        .pull_image(&image)
+        .map_err(anyhow::Error::from)
+        .context("CRI PullImage of busybox")?;
+    Ok((reg, node, image))
 }
 
 #[test]
 fn criu_loads_the_plugins_under_cri_with_runc_v2() -> Result<()> {
     let d = Doubles::build()?;
-    let node = cri_node(&d)?;
-    cri_checkpoint_and_restore(&node, Runtime::RuncV2.cri_handler())?;
+    let (_reg, node, image) = cri_node(&d)?;
+    cri_checkpoint_and_restore(&node, &image, Runtime::RuncV2.cri_handler())?;
     d.check_cuda_plugin_ran("CRI, runc handler")
 }
 
 #[test]
 fn gpusnap_runs_criu_without_the_cuda_plugin_under_cri() -> Result<()> {
     let d = Doubles::build()?;
-    let node = cri_node(&d)?;
-    cri_checkpoint_and_restore(&node, gpusnap_handler())?;
+    let (_reg, node, image) = cri_node(&d)?;
+    cri_checkpoint_and_restore(&node, &image, gpusnap_handler())?;
     d.check_only_other_plugin_ran("CRI, gpusnap handler")
 }
 
@@ -364,7 +382,7 @@ fn a_libdir_in_criu_default_config_does_not_bring_the_cuda_plugin_back() -> Resu
                 d.plugins.display()
             ),
         )?;
-        let cases: [(&str, &dyn Fn(&Doubles) -> Result<()>, bool); 4] = [
+        let cases: [(&str, &DoorRun, bool); 4] = [
             ("ctr, runc.v2", &|d| conf_ctr(d, Runtime::RuncV2), true),
             (
                 "ctr, gpusnap shim",
@@ -395,6 +413,9 @@ fn a_libdir_in_criu_default_config_does_not_bring_the_cuda_plugin_back() -> Resu
     );
     Ok(())
 }
+
+/// One door's checkpoint and restore with the doubles.
+type DoorRun = dyn Fn(&Doubles) -> Result<()>;
 
 fn conf_ctr(d: &Doubles, rt: Runtime) -> Result<()> {
     let rig = Rig::start_with(RigOptions {

@@ -333,12 +333,14 @@ fn posix_engine_without_the_13_4_api_is_refused_before_anything_is_locked() -> R
     g.fake.hide_symbol("cuCheckpointOperationComplete")?;
     let pid = g.run_cuda_counter("px")?;
     // What the refusal must leave alone: gpusnap creates the directory (0700) and locks it
-    // before the GPU plan, and clears it only after every check passed; a file already there
-    // must survive, and no CRIU image, GPU state file or manifest may appear.
+    // before the GPU plan, and scrubs an earlier checkpoint's files only after every check
+    // passed. So a stale CRIU image and a foreign file already there must survive as they
+    // are, and no CRIU image, GPU state file or manifest may appear.
     let image = tempfile::tempdir()?;
     let path = image.path().join("ck");
     fs::create_dir(&path)?;
     fs::write(path.join("operator-note"), b"keep")?;
+    fs::write(path.join("core-9.img"), b"an earlier checkpoint")?;
     let err = g.refused_checkpoint("px", &path)?;
     assert!(
         err.contains("posix") && err.contains("13.4"),
@@ -352,16 +354,18 @@ fn posix_engine_without_the_13_4_api_is_refused_before_anything_is_locked() -> R
     );
     assert_eq!(g.cuda_state("px"), "running");
     assert_eq!(g.rig.task_state("px")?, Some(TaskState::Running));
-    let left: Vec<String> = fs::read_dir(&path)?
+    let mut left: Vec<String> = fs::read_dir(&path)?
         .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect::<std::io::Result<_>>()?;
+    left.sort();
     assert_eq!(
         left,
-        ["operator-note"],
+        ["core-9.img", "operator-note"],
         "the refused checkpoint cleared or wrote into {}",
         path.display()
     );
     assert_eq!(fs::read(path.join("operator-note"))?, b"keep");
+    assert_eq!(fs::read(path.join("core-9.img"))?, b"an earlier checkpoint");
     Ok(())
 }
 

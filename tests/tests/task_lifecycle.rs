@@ -509,7 +509,24 @@ fn kill_signals(rt: Runtime) -> Result<()> {
     let id = "noterm";
     let t = rig.run_detached(rt, id, &["sh", "-c", "while :; do sleep 0.1; done"])?;
     rig.kill(id, "SIGTERM")?;
-    std::thread::sleep(Duration::from_millis(500));
+    // `kill` returns once runc's kill(2) did: the kernel has then either dropped SIGTERM (a
+    // namespace's init without a handler) or queued it. Proof that it was dropped, without
+    // waiting: no TERM handler, and TERM pending neither for the thread nor the process.
+    let status = fs::read_to_string(format!("/proc/{}/status", t.pid))?;
+    let mask = |field: &str| -> Result<u64> {
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .with_context(|| format!("{field} missing from /proc/{}/status", t.pid))?;
+        Ok(u64::from_str_radix(hex.trim(), 16)?)
+    };
+    let term = 1u64 << (libc::SIGTERM - 1);
+    for field in ["SigCgt:", "SigPnd:", "ShdPnd:"] {
+        ensure!(
+            mask(field)? & term == 0,
+            "SIGTERM is in {field} of the init: not dropped by the kernel"
+        );
+    }
     ensure!(
         rig.task_state(id)? == Some(TaskState::Running),
         "PID 1 died of an unhandled SIGTERM"
@@ -550,7 +567,8 @@ fn pause_resume(rt: Runtime) -> Result<()> {
     rig.pause(id)?;
     rig.wait_task_state(id, TaskState::Paused, SECS_10)?;
     let frozen = counter().context("counter unreadable while paused")?;
-    std::thread::sleep(Duration::from_millis(500));
+    // The kernel's freezer holds the cgroup: proof that nothing in it runs (no sampling).
+    gpusnap_testkit::can_fail::ensure_frozen(t.pid, "paused task")?;
     let still = counter().context("counter unreadable while paused")?;
     ensure!(
         still == frozen,

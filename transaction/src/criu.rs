@@ -63,7 +63,14 @@ pub fn prepare(
         tracing::warn!(file = %found.file.display(), libdir = %found.libdir.display(), "CRIU's cuda plugin will load for a CPU-only container");
     }
 
-    let source = plugins::plugin_dir_for(std::env::var_os("CRIU_LIBS_DIR").as_deref());
+    // The directory CRIU would load from, a libdir in its default config files included.
+    let source = plugins::plugin_source(
+        std::env::var_os("CRIU_LIBS_DIR").as_deref(),
+        &plugins::default_config_files(
+            std::env::var_os("HOME").as_deref(),
+            std::env::var_os("CRIU_CONFIG_FILE").as_deref(),
+        ),
+    );
     let inherited = std::env::var_os("CRIU_CONFIG_FILE").map(std::path::PathBuf::from);
     let dir = PluginDir::prepare(scratch, &source, inherited.as_deref()).map_err(|e| {
         Error::precondition(format!(
