@@ -4,7 +4,8 @@
 //! directory locked (shared) → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins)                                     ← refusals end here
-//! rootfs diff applied → runc restore (CRIU)                           ← failure: nothing runs
+//! rootfs diff applied → runc restore (CRIU, within restore.deadline)  ← failure or deadline:
+//!                                     runc/CRIU killed, cgroup emptied, runc state removed
 //! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
 //! ```
 //!
