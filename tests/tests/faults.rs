@@ -424,7 +424,17 @@ fn gpusnap_runc_criu_killed_mid_dump() -> Result<()> {
         &["checkpoint", "--image-path", img.to_str().unwrap(), &c.id],
         &env,
     )?;
-    let criu = faults::wait_mid_dump(&c.id, &img, Duration::from_secs(60))?;
+    let criu = match faults::wait_mid_dump(&c.id, &img, Duration::from_secs(60)) {
+        Ok(p) => p,
+        Err(e) => {
+            let out = w.wait_timeout(Duration::from_secs(60))?;
+            bail!(
+                "{e:#}; gpusnap-runc: {:?} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
     faults::kill9(criu.pid);
     let out = w.wait_timeout(Duration::from_secs(60))?;
     ensure!(!out.status.success());

@@ -142,8 +142,8 @@ pub fn runc_state_cgroup_at(root: &Path, id: &str) -> Option<PathBuf> {
         serde_json::from_slice(&std::fs::read(root.join(id).join("state.json")).ok()?).ok()?;
     let paths = state.get("cgroup_paths")?.as_object()?;
     paths
-        .get("")
-        .or_else(|| paths.get("freezer"))
+        .get("freezer")
+        .or_else(|| paths.get(""))
         .and_then(|v| v.as_str())
         .map(PathBuf::from)
 }

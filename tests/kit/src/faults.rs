@@ -141,22 +141,33 @@ pub fn criu_of(subcommand: &str, id: &str) -> Option<Proc> {
         .find(|p| p.ppid == runc.pid && p.comm == "criu")
 }
 
-/// Waits until a CRIU is dumping container `id` and has written page images into `image_dir`
-/// (mid-dump), and returns it.
+/// The CRIU that holds `image_dir` open (runc hands CRIU the image directory as a descriptor).
+pub fn criu_writing(image_dir: &Path) -> Option<Proc> {
+    let target = fs::canonicalize(image_dir).ok()?;
+    processes().into_iter().find(|p| {
+        p.comm == "criu"
+            && fs::read_dir(format!("/proc/{}/fd", p.pid))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l == target))
+    })
+}
+
+/// Waits until a CRIU is dumping container `id` and has started writing images into
+/// `image_dir` (mid-dump), and returns it.
 pub fn wait_mid_dump(id: &str, image_dir: &Path, timeout: Duration) -> Result<Proc> {
     // A tight poll: a dump of a few hundred MiB lasts about a second.
     let until = std::time::Instant::now() + timeout;
     let found = loop {
-        let pages = fs::read_dir(image_dir)
+        // CRIU has started writing images (any `*.img`): it is dumping.
+        let dumping = fs::read_dir(image_dir)
             .into_iter()
             .flatten()
             .flatten()
-            .any(|e| {
-                e.file_name().to_string_lossy().starts_with("pages-")
-                    && e.metadata().is_ok_and(|m| m.len() > 0)
-            });
-        if pages {
-            if let Some(criu) = criu_of("checkpoint", id) {
+            .any(|e| e.file_name().to_string_lossy().ends_with(".img"));
+        if dumping {
+            if let Some(criu) = criu_of("checkpoint", id).or_else(|| criu_writing(image_dir)) {
                 break Some(criu);
             }
         }
@@ -180,8 +191,8 @@ pub fn cgroup_of_runc_state(runc_root: &Path, id: &str) -> Option<PathBuf> {
         serde_json::from_slice(&fs::read(runc_root.join(id).join("state.json")).ok()?).ok()?;
     let paths = state.get("cgroup_paths")?.as_object()?;
     paths
-        .get("")
-        .or_else(|| paths.get("freezer"))?
+        .get("freezer")
+        .or_else(|| paths.get(""))?
         .as_str()
         .map(PathBuf::from)
 }
