@@ -101,8 +101,9 @@ impl InFlight {
 
     /// Whether the process that wrote the record still runs (its checkpoint is in progress).
     pub fn writer_alive(&self) -> bool {
-        crate::watchdog::start_time(self.writer_pid)
-            .is_some_and(|t| self.writer_start.is_none_or(|s| s == t))
+        !crate::watchdog::is_zombie(self.writer_pid)
+            && crate::watchdog::start_time(self.writer_pid)
+                .is_some_and(|t| self.writer_start.is_none_or(|s| s == t))
     }
 
     /// Puts back what the interrupted checkpoint left: removes its images unless they were

@@ -200,6 +200,12 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat_fields(pid)?.get(19)?.parse().ok()
 }
 
+/// Whether `pid` has exited and waits to be reaped (a killed runtime whose parent has not
+/// collected it yet is dead all the same).
+pub fn is_zombie(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "Z"))
+}
+
 fn comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
