@@ -43,6 +43,31 @@ pub struct RestoreConfig {
     /// (after decompression); accepts `68719476736` or `"64GiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub max_rootfs_diff_bytes: u64,
+    /// How long CRIU may take to restore a checkpoint before it, runc and everything it
+    /// restored are killed; 0 derives it from the image size ([`RestoreConfig::deadline`]).
+    pub deadline_seconds: u64,
+}
+
+/// The derived restore deadline's floor: CRIU's and runc's fixed work (namespaces, mounts,
+/// cgroups) on a loaded node, with a wide margin over the quarter second it takes on an idle one.
+pub const RESTORE_DEADLINE_FLOOR: Duration = Duration::from_secs(120);
+/// The derived restore deadline's rate: CRIU reads page images at hundreds of MB/s to GB/s from
+/// local storage; 32 MiB/s still holds on a slow network disk or a throttled node.
+pub const RESTORE_DEADLINE_BYTES_PER_SECOND: u64 = 32 * MIB;
+/// The longest restore deadline (configured or derived).
+pub const RESTORE_DEADLINE_MAX: Duration = Duration::from_secs(86_400);
+
+impl RestoreConfig {
+    /// The restore deadline for a checkpoint of `image_bytes`: `deadline_seconds` when set,
+    /// else [`RESTORE_DEADLINE_FLOOR`] plus the images read at
+    /// [`RESTORE_DEADLINE_BYTES_PER_SECOND`], at most [`RESTORE_DEADLINE_MAX`].
+    pub fn deadline(&self, image_bytes: u64) -> Duration {
+        if self.deadline_seconds > 0 {
+            return Duration::from_secs(self.deadline_seconds).min(RESTORE_DEADLINE_MAX);
+        }
+        let reading = Duration::from_secs(image_bytes / RESTORE_DEADLINE_BYTES_PER_SECOND);
+        (RESTORE_DEADLINE_FLOOR + reading).min(RESTORE_DEADLINE_MAX)
+    }
 }
 
 impl Default for RestoreConfig {
@@ -53,6 +78,7 @@ impl Default for RestoreConfig {
             signature_policy: SignaturePolicy::Off,
             signature_keys: Vec::new(),
             max_rootfs_diff_bytes: 64 << 30,
+            deadline_seconds: 0,
         }
     }
 }

@@ -372,6 +372,30 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "restore.deadline_seconds",
+        // A pod could otherwise let a hostile image hold CRIU (and its capabilities) longer.
+        annotation: None,
+        set: |c, v| {
+            c.restore.deadline_seconds = v.u64()?;
+            Ok(())
+        },
+        check: |c| {
+            let s = c.restore.deadline_seconds;
+            if s <= crate::model::RESTORE_DEADLINE_MAX.as_secs() {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "restore.deadline_seconds",
+                    s,
+                    format!(
+                        "0 (derived from the image size) or up to {} (one day)",
+                        crate::model::RESTORE_DEADLINE_MAX.as_secs()
+                    ),
+                ))
+            }
+        },
+    },
+    Setting {
         key: "restore.signature_policy",
         annotation: None,
         set: |c, v| {

@@ -13,6 +13,7 @@
 mod args;
 mod checkpoint;
 mod locate;
+mod repair;
 mod restore;
 mod resume;
 
@@ -244,6 +245,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
         runc,
         path_env,
     };
+    repair::interrupted_checkpoints(&ctx);
     match ctx.inv.command().map(|c| c.to_string_lossy().into_owned()) {
         None if ctx.inv.global.is_set(&["version", "v"]) => version(&ctx),
         Some(c) if c == "checkpoint" => checkpoint::run(&ctx),

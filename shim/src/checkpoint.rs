@@ -22,13 +22,14 @@ use containerd_shim::{
 };
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest, RunTool,
+    inflight::InFlight, CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest,
+    RunTool,
 };
 
 use crate::{
     container::StdioSetup,
     errors::*,
-    reaper::run_reaped,
+    reaper::{run_reaped, run_reaped_with},
     state::{CheckpointTicket, PendingRestore},
     stdio::ProcessPipes,
     task::TaskService,
@@ -162,12 +163,12 @@ impl RunTool for ShimHost {
 }
 
 impl Host for ShimHost {
-    fn run_restore(&self, cmd: Command) -> io::Result<ExitStatus> {
+    fn run_restore(&self, cmd: Command, started: &dyn Fn(u32)) -> io::Result<ExitStatus> {
         let mut cmd = tokio::process::Command::from(cmd);
         if let Some(pipes) = &self.pipes {
             pipes.apply(&mut cmd)?;
         }
-        let result = self.handle.block_on(run_reaped(cmd));
+        let result = self.handle.block_on(run_reaped_with(cmd, started));
         if let Some(pipes) = &self.pipes {
             pipes.close_child_ends();
         }
@@ -239,7 +240,34 @@ impl TaskService {
             };
             (request, ticket, c.runc.clone())
         };
-        let result = self.run_checkpoint(request, ticket, runc).await;
+        // Durable until the checkpoint has ended either way: containerd's `shim delete` reads it
+        // back if this shim is killed in between.
+        let bundle = request.bundle.clone();
+        let inflight = InFlight::new(
+            &request.container_id,
+            &request.image_dir,
+            request.frozen,
+            request.init_pid,
+        )
+        .write(&bundle)
+        .map_err(|e| {
+            internal(format!(
+                "record the checkpoint in {}: {e}",
+                bundle.display()
+            ))
+        });
+        let result = match inflight {
+            Ok(_guard) => self.run_checkpoint(request, ticket, runc).await,
+            Err(e) => {
+                self.state
+                    .lock()
+                    .await
+                    .container_mut(&req.id)?
+                    .state
+                    .end_checkpoint(ticket.pending_cuda);
+                return Err(e);
+            }
+        };
         let mut state = self.state.lock().await;
         let c = state.container_mut(&req.id)?;
         match result {
@@ -254,8 +282,14 @@ impl TaskService {
                 Ok(())
             }
             Err(e) => {
-                // The transaction left the cgroup as the caller had it.
-                c.state.end_checkpoint(None);
+                // The transaction put the cgroup back as the caller had it where it could;
+                // containerd is told what it is (its client resumes a task it paused for the
+                // checkpoint, and must not be told PAUSED about a thawed one, or vice versa).
+                let frozen_now = gpusnap_transaction::cgroup::frozen(c.init.pid as u32);
+                match frozen_now {
+                    Some(frozen) => c.state.checkpoint_failed(frozen),
+                    None => c.state.end_checkpoint(None),
+                }
                 Err(e)
             }
         }

@@ -16,7 +16,15 @@ pub struct ReaperSpawner;
 
 /// Spawns `cmd` and waits for its exit through the shim's monitor. Returns the exit status,
 /// pid and whatever it wrote to piped stdout/stderr.
-pub async fn run_reaped(mut cmd: Command) -> std::io::Result<(ExitStatus, u32, String, String)> {
+pub async fn run_reaped(cmd: Command) -> std::io::Result<(ExitStatus, u32, String, String)> {
+    run_reaped_with(cmd, |_| {}).await
+}
+
+/// [`run_reaped`], telling `spawned` the child's pid as soon as it runs.
+pub async fn run_reaped_with(
+    mut cmd: Command,
+    spawned: impl FnOnce(u32),
+) -> std::io::Result<(ExitStatus, u32, String, String)> {
     let sub = monitor_subscribe(Topic::Pid)
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -31,6 +39,7 @@ pub async fn run_reaped(mut cmd: Command) -> std::io::Result<(ExitStatus, u32, S
         }
     };
     let pid = child.id().unwrap_or_default();
+    spawned(pid);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let read_out = async move {

@@ -11,6 +11,8 @@ use containerd_shim::{
     Config, Error, Flags, StartOpts,
 };
 
+use gpusnap_transaction::inflight::InFlight;
+
 use crate::{events::EventSender, options::RuntimeSettings, task::TaskService};
 
 /// The CRI annotation that names the pod a container belongs to; containers of one pod share
@@ -65,6 +67,22 @@ impl Shim for Service {
         let bundle: PathBuf =
             std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
+        // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
+        // runc reports such a container paused, and a frozen process dies only once thawed.
+        let cgroups: Vec<PathBuf> = [
+            gpusnap_transaction::leftovers::runc_state_cgroup_at(&settings.runc_root, &self.id),
+            gpusnap_transaction::cgroup::of_spec(&bundle, &self.id, settings.systemd_cgroup),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for dir in &cgroups {
+            if gpusnap_transaction::cgroup::frozen_at(dir) == Some(true) {
+                if let Err(e) = gpusnap_transaction::cgroup::thaw_at(dir) {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "cannot thaw a dead shim's container");
+                }
+            }
+        }
         match settings.runc(&bundle) {
             Ok(runc) => {
                 let opts = runc::options::DeleteOpts { force: true };
@@ -74,7 +92,22 @@ impl Shim for Service {
             }
             Err(e) => tracing::warn!(error = %e, "runc not usable during shim cleanup"),
         }
+        // What runc no longer knew about (its state gone before the cgroup was emptied).
+        for dir in &cgroups {
+            let (_, left) =
+                gpusnap_transaction::cgroup::kill_all_at(dir, std::time::Duration::from_secs(5));
+            if left.is_empty() {
+                gpusnap_transaction::cgroup::remove_at(dir);
+            } else {
+                tracing::error!(cgroup = %dir.display(), pids = ?left, "processes of a dead shim's container could not be killed");
+            }
+        }
         crate::container::unmount_rootfs(&bundle);
+        if let Some(inflight) = InFlight::read(&bundle) {
+            if !inflight.writer_alive() {
+                inflight.repair(&bundle, None);
+            }
+        }
         Ok(DeleteResponse {
             pid: 0,
             exit_status: 128 + libc::SIGKILL as u32,

@@ -228,6 +228,30 @@ impl InitState {
         }
     }
 
+    /// The checkpoint failed: back to Running or Paused as the cgroup is now (`frozen_now`),
+    /// which is what containerd must see; the transaction put it back as the caller had it
+    /// where it could. An exit during the checkpoint wins.
+    pub fn checkpoint_failed(&mut self, frozen_now: bool) {
+        if let InitState::Checkpointing { .. } = self {
+            *self = if frozen_now {
+                InitState::Paused { pending_cuda: None }
+            } else {
+                InitState::Running
+            };
+        }
+    }
+
+    /// Running or Paused as the cgroup really is (`frozen_now`), when something other than
+    /// this shim froze or thawed it (a runtime or CRIU killed mid-checkpoint). Processes a
+    /// checkpoint left checkpointed keep the state Paused: Resume brings them back.
+    pub fn reconcile(&mut self, frozen_now: bool) {
+        match self {
+            InitState::Running if frozen_now => *self = InitState::Paused { pending_cuda: None },
+            InitState::Paused { pending_cuda: None } if !frozen_now => *self = InitState::Running,
+            _ => {}
+        }
+    }
+
     /// The init exited.
     pub fn exited(&mut self) {
         *self = InitState::Stopped;
@@ -293,6 +317,25 @@ mod tests {
         s.check_resume("c").unwrap();
         assert!(s.resumed().is_none());
         assert_eq!(s.status(), Status::RUNNING);
+    }
+
+    #[test]
+    fn a_failed_checkpoint_reports_the_cgroup() {
+        // The caller paused, CRIU was killed and thawed the cgroup: containerd sees RUNNING,
+        // so its Resume is refused as "not paused" and a later Pause works.
+        let mut s = InitState::Paused { pending_cuda: None };
+        s.begin_checkpoint("c").unwrap();
+        s.checkpoint_failed(false);
+        assert_eq!(s.status(), Status::RUNNING);
+        s.pause("c").unwrap();
+        s.reconcile(false);
+        assert_eq!(s.status(), Status::RUNNING, "thawed behind the shim's back");
+        s.reconcile(true);
+        assert_eq!(s.status(), Status::PAUSED);
+        let mut s = InitState::Running;
+        s.begin_checkpoint("c").unwrap();
+        s.checkpoint_failed(true);
+        assert_eq!(s.status(), Status::PAUSED);
     }
 
     #[test]

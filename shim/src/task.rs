@@ -742,6 +742,9 @@ impl TaskService {
         let (runc, bundle) = {
             let mut state = self.state.lock().await;
             let c = state.container_mut(id)?;
+            if let Some(frozen) = gpusnap_transaction::cgroup::frozen(c.init.pid as u32) {
+                c.state.reconcile(frozen);
+            }
             // Claims the transition first, so a checkpoint cannot start in between.
             c.state.pause(id)?;
             (c.runc.clone(), c.bundle.clone())
@@ -764,8 +767,11 @@ impl TaskService {
 
     async fn resume_task(&self, id: &str) -> Result<()> {
         let (runc, bundle) = {
-            let state = self.state.lock().await;
-            let c = state.container(id)?;
+            let mut state = self.state.lock().await;
+            let c = state.container_mut(id)?;
+            if let Some(frozen) = gpusnap_transaction::cgroup::frozen(c.init.pid as u32) {
+                c.state.reconcile(frozen);
+            }
             c.state.check_resume(id)?;
             (c.runc.clone(), c.bundle.clone())
         };

@@ -78,7 +78,39 @@ pub struct CheckpointReport {
 /// Checkpoints the container into `req.image_dir`.
 pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
     let id = &req.container_id;
-    checkpoint_inner(req, host).map_err(|e| e.of("checkpoint", id))
+    checkpoint_inner(req, host).map_err(|e| {
+        if e.outcome().is_some() {
+            settle_freezer(
+                &Runc::new(req.runc.clone(), id, host),
+                req.init_pid,
+                req.frozen,
+            );
+        }
+        e.of("checkpoint", id)
+    })
+}
+
+/// After a failed checkpoint, the cgroup is put back as frozen or thawed as the caller had it:
+/// a CRIU killed mid-dump may leave the cgroup it froze frozen, or thaw one the caller froze.
+pub fn settle_freezer(runc: &Runc<'_>, init_pid: u32, frozen: bool) {
+    let Some(now) = crate::cgroup::frozen(init_pid) else {
+        return;
+    };
+    if now == frozen {
+        return;
+    }
+    let result = if frozen { runc.pause() } else { runc.resume() };
+    if let Err(e) = result {
+        // runc may not know the container as paused (its state is its own); the cgroup is
+        // what runs or not.
+        let thawed = !frozen
+            && crate::cgroup::dir_of(init_pid).is_some_and(|d| crate::cgroup::thaw_at(&d).is_ok());
+        if !thawed {
+            tracing::error!(id = %runc.id, frozen, error = %e, "cannot put the container's cgroup back as the caller had it");
+            return;
+        }
+    }
+    tracing::warn!(id = %runc.id, frozen, "the container's cgroup was put back as the caller had it after the failed checkpoint");
 }
 
 fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
@@ -159,6 +191,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
             }
         }
         *hashing.borrow_mut() = Some(Hashing::follow(image_dir));
+        crate::failpoint::reached(crate::failpoint::BEFORE_DUMP);
         if let Err(f) = runc.run(&dump_cmd, Some(&criu_log)) {
             // The container goes on running (and the driver's rollback needs it running).
             if frozen_for_exit.replace(false) {
@@ -208,6 +241,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
     }
     drop(criu);
     timings.record_into(&mut manifest);
+    crate::failpoint::reached(crate::failpoint::BEFORE_SEAL);
 
     let sealed = match hashing.take() {
         Some(h) => h.finish().and_then(|(inventory, digest, early)| {
@@ -247,6 +281,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }
     };
 
+    crate::failpoint::reached(crate::failpoint::AFTER_SEAL);
     let cuda_processes = gpu_report.as_ref().map_or(0, |r| r.processes.len());
     let mut pending_cuda = None;
     let mut stopped = false;
@@ -467,8 +502,10 @@ fn abandon_after(dir: &Path, hashing: Option<Hashing>) {
     abandon(dir);
 }
 
-/// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis.
+/// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis; a CRIU still
+/// writing into it (its runc was killed) is stopped first.
 fn abandon(dir: &Path) {
+    crate::leftovers::kill_criu_writing(dir);
     if let Err(e) = dir::scrub_incomplete(dir) {
         tracing::error!(dir = %dir.display(), error = %e, "could not scrub an incomplete checkpoint");
     }

@@ -33,6 +33,9 @@ pub enum Outcome {
     NothingRunning,
     /// Restore: CRIU restored the processes but their GPU state could not be; they were killed.
     RestoredProcessesKilled,
+    /// Restore: CRIU failed or passed its deadline, and some processes it had restored could not
+    /// be killed; the message names them and their cgroup.
+    RestoredProcessesLeft,
 }
 
 impl fmt::Display for Outcome {
@@ -50,6 +53,10 @@ impl fmt::Display for Outcome {
             Outcome::RestoredProcessesKilled => {
                 "the restored processes were killed, because they cannot run without their GPU \
                  state"
+            }
+            Outcome::RestoredProcessesLeft => {
+                "processes of the failed restore are still in the container's cgroup: kill them \
+                 (see the pids above), then run `runc delete --force` on the container"
             }
         })
     }

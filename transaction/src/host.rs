@@ -14,13 +14,16 @@ pub trait Host: RunTool {
     /// Runs `runc restore` to completion. The restored container inherits runc's stdio, so the
     /// front end attaches the container's own stdio (the shim: pipes to containerd's fifos and
     /// the console socket; gpusnap-runc: its own stdio, which its caller gave it for the
-    /// container).
-    fn run_restore(&self, cmd: Command) -> io::Result<ExitStatus>;
+    /// container). `started` gets runc's pid as soon as it runs: the restore's deadline kills
+    /// it (and CRIU) when they take too long, and the front end's wait then returns.
+    fn run_restore(&self, cmd: Command, started: &dyn Fn(u32)) -> io::Result<ExitStatus>;
 }
 
 /// [`Host`] with `std::process` and inherited stdio (gpusnap-runc, tests).
 impl Host for Direct {
-    fn run_restore(&self, mut cmd: Command) -> io::Result<ExitStatus> {
-        cmd.status()
+    fn run_restore(&self, mut cmd: Command, started: &dyn Fn(u32)) -> io::Result<ExitStatus> {
+        let mut child = cmd.spawn()?;
+        started(child.id());
+        child.wait()
     }
 }

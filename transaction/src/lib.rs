@@ -13,13 +13,17 @@ pub mod cgroup;
 pub mod checkpoint;
 pub mod criu;
 pub mod error;
+pub mod failpoint;
 pub mod gpu;
 pub mod host;
+pub mod inflight;
+pub mod leftovers;
 pub mod lock;
 mod privilege;
 pub mod restore;
 pub mod runc;
 mod timings;
+pub mod watchdog;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
 pub use error::{Error, Outcome, Refusal, Result};

@@ -5,7 +5,8 @@
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
 //!                                                                     ← refusals end here
-//! rootfs diff applied → runc restore (CRIU)                           ← failure: nothing runs
+//! rootfs diff applied → runc restore (CRIU, within restore.deadline)  ← failure or deadline:
+//!                                     runc/CRIU killed, cgroup emptied, runc state removed
 //! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
 //! ```
 //!
@@ -25,9 +26,11 @@ use gpusnap_cuda::PendingDriver;
 use crate::error::{Error, Outcome, Result};
 use crate::gpu::{self, GpuRestore};
 use crate::host::Host;
+use crate::leftovers;
 use crate::lock::DirLock;
 use crate::runc::Runc;
 use crate::timings::Timings;
+use crate::watchdog::Watchdog;
 
 /// A restore, as every front end asks for it.
 #[derive(Debug, Clone)]
@@ -208,13 +211,47 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     }
 
     let runc = Runc::new(global, &req.container_id, host);
+    // A runc state of this id whose init is dead (a restore or runtime killed before it could
+    // clean up) would fail this restore with "container exists".
+    crate::leftovers::clear_dead_runc_state(&runc);
+    crate::failpoint::reached(crate::failpoint::BEFORE_RESTORE);
     let t = Instant::now();
-    let status = host.run_restore(cmd.to_command()).map_err(|e| {
+    let limit = req.config.restore.deadline(manifest.images.total_bytes);
+    let watch = Watchdog::start(limit, foreground.then(|| runc_state_file(&runc)));
+    let status = host.run_restore(cmd.to_command(), &|pid| watch.started(pid));
+    let watched = watch.finish();
+    let status = status.map_err(|e| {
         Error::failed(
             Outcome::NothingRunning,
             format!("cannot run {}: {e}", cmd.program.display()),
         )
     })?;
+    if watched.expired {
+        let cleared = leftovers::clear_failed_restore(&runc, &req.bundle, watched.cgroup);
+        return Err(Error::Failed {
+            outcome: outcome_of(&cleared),
+            message: format!(
+                "CRIU did not finish within {}s (restore.deadline_seconds; 0 derives it from the \
+                 image size): runc, CRIU and {} process(es) below them were killed; {cleared}",
+                limit.as_secs(),
+                watched.killed.saturating_sub(1)
+            ),
+            runc_exit: status.code(),
+        });
+    }
+    // A foreground runc returns when the container ends; its status is a failed restore's only
+    // while CRIU had not finished.
+    let restore_failed =
+        !status.success() && !(foreground && (watched.restored || criu_finished(&criu_log)));
+    if restore_failed {
+        let f = runc.failure("restore", status, b"", Some(&criu_log));
+        let cleared = leftovers::clear_failed_restore(&runc, &req.bundle, watched.cgroup);
+        return Err(Error::Failed {
+            outcome: outcome_of(&cleared),
+            message: format!("{}\n{cleared}", f.message),
+            runc_exit: f.exit,
+        });
+    }
     if foreground {
         // runc ran the container to its end; its status is the container's.
         return Ok(RestoreReport {
@@ -223,14 +260,6 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             manifest,
             cuda_processes: 0,
             elapsed: started.elapsed(),
-        });
-    }
-    if !status.success() {
-        let f = runc.failure("restore", status, b"", Some(&criu_log));
-        return Err(Error::Failed {
-            outcome: Outcome::NothingRunning,
-            message: f.message,
-            runc_exit: f.exit,
         });
     }
     timings.add("criu-restore", t.elapsed());
@@ -340,6 +369,34 @@ fn restore_command(
             Ok((cmd, criu_log.clone(), None))
         }
     }
+}
+
+/// What a failed restore left, as the outcome its error carries.
+fn outcome_of(cleared: &leftovers::Cleared) -> Outcome {
+    if cleared.nothing_left() {
+        Outcome::NothingRunning
+    } else {
+        Outcome::RestoredProcessesLeft
+    }
+}
+
+/// runc's state file of the container: runc writes it once CRIU has restored the processes.
+fn runc_state_file(runc: &Runc<'_>) -> PathBuf {
+    runc.global
+        .root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(leftovers::DEFAULT_RUNC_ROOT))
+        .join(&runc.id)
+        .join("state.json")
+}
+
+/// Whether CRIU's restore log says the restore finished (runc runs CRIU at log level 4).
+fn criu_finished(criu_log: &Path) -> bool {
+    gpusnap_criu_bridge::criu_log_tail(criu_log, 20).is_ok_and(|t| {
+        t.last_lines
+            .iter()
+            .any(|l| l.contains("Restore finished successfully"))
+    })
 }
 
 fn read_pid(path: &Path) -> Option<u32> {

@@ -239,7 +239,10 @@ pub fn config_text(found: &FoundTools) -> String {
          signature_policy = \"off\"\n\
          signature_keys = []\n\
          # The most file content a rootfs diff may write on restore.\n\
-         max_rootfs_diff_bytes = \"64GiB\"\n",
+         max_rootfs_diff_bytes = \"64GiB\"\n\
+         # How long CRIU may take to restore before it and what it restored are killed;\n\
+         # 0 = 120 s plus 1 s per 32 MiB of images.\n\
+         deadline_seconds = 0\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,

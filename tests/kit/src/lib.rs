@@ -58,6 +58,7 @@ pub mod counter;
 pub mod cri;
 pub mod crictl;
 pub mod crio;
+pub mod faults;
 pub mod fixtures;
 pub mod gpu;
 pub mod paths;

@@ -1,0 +1,39 @@
+//! After a gpusnap-runc killed mid-checkpoint: the next gpusnap-runc call that names the
+//! container (`state`, `delete`, `pause`, another `checkpoint`, ...) puts it back first.
+//!
+//! The checkpoint leaves a record in runc's state directory of the container while it runs
+//! ([`InFlight`]); a record whose writer is dead means the checkpoint was interrupted: its
+//! unsealed images are removed and the cgroup is frozen or thawed as the caller had it, so
+//! CRI-O and Podman see the container as it really is.
+
+use gpusnap_transaction::inflight::{InFlight, INFLIGHT_FILE};
+use gpusnap_transaction::{runc::Runc, Direct};
+
+use crate::Context;
+
+/// Repairs every container the command line names (any argument that is the id of a container
+/// with a record: a stat each, nothing more for the others).
+pub fn interrupted_checkpoints(ctx: &Context) {
+    for arg in ctx.inv.command_args() {
+        let Some(id) = arg.to_str() else { continue };
+        if id.is_empty() || id.starts_with('-') || id.contains('/') || id.starts_with('.') {
+            continue;
+        }
+        let dir = ctx.state_dir(id);
+        if std::fs::symlink_metadata(dir.join(INFLIGHT_FILE)).is_err() {
+            continue;
+        }
+        let Some(record) = InFlight::read(&dir) else {
+            let _ = std::fs::remove_file(dir.join(INFLIGHT_FILE));
+            continue;
+        };
+        if record.writer_alive() || record.container_id != id {
+            continue;
+        }
+        let runc = Runc::new(ctx.global(), id, &Direct);
+        let alive = runc
+            .state()
+            .is_some_and(|(pid, status)| pid == record.init_pid && status != "stopped");
+        record.repair(&dir, alive.then_some(&runc));
+    }
+}

@@ -1,0 +1,310 @@
+//! Fault injection: stopping a runtime at a named phase (the transaction's failpoints),
+//! finding the runc and CRIU of a checkpoint or restore by what they run, killing them with
+//! SIGKILL, a CRIU that stalls or crashes mid-restore, and the checks of what a fault may not
+//! leave behind (runc state, a frozen cgroup, a rootfs mount, an unsealed image).
+//!
+//! The failpoints are compiled into the workspace's test builds (`gpusnap-tests` enables the
+//! transaction's `failpoints` feature) and armed through a directory: a runtime started with
+//! `GPUSNAP_FAILPOINTS=<dir>` stops at point `NAME` while `<dir>/arm-NAME` exists.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::wait::wait_some;
+
+/// The environment variable naming the failpoint directory.
+pub const FAILPOINTS_ENV: &str = "GPUSNAP_FAILPOINTS";
+
+/// The failpoints of `gpusnap_transaction::failpoint`, by name.
+pub mod point {
+    pub const BEFORE_DUMP: &str = "checkpoint-before-dump";
+    pub const BEFORE_SEAL: &str = "checkpoint-before-seal";
+    pub const AFTER_SEAL: &str = "checkpoint-after-seal";
+    pub const BEFORE_RESTORE: &str = "restore-before-criu";
+}
+
+/// A failpoint directory.
+pub struct Failpoints {
+    dir: tempfile::TempDir,
+}
+
+impl Failpoints {
+    pub fn new() -> Result<Failpoints> {
+        Ok(Failpoints {
+            dir: tempfile::Builder::new().prefix("gpusnap-fp-").tempdir()?,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `(GPUSNAP_FAILPOINTS, dir)`, for a runtime's environment.
+    pub fn env(&self) -> (String, String) {
+        (FAILPOINTS_ENV.into(), self.dir().display().to_string())
+    }
+
+    /// Makes the next runtime that reaches `name` stop there.
+    pub fn arm(&self, name: &str) -> Result<()> {
+        let _ = fs::remove_file(self.dir().join(format!("reached-{name}")));
+        fs::write(self.dir().join(format!("arm-{name}")), b"")?;
+        Ok(())
+    }
+
+    /// Waits until a runtime stopped at `name`, disarms it and returns the stopped process's
+    /// pid. Fails with how to build the failpoints in when none arrives.
+    pub fn wait_reached(&self, name: &str, timeout: Duration) -> Result<u32> {
+        let reached = self.dir().join(format!("reached-{name}"));
+        let pid = wait_some(timeout, || {
+            fs::read_to_string(&reached)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+        });
+        let _ = fs::remove_file(self.dir().join(format!("arm-{name}")));
+        pid.with_context(|| {
+            format!(
+                "no runtime stopped at failpoint {name} within {timeout:?}: are the binaries \
+                 built with failpoints (`cargo build --workspace --all-targets`, or `cargo build \
+                 -p gpusnap-shim -p gpusnap-runc --features gpusnap-transaction/failpoints`)?"
+            )
+        })
+    }
+}
+
+/// A process as `/proc` shows it.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+}
+
+/// Every process, read from `/proc`.
+pub fn processes() -> Vec<Proc> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if fields.first() == Some(&"Z") {
+            continue;
+        }
+        let ppid = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push(Proc {
+            pid,
+            ppid,
+            comm,
+            cmdline,
+        });
+    }
+    out
+}
+
+/// The runc running `subcommand` (`checkpoint`, `restore`) for container `id`.
+pub fn runc_of(subcommand: &str, id: &str) -> Option<Proc> {
+    processes().into_iter().find(|p| {
+        p.cmdline
+            .first()
+            .is_some_and(|a| a.ends_with("runc") || a.ends_with("/runc"))
+            && p.cmdline.iter().any(|a| a == subcommand)
+            && p.cmdline.last().is_some_and(|a| a == id)
+    })
+}
+
+/// The CRIU below the runc running `subcommand` for `id`.
+pub fn criu_of(subcommand: &str, id: &str) -> Option<Proc> {
+    let runc = runc_of(subcommand, id)?;
+    processes()
+        .into_iter()
+        .find(|p| p.ppid == runc.pid && p.comm == "criu")
+}
+
+/// The CRIU that holds `image_dir` open (runc hands CRIU the image directory as a descriptor).
+pub fn criu_writing(image_dir: &Path) -> Option<Proc> {
+    let target = fs::canonicalize(image_dir).ok()?;
+    processes().into_iter().find(|p| {
+        p.comm == "criu"
+            && fs::read_dir(format!("/proc/{}/fd", p.pid))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l == target))
+    })
+}
+
+/// Waits until a CRIU is dumping container `id` and has started writing images into
+/// `image_dir` (mid-dump), and returns it.
+pub fn wait_mid_dump(id: &str, image_dir: &Path, timeout: Duration) -> Result<Proc> {
+    // A tight poll: a dump of a few hundred MiB lasts about a second.
+    let until = std::time::Instant::now() + timeout;
+    let found = loop {
+        // CRIU has started writing images (any `*.img`): it is dumping.
+        let dumping = fs::read_dir(image_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".img"));
+        if dumping {
+            if let Some(criu) = criu_of("checkpoint", id).or_else(|| criu_writing(image_dir)) {
+                break Some(criu);
+            }
+        }
+        if std::time::Instant::now() >= until {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    found.with_context(|| format!("no CRIU was seen dumping {id} into {}", image_dir.display()))
+}
+
+/// SIGKILL.
+pub fn kill9(pid: u32) {
+    // SAFETY: kill(2) with a pid; no memory is involved.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+}
+
+/// The container's freezer cgroup (cgroup v1) or unified cgroup (v2), from runc's state.
+pub fn cgroup_of_runc_state(runc_root: &Path, id: &str) -> Option<PathBuf> {
+    let state: serde_json::Value =
+        serde_json::from_slice(&fs::read(runc_root.join(id).join("state.json")).ok()?).ok()?;
+    let paths = state.get("cgroup_paths")?.as_object()?;
+    paths
+        .get("freezer")
+        .or_else(|| paths.get(""))?
+        .as_str()
+        .map(PathBuf::from)
+}
+
+/// Whether the cgroup at `dir` is frozen (`None`: no such cgroup).
+pub fn frozen(dir: &Path) -> Option<bool> {
+    if let Ok(e) = fs::read_to_string(dir.join("cgroup.events")) {
+        return e
+            .lines()
+            .find_map(|l| l.strip_prefix("frozen "))
+            .map(|v| v.trim() == "1");
+    }
+    fs::read_to_string(dir.join("freezer.state"))
+        .ok()
+        .map(|s| s.trim() != "THAWED")
+}
+
+/// Pids in the cgroup at `dir` and below (empty when it does not exist).
+pub fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(t) = fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(t.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    pids
+}
+
+/// Whether something is mounted at `path` (`/proc/self/mountinfo`).
+pub fn mounted(path: &Path) -> bool {
+    let target = path.display().to_string();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+/// Checks that `image_dir` holds nothing that looks like a checkpoint, sealed or not: no
+/// CRIU image, no gpusnap manifest or GPU file (logs may stay). A missing directory passes.
+pub fn assert_no_unsealed_images(image_dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(image_dir) else {
+        return Ok(());
+    };
+    let left: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".img") || n.starts_with("gpusnap-") || n == "descriptors.json")
+        .collect();
+    if !left.is_empty() {
+        bail!(
+            "{} still holds checkpoint files: {left:?}",
+            image_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether `image_dir` holds a sealed checkpoint.
+pub fn sealed(image_dir: &Path) -> bool {
+    image_dir.join("gpusnap-manifest.json").is_file()
+}
+
+/// Which way a [`criu_wrapper`] breaks the restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreFault {
+    /// The real CRIU runs and is stopped (SIGSTOP) once it has forked the tree: a restore that
+    /// never finishes.
+    Stall,
+    /// The real CRIU runs and is SIGKILLed once it has forked the tree: a crash mid-restore.
+    Crash,
+}
+
+/// Writes `<dir>/criu`: for runc's `restore` it runs the real CRIU (`real`) and breaks it as
+/// `fault` says once CRIU has forked; everything else (dumps, runc's version queries before
+/// the tree exists) runs the real CRIU untouched. Put `dir` first on runc's PATH (gpusnap's
+/// `criu.binary_dir`). Returns `dir`.
+pub fn criu_wrapper(dir: &Path, real: &Path, fault: RestoreFault) -> Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let action = match fault {
+        RestoreFault::Stall => "kill -STOP $pid; wait $pid; exit 1",
+        RestoreFault::Crash => "kill -KILL $pid; exit 1",
+    };
+    let script = format!(
+        "#!/bin/sh\n\
+         # gpusnap test double: breaks runc restore's CRIU once it has forked the tree.\n\
+         real={real}\n\
+         case \" $(tr '\\0' ' ' < /proc/$PPID/cmdline) \" in\n\
+         *' restore '*) ;;\n\
+         *) exec \"$real\" \"$@\" ;;\n\
+         esac\n\
+         \"$real\" \"$@\" &\n\
+         pid=$!\n\
+         while kill -0 $pid 2>/dev/null; do\n\
+         \x20 if [ -n \"$(cat /proc/$pid/task/*/children 2>/dev/null)\" ]; then {action}; fi\n\
+         \x20 sleep 0.01\n\
+         done\n\
+         wait $pid\n",
+        real = real.display()
+    );
+    let path = dir.join("criu");
+    fs::write(&path, script)?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+    Ok(dir.to_path_buf())
+}
+
+/// The real CRIU the rig installs.
+pub fn real_criu() -> PathBuf {
+    crate::paths::rig_bin_dir().join("criu")
+}

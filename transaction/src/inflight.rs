@@ -1,0 +1,191 @@
+//! A durable record of a checkpoint in progress, so that whoever comes after a runtime killed
+//! mid-checkpoint (containerd's `shim delete`, the next `gpusnap-runc` call for the container)
+//! can put things back: the unsealed images removed, the cgroup thawed or frozen as the caller
+//! had it.
+//!
+//! The front end writes it (in its own directory for the container: the shim's bundle, runc's
+//! state directory for gpusnap-runc) before the transaction and removes it after, whatever the
+//! result. A record whose writer is still alive belongs to a checkpoint in progress and is left
+//! alone.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use gpusnap_checkpoint as dir;
+use serde::{Deserialize, Serialize};
+
+use crate::runc::Runc;
+
+/// The record's file name in the front end's directory for the container.
+pub const INFLIGHT_FILE: &str = "gpusnap-checkpoint-inflight.json";
+/// The most a record may hold (it is a few hundred bytes).
+const MAX_BYTES: u64 = 64 << 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    pub container_id: String,
+    pub image_dir: PathBuf,
+    /// The checkpoint created `image_dir`: an unsealed one is removed whole.
+    pub created_dir: bool,
+    /// The caller had frozen the container: it stays frozen.
+    pub frozen_by_caller: bool,
+    pub init_pid: u32,
+    /// The process running the checkpoint, and its start time (pid reuse).
+    pub writer_pid: u32,
+    pub writer_start: Option<u64>,
+}
+
+/// What [`InFlight::repair`] did.
+#[derive(Debug, Default)]
+pub struct Repaired {
+    /// The images were unsealed and removed (scrubbed, or the directory removed whole).
+    pub removed_images: bool,
+    /// The container's cgroup was put back as the caller had it.
+    pub freezer_settled: bool,
+}
+
+/// Removes the record when dropped.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    path: PathBuf,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl InFlight {
+    /// A record of a checkpoint of `container_id` into `image_dir`, written by this process.
+    pub fn new(
+        container_id: &str,
+        image_dir: &Path,
+        frozen_by_caller: bool,
+        init_pid: u32,
+    ) -> Self {
+        let me = std::process::id();
+        InFlight {
+            container_id: container_id.to_owned(),
+            image_dir: image_dir.to_path_buf(),
+            created_dir: std::fs::symlink_metadata(image_dir).is_err(),
+            frozen_by_caller,
+            init_pid,
+            writer_pid: me,
+            writer_start: crate::watchdog::start_time(me),
+        }
+    }
+
+    /// Writes the record durably to `<dir>/`[`INFLIGHT_FILE`]; it is removed when the guard
+    /// drops.
+    pub fn write(&self, dir: &Path) -> io::Result<InFlightGuard> {
+        let path = dir.join(INFLIGHT_FILE);
+        let tmp = dir.join(format!(".{INFLIGHT_FILE}.{}", std::process::id()));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(self).map_err(io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()?;
+        Ok(InFlightGuard { path })
+    }
+
+    /// The record in `dir`, if there is a readable one.
+    pub fn read(dir: &Path) -> Option<InFlight> {
+        let path = dir.join(INFLIGHT_FILE);
+        let meta = std::fs::symlink_metadata(&path).ok()?;
+        if !meta.is_file() || meta.len() > MAX_BYTES {
+            return None;
+        }
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// Whether the process that wrote the record still runs (its checkpoint is in progress).
+    pub fn writer_alive(&self) -> bool {
+        !crate::watchdog::is_zombie(self.writer_pid)
+            && crate::watchdog::start_time(self.writer_pid)
+                .is_some_and(|t| self.writer_start.is_none_or(|s| s == t))
+    }
+
+    /// Puts back what the interrupted checkpoint left: removes its images unless they were
+    /// sealed, and, while the container's init lives, freezes or thaws its cgroup as the caller
+    /// had it. Removes the record from `dir`.
+    pub fn repair(&self, dir: &Path, runc: Option<&Runc<'_>>) -> Repaired {
+        let mut repaired = Repaired::default();
+        // The dump of a killed runtime's runc may still be running: it must not write after
+        // the images are removed.
+        crate::leftovers::kill_criu_writing(&self.image_dir);
+        let sealed = self.image_dir.join(dir::layout::MANIFEST_FILE).is_file();
+        if !sealed && self.image_dir.is_dir() {
+            let removed = if self.created_dir {
+                std::fs::remove_dir_all(&self.image_dir).map_err(|e| e.to_string())
+            } else {
+                dir::scrub_incomplete(&self.image_dir)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            match removed {
+                Ok(()) => repaired.removed_images = true,
+                Err(e) => {
+                    tracing::error!(dir = %self.image_dir.display(), error = %e, "cannot remove an interrupted checkpoint's images")
+                }
+            }
+        }
+        if let Some(runc) = runc {
+            if crate::cgroup::frozen(self.init_pid).is_some_and(|f| f != self.frozen_by_caller) {
+                crate::checkpoint::settle_freezer(runc, self.init_pid, self.frozen_by_caller);
+                repaired.freezer_settled = true;
+            }
+        }
+        let _ = std::fs::remove_file(dir.join(INFLIGHT_FILE));
+        tracing::warn!(
+            id = %self.container_id,
+            dir = %self.image_dir.display(),
+            sealed,
+            removed_images = repaired.removed_images,
+            freezer_settled = repaired.freezer_settled,
+            "repaired after a checkpoint whose runtime was killed"
+        );
+        repaired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interrupted_checkpoint_is_removed_and_a_sealed_one_kept() {
+        let work = tempfile::tempdir().unwrap();
+        let images = work.path().join("cp");
+        let rec = InFlight::new("c1", &images, false, 0);
+        assert!(rec.created_dir);
+        let guard = rec.write(work.path()).unwrap();
+        assert_eq!(InFlight::read(work.path()).unwrap(), rec);
+        assert!(rec.writer_alive(), "this process wrote it");
+        std::fs::create_dir(&images).unwrap();
+        std::fs::write(images.join("pages-1.img"), b"x").unwrap();
+        let dead = InFlight {
+            writer_pid: u32::MAX,
+            ..rec.clone()
+        };
+        assert!(!dead.writer_alive());
+        assert!(dead.repair(work.path(), None).removed_images);
+        assert!(!images.exists());
+        assert!(InFlight::read(work.path()).is_none());
+        drop(guard);
+
+        // A directory the caller made is scrubbed, not removed; a sealed one is left.
+        std::fs::create_dir(&images).unwrap();
+        std::fs::write(images.join("pages-1.img"), b"x").unwrap();
+        std::fs::write(images.join("dump.log"), b"log").unwrap();
+        let rec = InFlight::new("c1", &images, false, 0);
+        assert!(!rec.created_dir);
+        rec.repair(work.path(), None);
+        assert!(!images.join("pages-1.img").exists());
+        assert!(images.join("dump.log").exists());
+        std::fs::write(images.join("pages-1.img"), b"x").unwrap();
+        std::fs::write(images.join(dir::layout::MANIFEST_FILE), b"{}").unwrap();
+        assert!(!rec.repair(work.path(), None).removed_images);
+        assert!(images.join("pages-1.img").exists());
+    }
+}

@@ -1,0 +1,217 @@
+//! What a failed restore may leave, cleared: processes CRIU restored before it failed or was
+//! killed (in the container's cgroup, wherever they are in the process tree), the cgroup
+//! itself, and runc's state of the id.
+//!
+//! runc removes its state after a CRIU failure, but a half-restored task that CRIU could not
+//! kill (or that outlived a killed CRIU) keeps running in the container's cgroup with whatever
+//! CRIU had given it. So after every failed restore the cgroup is emptied, and what could not
+//! be killed is named in the error.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::runc::Runc;
+
+/// How long the killed processes of a failed restore get to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// What clearing a failed restore found and did.
+#[derive(Debug, Default)]
+pub struct Cleared {
+    /// Processes of the restore killed in the container's cgroup.
+    pub killed: usize,
+    /// Pids still in the cgroup afterwards (not killable: e.g. stuck in the kernel).
+    pub remaining: Vec<u32>,
+    /// The cgroup directories looked at.
+    pub cgroups: Vec<PathBuf>,
+    /// runc's state of the id could not be removed.
+    pub runc_state_left: Option<String>,
+}
+
+impl Cleared {
+    /// Nothing of the checkpoint runs any more.
+    pub fn nothing_left(&self) -> bool {
+        self.remaining.is_empty()
+    }
+}
+
+impl fmt::Display for Cleared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.killed > 0 {
+            write!(
+                f,
+                "{} restored process(es) were killed in the container's cgroup",
+                self.killed
+            )?;
+        } else {
+            f.write_str("no restored process was left in the container's cgroup")?;
+        }
+        if !self.remaining.is_empty() {
+            let cgroups: Vec<String> = self
+                .cgroups
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect();
+            write!(
+                f,
+                "; pids {:?} are still in {} and could not be killed",
+                self.remaining,
+                cgroups.join(", ")
+            )?;
+        }
+        match &self.runc_state_left {
+            None => f.write_str("; runc's state of the container was removed"),
+            Some(e) => write!(
+                f,
+                "; runc's state of the container could not be removed ({e}): run `runc delete \
+                 --force` on it"
+            ),
+        }
+    }
+}
+
+/// Clears what a failed restore of `runc.id` left. `observed` is the cgroup runc put CRIU in,
+/// when the watch saw it; the bundle's runtime spec and runc's state name it otherwise.
+pub fn clear_failed_restore(runc: &Runc<'_>, bundle: &Path, observed: Option<PathBuf>) -> Cleared {
+    let mut cgroups: Vec<PathBuf> = Vec::new();
+    let mut add = |p: Option<PathBuf>| {
+        if let Some(p) = p {
+            if !cgroups.contains(&p) {
+                cgroups.push(p);
+            }
+        }
+    };
+    add(observed);
+    add(runc_state_cgroup(runc));
+    add(crate::cgroup::of_spec(
+        bundle,
+        &runc.id,
+        runc.global.systemd_cgroup,
+    ));
+    let mut cleared = Cleared::default();
+    for dir in &cgroups {
+        let (found, left) = crate::cgroup::kill_all_at(dir, KILL_WAIT);
+        cleared.killed += found.saturating_sub(left.len());
+        cleared.remaining.extend(left);
+    }
+    cleared.remaining.sort_unstable();
+    cleared.remaining.dedup();
+    cleared.runc_state_left = remove_runc_state(runc).err();
+    if cleared.remaining.is_empty() {
+        // runc removes the cgroup with its state; one it never recorded is ours to remove.
+        for dir in &cgroups {
+            crate::cgroup::remove_at(dir);
+        }
+    }
+    cleared.cgroups = cgroups;
+    tracing::info!(
+        id = %runc.id,
+        killed = cleared.killed,
+        remaining = cleared.remaining.len(),
+        runc_state_left = cleared.runc_state_left.is_some(),
+        "failed restore cleared"
+    );
+    cleared
+}
+
+/// `runc delete --force`; a container runc does not know is already gone.
+fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
+    let cmd = runc.global.helper(&["delete", "--force", runc.id.as_str()]);
+    match runc.run(&cmd, None) {
+        Ok(_) => Ok(()),
+        Err(f) if f.message.contains("does not exist") || f.message.contains("not exist") => Ok(()),
+        Err(f) => Err(f.message),
+    }
+}
+
+/// The container's cgroup as runc's `state.json` records it.
+fn runc_state_cgroup(runc: &Runc<'_>) -> Option<PathBuf> {
+    let root = runc
+        .global
+        .root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNC_ROOT));
+    runc_state_cgroup_at(&root, &runc.id)
+}
+
+/// The cgroup runc's `<root>/<id>/state.json` records for the container (v2: the unified
+/// path; v1: the freezer controller's).
+pub fn runc_state_cgroup_at(root: &Path, id: &str) -> Option<PathBuf> {
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join(id).join("state.json")).ok()?).ok()?;
+    let paths = state.get("cgroup_paths")?.as_object()?;
+    paths
+        .get("freezer")
+        .or_else(|| paths.get(""))
+        .and_then(|v| v.as_str())
+        .map(PathBuf::from)
+}
+
+/// runc's `--root` when none is given (as root).
+pub const DEFAULT_RUNC_ROOT: &str = "/run/runc";
+
+/// runc's state of `runc.id` when its init is dead (`runc state` says `stopped`): left by a
+/// restore or a runtime that was killed, it would make the next restore of the id fail with
+/// "container exists". A container that runs is never touched.
+pub fn clear_dead_runc_state(runc: &Runc<'_>) {
+    if let Some((pid, status)) = runc.state() {
+        if status == "stopped" {
+            tracing::info!(id = %runc.id, pid, "removing runc's state of a dead container before restoring it");
+            if let Err(e) = remove_runc_state(runc) {
+                tracing::warn!(id = %runc.id, error = %e, "cannot remove runc's state of a dead container");
+            }
+        }
+    }
+}
+
+/// SIGKILLs every CRIU that holds `image_dir` open (runc hands CRIU the directory as a
+/// descriptor) and waits up to a few seconds for them to go: a CRIU whose runc or runtime was
+/// killed goes on writing images, which would land after the failed checkpoint's scrub.
+/// Returns how many were killed.
+pub fn kill_criu_writing(image_dir: &Path) -> usize {
+    let Ok(target) = std::fs::canonicalize(image_dir) else {
+        return 0;
+    };
+    let writers: Vec<(u32, Option<u64>)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "criu")
+        })
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == target))
+        })
+        .map(|pid| (pid, crate::watchdog::start_time(pid)))
+        .collect();
+    for (pid, _) in &writers {
+        // SAFETY: kill(2) on a pid read from /proc; no memory is involved.
+        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+    }
+    let gone = |&(pid, start): &(u32, Option<u64>)| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+            || crate::watchdog::start_time(pid) != start
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !writers.iter().all(gone) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !writers.is_empty() {
+        tracing::warn!(dir = %image_dir.display(), killed = writers.len(), "CRIU still writing a failed checkpoint was killed");
+    }
+    writers.len()
+}
