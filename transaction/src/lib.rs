@@ -18,6 +18,7 @@ pub mod host;
 pub mod lock;
 pub mod restore;
 pub mod runc;
+pub mod signature;
 mod timings;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
@@ -25,3 +26,4 @@ pub use error::{Error, Outcome, Refusal, Result};
 pub use gpu::PendingCudaResume;
 pub use host::{Direct, Host, RunTool};
 pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest, RootfsDiff};
+pub use signature::SignatureEvidence;
