@@ -74,6 +74,15 @@ fn assert_refusal(err: &str, why: &str) -> Result<()> {
     Ok(())
 }
 
+/// `require`, trusting `trusted`, the node signing with `signing_key`.
+fn require<'a>(trusted: &'a Path, signing_key: Option<&'a Path>) -> Policy<'a> {
+    Policy {
+        policy: "require",
+        trusted: vec![trusted],
+        signing_key,
+    }
+}
+
 const UNSIGNED: &str = "gpusnap-manifest.json.sig is missing";
 const UNTRUSTED: &str = "not a signature of this manifest by any trusted key";
 
@@ -186,11 +195,7 @@ fn ctr_checkpoint_images_restore_only_when_signed_by_a_trusted_key() {
         let k = keys()?;
         let conf_dir = tempfile::tempdir()?;
         let config = conf_dir.path().join("gpusnap.toml");
-        let policy = |signing_key: Option<&Path>| Policy {
-            policy: "require",
-            trusted: vec![&k.a.public],
-            signing_key,
-        };
+        let policy = |signing_key| require(&k.a.public, signing_key);
         set_policy(&config, &policy(None))?;
         let rig = CkRig::start_with(RigOptions {
             require_gpusnap: true,
@@ -516,11 +521,7 @@ fn podman_import_and_restore_under_require() {
     check(|| {
         let k = keys()?;
         let p = Podman::new()?;
-        let policy = |signing_key: Option<&Path>| Policy {
-            policy: "require",
-            trusted: vec![&k.a.public],
-            signing_key,
-        };
+        let policy = |signing_key| require(&k.a.public, signing_key);
         set_policy(&p.gpusnap_config, &policy(None))?;
         let marker = unique("gps-counter");
 
@@ -594,11 +595,7 @@ fn crio_restore_under_require() {
     check(|| {
         let k = keys()?;
         let c = Crio::start(None)?;
-        let policy = |signing_key: Option<&Path>| Policy {
-            policy: "require",
-            trusted: vec![&k.a.public],
-            signing_key,
-        };
+        let policy = |signing_key| require(&k.a.public, signing_key);
         set_policy(&c.gpusnap_config, &policy(None))?;
         let marker = unique("gcs-counter");
         let counter = |name: &str| -> Result<(String, Count)> {
