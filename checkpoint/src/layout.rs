@@ -144,7 +144,9 @@ pub enum EntryKind {
     /// `dump.log`, `restore.log`, `stats-restore` and other `*.log`: written by a dump *or a
     /// restore*, so they may change after the manifest is sealed.
     Log,
-    /// `gpusnap-manifest.json` or its temporary file `.gpusnap-manifest.json.tmp.*`.
+    /// `gpusnap-manifest.json`, its temporary files `.gpusnap-manifest.json.tmp.*`, or its
+    /// signature `gpusnap-manifest.json.sig` (outside the inventory: it is written after the
+    /// seal, and goes when the manifest goes).
     Manifest,
     /// Any other `gpusnap-*` file: GPU state (`gpusnap-gpu-*`).
     GpusnapData,
@@ -162,7 +164,7 @@ pub fn classify(rel: &Path) -> EntryKind {
     };
     let name = first.to_string_lossy();
     match name.as_ref() {
-        MANIFEST_FILE => EntryKind::Manifest,
+        MANIFEST_FILE | crate::signature::SIGNATURE_FILE => EntryKind::Manifest,
         n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
         // Written by a pull beside what it extracted (inside the checkpoint directory for an
         // image built from one), after sealing: not checkpoint data.
@@ -286,6 +288,7 @@ mod tests {
         assert_eq!(c("stats-restore"), EntryKind::Log);
         assert_eq!(c("gpusnap-manifest.json"), EntryKind::Manifest);
         assert_eq!(c(".gpusnap-manifest.json.tmp.42"), EntryKind::Manifest);
+        assert_eq!(c("gpusnap-manifest.json.sig"), EntryKind::Manifest);
         assert_eq!(c("gpusnap-gpu-ctx-1.bin"), EntryKind::GpusnapData);
         assert_eq!(c("gpusnap-gpu-device-0000.bin"), EntryKind::GpusnapData);
         // Ours by prefix even if a later release adds it: never CRIU's, never the user's.

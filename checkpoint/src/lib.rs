@@ -10,6 +10,8 @@
 //!   hash once it ends.
 //! - [`validate`]: refusing, before any CRIU work, a checkpoint that is incomplete, foreign or
 //!   damaged.
+//! - [`signature`]: `gpusnap-manifest.json.sig`, the directory's own cosign-format signature
+//!   of the manifest, which every restore door can check.
 //! - [`scrub`]: preparing a directory for a new checkpoint and cleaning up after a failed one,
 //!   so nothing partial looks complete.
 //!
@@ -28,6 +30,7 @@ pub mod manifest;
 pub mod origin;
 pub mod rootfs_diff;
 pub mod scrub;
+pub mod signature;
 pub mod validate;
 
 pub use follow::{FollowedInventory, ImageFollower};

@@ -5,6 +5,7 @@
 //! whether it would be restored) and [`image_cmd`] (`gpusnap image build|push|pull`: OCI
 //! checkpoint images in a registry).
 
+pub mod checkpoint_cmd;
 pub mod doctor;
 pub mod fsutil;
 pub mod host;

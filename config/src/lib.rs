@@ -40,8 +40,8 @@ use std::path::Path;
 pub use bytes::{parse_bytes, GIB, KIB, MIB};
 pub use error::ConfigError;
 pub use model::{
-    Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig, SignaturePolicy,
-    StorageConfig, StorageEngine,
+    CheckpointConfig, Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig,
+    SignaturePolicy, StorageConfig, StorageEngine,
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,

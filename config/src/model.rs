@@ -19,6 +19,18 @@ pub struct Config {
     pub runc: RuncConfig,
     pub criu: CriuConfig,
     pub restore: RestoreConfig,
+    pub checkpoint: CheckpointConfig,
+}
+
+/// What this node does to the checkpoints it takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Private key (PKCS#8 PEM, ECDSA P-256 as cosign makes them; root-owned, mode 0600) the
+    /// shim and gpusnap-runc sign every checkpoint's manifest with as soon as it is sealed
+    /// (`gpusnap-manifest.json.sig`, what `cosign sign-blob` writes). Unset: not signed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signing_key: Option<PathBuf>,
 }
 
 /// Restores a pod asks for by annotation (`gpusnap.io/restore-from`).
@@ -34,8 +46,9 @@ pub struct RestoreConfig {
     /// containerd-shim-runc-v2 passes none; never taken from the image, which could otherwise
     /// widen what CRIU restores.
     pub criu_flags: Vec<String>,
-    /// Whether a checkpoint image must carry a cosign signature by one of `signature_keys`
-    /// before gpusnap pulls it onto the node or restores it by pod annotation.
+    /// Whether a checkpoint must carry a signature by one of `signature_keys` before gpusnap
+    /// pulls it onto the node or restores it, through any front door: its directory signature
+    /// (`gpusnap-manifest.json.sig`), or a cosign image signature verified when it was pulled.
     pub signature_policy: SignaturePolicy,
     /// Public keys (PEM files, ECDSA P-256 as cosign makes them) trusted for signatures.
     pub signature_keys: Vec<PathBuf>,

@@ -430,6 +430,20 @@ pub(crate) static SETTINGS: &[Setting] = &[
             Ok(())
         },
     },
+    Setting {
+        key: "checkpoint.signing_key",
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.signing_key = Some(v.path()?);
+            Ok(())
+        },
+        check: |c| {
+            check_abs(
+                "checkpoint.signing_key",
+                c.checkpoint.signing_key.as_deref(),
+            )
+        },
+    },
 ];
 
 pub(crate) fn find(key: &str) -> Option<&'static Setting> {
@@ -536,7 +550,10 @@ mod tests {
 
     #[test]
     fn tables_and_keys() {
-        assert_eq!(tables(), ["storage", "cuda", "runc", "criu", "restore"]);
+        assert_eq!(
+            tables(),
+            ["storage", "cuda", "runc", "criu", "restore", "checkpoint"]
+        );
         assert_eq!(
             keys_in("criu"),
             ["binary_dir".to_string(), "min_version".to_string()]

@@ -63,9 +63,15 @@ fn every_setting_parses_from_a_file() {
         [criu]
         binary_dir = "/opt/gpusnap-rig/bin"
         min_version = "4.1"
+        [checkpoint]
+        signing_key = "/etc/gpusnap/signing.key"
         "#,
     )
     .unwrap();
+    assert_eq!(
+        c.checkpoint.signing_key,
+        Some(PathBuf::from("/etc/gpusnap/signing.key"))
+    );
     assert_eq!(c.storage.engine, "posix");
     assert_eq!(c.storage.pinned_bytes_per_gpu(), GIB);
     assert_eq!(c.cuda.lock_timeout(), None);

@@ -33,6 +33,8 @@ pub fn run(ctx: &Context) -> i32 {
         bundle: path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone()),
         checkpoint_dir: image_dir,
         rootfs_diff: None,
+        // CRI-O and Podman pass only the directory: its own signature decides.
+        signature_evidence: Default::default(),
         runc: ctx.global(),
         config: ctx.config.clone(),
         scratch_dir: PathBuf::from(SCRATCH_DIR),

@@ -371,6 +371,7 @@ impl TaskService {
                 bundle: c.bundle.clone(),
                 checkpoint_dir: restore.image.clone(),
                 rootfs_diff: restore.rootfs_diff.clone(),
+                signature_evidence: restore.signature_evidence.clone(),
                 runc: c.runc_global(),
                 config: c.config.clone(),
                 scratch_dir: c.bundle.clone(),

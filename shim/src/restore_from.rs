@@ -11,12 +11,9 @@
 
 use std::{collections::HashMap, os::fd::AsFd, path::Path};
 
-use gpusnap_checkpoint::{
-    beneath,
-    origin::{Origin, SignatureCheck},
-};
-use gpusnap_config::{Config, SignaturePolicy, RESTORE_FROM_ANNOTATION};
-use gpusnap_transaction::RootfsDiff;
+use gpusnap_checkpoint::{beneath, origin::Origin};
+use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION};
+use gpusnap_transaction::{RootfsDiff, SignatureEvidence};
 
 use crate::state::PendingRestore;
 
@@ -90,7 +87,12 @@ pub fn pending_restore(
     };
     let origin =
         Origin::read_at(dir_fd.as_fd(), &dir).map_err(|e| format!("annotation {key}: {e}"))?;
-    check_signature(&origin, config, &dir).map_err(|e| format!("annotation {key}: {e}"))?;
+    // What the pull found of the image's signature; the restore transaction decides the node's
+    // signature policy on it and on the checkpoint's own signature, as for every other door.
+    let signature_evidence = SignatureEvidence::Pulled {
+        source: origin.source.clone(),
+        check: origin.signature.clone(),
+    };
 
     // A CRI checkpoint archive's layout (`checkpoint/` + `rootfs-diff.tar`), or a plain
     // checkpoint directory.
@@ -100,6 +102,7 @@ pub fn pending_restore(
             image: dir,
             parent: None,
             rootfs_diff: None,
+            signature_evidence,
         }));
     }
     let rootfs_diff = match beneath::open_file(dir_fd.as_fd(), Path::new(ROOTFS_DIFF)) {
@@ -128,33 +131,14 @@ pub fn pending_restore(
         image: dir.join(CHECKPOINT_SUBDIR),
         parent: None,
         rootfs_diff,
+        signature_evidence,
     }))
-}
-
-/// The node's signature policy against what was checked when the checkpoint was pulled.
-fn check_signature(origin: &Origin, config: &Config, dir: &Path) -> Result<(), String> {
-    match (config.restore.signature_policy, &origin.signature) {
-        (SignaturePolicy::Off, _) | (_, SignatureCheck::Verified { .. }) => Ok(()),
-        (SignaturePolicy::Warn, other) => {
-            let why = match other {
-                SignatureCheck::Missing { reason } => reason.as_str(),
-                _ => "not checked when it was pulled",
-            };
-            tracing::warn!(dir = %dir.display(), why, "restoring a checkpoint without a verified signature (restore.signature_policy = warn)");
-            Ok(())
-        }
-        (SignaturePolicy::Require, _) => Err(format!(
-            "{} was pulled without a verified signature, and this node requires one \
-             (restore.signature_policy = require); pull a signed image again",
-            dir.display()
-        )),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpusnap_checkpoint::origin::{FileDigest, ORIGIN_FORMAT};
+    use gpusnap_checkpoint::origin::{FileDigest, SignatureCheck, ORIGIN_FORMAT};
 
     fn config(root: &Path) -> Config {
         let mut c = Config::default();
@@ -282,27 +266,40 @@ mod tests {
     }
 
     #[test]
-    fn the_signature_policy_is_enforced() {
+    fn the_pulls_signature_check_goes_to_the_transaction() {
+        // The policy is the restore transaction's (transaction/src/signature.rs); this door
+        // only passes on what the pull recorded, whatever the policy.
         let root = tempfile::tempdir().unwrap();
+        let verified = SignatureCheck::Verified {
+            key: "/etc/gpusnap/cosign.pub".into(),
+        };
+        origin(&root.path().join("signed"), None, verified.clone());
         origin(
             &root.path().join("unsigned"),
             None,
             SignatureCheck::NotChecked,
         );
-        origin(
-            &root.path().join("signed"),
-            None,
-            SignatureCheck::Verified {
-                key: "/etc/gpusnap/cosign.pub".into(),
-            },
-        );
         let mut c = config(root.path());
-        c.restore.signature_policy = SignaturePolicy::Require;
-        let err =
-            pending_restore(&ann(&[("gpusnap.io/restore-from", "unsigned")]), &c).unwrap_err();
-        assert!(err.contains("signature_policy = require"), "{err}");
-        assert!(pending_restore(&ann(&[("gpusnap.io/restore-from", "signed")]), &c).is_ok());
-        c.restore.signature_policy = SignaturePolicy::Warn;
-        assert!(pending_restore(&ann(&[("gpusnap.io/restore-from", "unsigned")]), &c).is_ok());
+        c.restore.signature_policy = gpusnap_config::SignaturePolicy::Require;
+        let evidence = |name| {
+            pending_restore(&ann(&[("gpusnap.io/restore-from", name)]), &c)
+                .unwrap()
+                .unwrap()
+                .signature_evidence
+        };
+        assert_eq!(
+            evidence("signed"),
+            SignatureEvidence::Pulled {
+                source: "test".into(),
+                check: verified
+            }
+        );
+        assert_eq!(
+            evidence("unsigned"),
+            SignatureEvidence::Pulled {
+                source: "test".into(),
+                check: SignatureCheck::NotChecked
+            }
+        );
     }
 }

@@ -31,6 +31,9 @@ pub struct PendingRestore {
     /// Writable-layer changes to apply to the rootfs before CRIU runs (a pod restoring from a
     /// CRI checkpoint archive; containerd applies it itself on its own restore paths).
     pub rootfs_diff: Option<gpusnap_transaction::RootfsDiff>,
+    /// What the door knows of the checkpoint's signature (the origin record of a pull); the
+    /// restore transaction decides the node's policy on it.
+    pub signature_evidence: gpusnap_transaction::SignatureEvidence,
 }
 
 #[derive(Debug)]
@@ -277,6 +280,7 @@ mod tests {
             image: "/cp".into(),
             parent: None,
             rootfs_diff: None,
+            signature_evidence: Default::default(),
         });
         assert_eq!(s.status(), Status::CREATED);
         assert!(!s.has_runc_container());
@@ -291,6 +295,7 @@ mod tests {
             image: "/cp".into(),
             parent: None,
             rootfs_diff: None,
+            signature_evidence: Default::default(),
         });
         assert_eq!(s.status(), Status::CREATED);
         assert!(!s.has_runc_container());

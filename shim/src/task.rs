@@ -401,6 +401,8 @@ impl TaskService {
                 parent: (!req.parent_checkpoint.is_empty())
                     .then(|| PathBuf::from(&req.parent_checkpoint)),
                 rootfs_diff: None,
+                // containerd passes only the directory (`ctr`, CRI): its own signature decides.
+                signature_evidence: Default::default(),
             })
         };
         let state = match restore {

@@ -137,6 +137,7 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         ));
     }
 
+    let signer = crate::signature::node_signer(&req.config)?;
     create_private_dir(image_dir)?;
     let _lock = DirLock::exclusive(image_dir)?;
     let runc = Runc::new(global.clone(), &req.container_id, host);
@@ -250,6 +251,16 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }),
         None => dir::seal_checkpoint(image_dir, manifest),
     };
+    // Signed before it is reported done (checkpoint.signing_key); unsignable means not sealed.
+    let sealed = sealed
+        .map_err(|e| e.to_string())
+        .and_then(|m| match &signer {
+            Some(key) => key
+                .sign_dir(image_dir)
+                .map(|()| m)
+                .map_err(|e| e.to_string()),
+            None => Ok(m),
+        });
     let manifest = match sealed {
         Ok(m) => m,
         Err(e) => {

@@ -22,6 +22,7 @@ pub mod lock;
 mod privilege;
 pub mod restore;
 pub mod runc;
+pub mod signature;
 mod timings;
 pub mod watchdog;
 
@@ -30,3 +31,4 @@ pub use error::{Error, Outcome, Refusal, Result};
 pub use gpu::PendingCudaResume;
 pub use host::{Direct, Host, RunTool};
 pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest, RootfsDiff};
+pub use signature::SignatureEvidence;

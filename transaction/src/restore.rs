@@ -1,7 +1,7 @@
 //! The restore transaction.
 //!
 //! ```text
-//! directory locked (shared) → [GPU state: start loading the driver]
+//! directory locked (shared) → signature policy → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
 //!                                                                     ← refusals end here
@@ -48,6 +48,9 @@ pub struct RestoreRequest {
     /// Where the transaction may put scratch files (CRIU's private plugin directory).
     pub scratch_dir: PathBuf,
     pub command: RestoreCommand,
+    /// What the front door knows about the checkpoint's signature beyond its directory; the
+    /// node's `restore.signature_policy` is decided on it here (`signature.rs`).
+    pub signature_evidence: crate::SignatureEvidence,
 }
 
 /// A rootfs diff and the digest it must have: verified before it is read for anything else.
@@ -113,6 +116,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let mut timings = Timings::default();
     let ckpt = &req.checkpoint_dir;
     let _lock = DirLock::shared(ckpt)?;
+    let admitted = crate::signature::admit(&req.config, ckpt, &req.signature_evidence)?;
 
     // A checkpoint with GPU state needs the driver: start loading it now so cuInit overlaps the
     // digest verification below.
@@ -125,6 +129,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let t = Instant::now();
     let manifest =
         dir::validate_for_restore(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
+    admitted.bind(&manifest)?;
     timings.add("validate", t.elapsed());
 
     if let Some(diff) = &req.rootfs_diff {

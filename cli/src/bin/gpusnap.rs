@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
+use gpusnap_cli::checkpoint_cmd::{self, CheckpointCommand};
 use gpusnap_cli::image_cmd::{self, ImageCommand};
 use gpusnap_cli::inspect::{self, Verify};
 use gpusnap_cli::install::{
@@ -38,6 +39,10 @@ enum Command {
     /// Summarise a checkpoint directory, CRI checkpoint archive or OCI checkpoint image and
     /// check it is restorable.
     Inspect(InspectArgs),
+    /// A checkpoint's own signature (gpusnap-manifest.json.sig): sign or verify a checkpoint
+    /// directory or archive.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
     /// Combined OCI checkpoint images: build, push to and pull from a registry.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
         Command::Doctor(a) => cmd_doctor(&cli.config, a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Image(c) => image_cmd::run(&cli.config, c),
+        Command::Checkpoint(c) => checkpoint_cmd::run(&cli.config, c),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", install::default_config_text());
             Ok(0)

@@ -234,15 +234,21 @@ pub fn config_text(found: &FoundTools) -> String {
          # CRIU permissions every restore gets (tcp-established, ext-unix-sk, shell-job,\n\
          # file-locks). Never taken from the image.\n\
          criu_flags = []\n\
-         # Checkpoint images must carry a cosign signature by one of signature_keys before\n\
-         # they are pulled onto the node or restored by annotation: off, warn, require.\n\
+         # Checkpoints must carry a signature by one of signature_keys (their own\n\
+         # gpusnap-manifest.json.sig, or a cosign image signature checked at pull) before they\n\
+         # are pulled onto the node or restored through any door: off, warn, require.\n\
          signature_policy = \"off\"\n\
          signature_keys = []\n\
          # The most file content a rootfs diff may write on restore.\n\
          max_rootfs_diff_bytes = \"64GiB\"\n\
          # How long CRIU may take to restore before it and what it restored are killed;\n\
          # 0 = 120 s plus 1 s per 32 MiB of images.\n\
-         deadline_seconds = 0\n",
+         deadline_seconds = 0\n\
+         \n\
+         [checkpoint]\n\
+         # Sign every checkpoint this node takes (gpusnap-manifest.json.sig) with this private\n\
+         # key: PKCS#8 PEM, ECDSA P-256, root-owned, mode 0600.\n\
+         # signing_key = \"/etc/gpusnap/signing.key\"\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,

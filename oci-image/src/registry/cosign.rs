@@ -44,7 +44,7 @@ pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// A simple-signing payload is a few hundred bytes; optional annotations make it larger.
 pub const MAX_PAYLOAD_BYTES: u64 = 64 << 10;
 /// Environment variable with the password of an encrypted (cosign.key) private key; cosign's.
-pub const PASSWORD_ENV: &str = "COSIGN_PASSWORD";
+pub const PASSWORD_ENV: &str = gpusnap_checkpoint::signature::PASSWORD_ENV;
 
 /// What the node wants checked on pull.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,32 +82,14 @@ fn key_error(path: &Path, reason: impl Into<String>) -> ImageError {
 }
 
 /// Reads a private key: PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`, e.g. from `openssl
-/// genpkey`), or cosign's encrypted `cosign.key` with the password in `$COSIGN_PASSWORD`.
+/// genpkey`), or cosign's encrypted `cosign.key` with the password in `$COSIGN_PASSWORD`; the
+/// same reader as checkpoint signatures (`gpusnap_checkpoint::signature`).
 pub fn load_private_key(path: &Path) -> Result<SigStoreKeyPair, ImageError> {
-    let pem = std::fs::read(path).map_err(ImageError::io("reading", path))?;
-    let text = String::from_utf8_lossy(&pem);
-    if text.contains("ENCRYPTED") {
-        let password = std::env::var(PASSWORD_ENV).map_err(|_| {
-            key_error(
-                path,
-                format!("the key is encrypted: set {PASSWORD_ENV} to its password"),
-            )
-        })?;
-        SigStoreKeyPair::from_encrypted_pem(&pem, password.as_bytes())
-            .map_err(|e| key_error(path, format!("cannot decrypt it ({})", chain(&e))))
-    } else if text.contains("BEGIN EC PRIVATE KEY") {
-        Err(key_error(
-            path,
-            "a SEC1 EC key: convert it to PKCS#8 first (openssl pkcs8 -topk8 -nocrypt)",
-        ))
-    } else {
-        SigStoreKeyPair::from_pem(&pem).map_err(|e| {
-            key_error(
-                path,
-                format!("not a PKCS#8 PEM private key ({})", chain(&e)),
-            )
-        })
-    }
+    use gpusnap_checkpoint::signature::{load_key_pair, KeyAccess, SignatureError};
+    load_key_pair(path, KeyAccess::Any).map_err(|e| match e {
+        SignatureError::Key { reason, .. } => key_error(path, reason),
+        other => key_error(path, other.to_string()),
+    })
 }
 
 fn load_verifier(path: &Path) -> Result<PublicKeyVerifier, ImageError> {

@@ -1,0 +1,354 @@
+//! The node's signature policy (`restore.signature_policy`), decided here once for every front
+//! door, and the node's signing of the checkpoints it takes (`checkpoint.signing_key`).
+//!
+//! A door only says what it knows ([`SignatureEvidence`]): the pod-annotation door knows what
+//! `gpusnap image pull --extract` recorded about the image's registry signature; `ctr`, CRI and
+//! gpusnap-runc see only the directory. Every door's directory may carry its own signature
+//! (`gpusnap-manifest.json.sig`, see [`gpusnap_checkpoint::signature`]).
+//!
+//! | policy | the directory signature or the door's evidence verifies | neither does |
+//! |---|---|---|
+//! | `off` | restored, nothing is read | restored |
+//! | `warn` | restored | logged, restored |
+//! | `require` | restored | refused before anything runs |
+
+use std::path::{Path, PathBuf};
+
+use gpusnap_checkpoint::origin::SignatureCheck;
+use gpusnap_checkpoint::signature::{
+    self as dirsig, DirSignature, KeyAccess, SigningKey, TrustedKey,
+};
+use gpusnap_checkpoint::Manifest;
+use gpusnap_config::{Config, SignaturePolicy};
+
+use crate::error::{Error, Result};
+
+/// What the front door knows about a checkpoint's signature, besides its directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SignatureEvidence {
+    /// Nothing beyond the directory (`ctr`, CRI, gpusnap-runc).
+    #[default]
+    DirectoryOnly,
+    /// The origin record of `gpusnap image pull --extract` (`gpusnap-origin.json`, in the
+    /// root-only checkpoint root): what the pull found of the image's cosign signature.
+    Pulled {
+        /// The reference it was pulled by.
+        source: String,
+        check: SignatureCheck,
+    },
+}
+
+/// How a restore got past the policy; [`Admission::bind`] ties a verified directory signature
+/// to the manifest the restore then validates.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    /// The manifest bytes a directory signature verified; `None` when nothing was verified
+    /// over the directory itself (policy off, a registry signature, or warn).
+    signed_manifest: Option<Vec<u8>>,
+    dir: PathBuf,
+}
+
+impl Admission {
+    /// The validated manifest must be the one the signature verified: otherwise the directory
+    /// changed between the two reads, and what is restored is not what was signed.
+    pub(crate) fn bind(&self, validated: &Manifest) -> Result<()> {
+        let Some(bytes) = &self.signed_manifest else {
+            return Ok(());
+        };
+        match serde_json::from_slice::<Manifest>(bytes) {
+            Ok(signed) if &signed == validated => Ok(()),
+            _ => Err(Error::precondition(format!(
+                "{} changed while it was being verified: the manifest validated is not the one \
+                 its signature verified; copy the checkpoint again from its source",
+                self.dir.display()
+            ))),
+        }
+    }
+}
+
+/// The node's policy on the checkpoint in `dir`, before anything of it is read for a restore.
+pub(crate) fn admit(
+    config: &Config,
+    dir: &Path,
+    evidence: &SignatureEvidence,
+) -> Result<Admission> {
+    let policy = config.restore.signature_policy;
+    let mut admission = Admission {
+        signed_manifest: None,
+        dir: dir.to_path_buf(),
+    };
+    if policy == SignaturePolicy::Off {
+        return Ok(admission);
+    }
+    let keys = trusted_keys(config)?;
+    let checked = dirsig::check_dir(dir, &keys).map_err(|e| {
+        Error::precondition(format!("the checkpoint's signature cannot be checked: {e}"))
+    })?;
+    if let DirSignature::Verified { key } = &checked.signature {
+        tracing::info!(dir = %dir.display(), key = %key.display(), "checkpoint signature verified");
+        admission.signed_manifest = Some(checked.manifest);
+        return Ok(admission);
+    }
+    if let SignatureEvidence::Pulled {
+        source,
+        check: SignatureCheck::Verified { key },
+    } = evidence
+    {
+        tracing::info!(dir = %dir.display(), source, key, "restoring a checkpoint whose image signature was verified at pull");
+        return Ok(admission);
+    }
+    let why = why_unsigned(dir, &checked.signature, evidence);
+    let tried = keys
+        .iter()
+        .map(|k| k.path().display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if policy == SignaturePolicy::Warn {
+        tracing::warn!(dir = %dir.display(), why, keys = tried, "restoring a checkpoint without a verified signature (restore.signature_policy = warn)");
+        return Ok(admission);
+    }
+    Err(Error::precondition(format!(
+        "the checkpoint in {} has no signature this node trusts, and this node requires one \
+         (restore.signature_policy = require): {why}; keys tried: {tried}. Sign it with one of \
+         those keys' private keys (`gpusnap checkpoint sign {} --key KEY`), set \
+         checkpoint.signing_key on the node that takes the checkpoints, or pull a signed image \
+         (`gpusnap image pull REF --extract`)",
+        dir.display(),
+        dir.display()
+    )))
+}
+
+fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence) -> String {
+    let own = match dir_sig {
+        DirSignature::Missing => format!(
+            "{} is missing (the checkpoint was not signed)",
+            dir.join(dirsig::SIGNATURE_FILE).display()
+        ),
+        DirSignature::Invalid { reason } => reason.clone(),
+        DirSignature::Verified { .. } => unreachable!("a verified signature is admitted"),
+    };
+    match evidence {
+        SignatureEvidence::DirectoryOnly => own,
+        SignatureEvidence::Pulled { source, check } => {
+            let pulled = match check {
+                SignatureCheck::Missing { reason } => reason.clone(),
+                SignatureCheck::NotChecked => {
+                    "not checked (the pulling node's policy was off)".to_owned()
+                }
+                SignatureCheck::Verified { .. } => unreachable!("a verified pull is admitted"),
+            };
+            format!("{own}; its image {source} was pulled without a verified signature: {pulled}")
+        }
+    }
+}
+
+fn trusted_keys(config: &Config) -> Result<Vec<TrustedKey>> {
+    let keys: Vec<TrustedKey> = config
+        .restore
+        .signature_keys
+        .iter()
+        .map(|p| TrustedKey::load(p))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| {
+            Error::invalid(format!(
+                "restore.signature_keys in the gpusnap configuration: {e}"
+            ))
+        })?;
+    if keys.is_empty() {
+        return Err(Error::invalid(format!(
+            "restore.signature_policy = {} needs trusted keys: set restore.signature_keys in the \
+             gpusnap configuration",
+            config.restore.signature_policy
+        )));
+    }
+    Ok(keys)
+}
+
+/// The node's signing key (`checkpoint.signing_key`), loaded before a checkpoint touches
+/// anything, so that a missing or world-readable key refuses the checkpoint instead of leaving
+/// an unsigned one.
+pub(crate) fn node_signer(config: &Config) -> Result<Option<SigningKey>> {
+    let Some(path) = &config.checkpoint.signing_key else {
+        return Ok(None);
+    };
+    SigningKey::load(path, KeyAccess::OwnerOnly)
+        .map(Some)
+        .map_err(|e| {
+            Error::precondition(format!(
+                "checkpoint.signing_key in the gpusnap configuration: {e}"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+
+    use gpusnap_checkpoint::signature::SIGNATURE_FILE;
+    use gpusnap_criu_bridge::CriuFlags;
+
+    /// An ECDSA P-256 key pair made with openssl, as an operator would: (private, public).
+    fn keypair(d: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let (private, public) = (d.join(format!("{name}.key")), d.join(format!("{name}.pub")));
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).output().unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        let (k, p) = (private.to_str().unwrap(), public.to_str().unwrap());
+        run(&[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            k,
+        ]);
+        run(&["pkey", "-in", k, "-pubout", "-out", p]);
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+        (private, public)
+    }
+
+    fn sealed(root: &Path) -> (PathBuf, Manifest) {
+        let dir = root.join("ck");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("pages-1.img"), b"pages").unwrap();
+        let m =
+            gpusnap_checkpoint::seal_checkpoint(&dir, Manifest::new("c1", CriuFlags::default()))
+                .unwrap();
+        (dir, m)
+    }
+
+    fn config(policy: SignaturePolicy, keys: &[&Path]) -> Config {
+        let mut c = Config::default();
+        c.restore.signature_policy = policy;
+        c.restore.signature_keys = keys.iter().map(|k| k.to_path_buf()).collect();
+        c
+    }
+
+    fn refusal(r: Result<Admission>) -> String {
+        match r {
+            Err(e @ Error::Refused { .. }) => e.to_string(),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn require_refuses_unsigned_and_untrusted_and_admits_signed() {
+        let t = tempfile::tempdir().unwrap();
+        let (private, public) = keypair(t.path(), "a");
+        let (other_private, _) = keypair(t.path(), "b");
+        let (dir, manifest) = sealed(t.path());
+        let require = config(SignaturePolicy::Require, &[&public]);
+        let none = SignatureEvidence::DirectoryOnly;
+
+        let msg = refusal(admit(&require, &dir, &none));
+        for part in [
+            dir.to_str().unwrap(),
+            "gpusnap-manifest.json.sig is missing",
+            public.to_str().unwrap(),
+            "gpusnap checkpoint sign",
+            "checkpoint.signing_key",
+            "gpusnap image pull",
+        ] {
+            assert!(msg.contains(part), "{part:?} not in: {msg}");
+        }
+
+        SigningKey::load(&other_private, KeyAccess::Any)
+            .unwrap()
+            .sign_dir(&dir)
+            .unwrap();
+        let msg = refusal(admit(&require, &dir, &none));
+        assert!(
+            msg.contains("not a signature of this manifest by any trusted key"),
+            "{msg}"
+        );
+
+        SigningKey::load(&private, KeyAccess::Any)
+            .unwrap()
+            .sign_dir(&dir)
+            .unwrap();
+        let admitted = admit(&require, &dir, &none).unwrap();
+        admitted.bind(&manifest).unwrap();
+        // A different manifest than the one the signature verified is not restored.
+        let mut other = manifest.clone();
+        other.container_id = "c2".into();
+        let msg = admitted.bind(&other).unwrap_err().to_string();
+        assert!(msg.contains("changed while it was being verified"), "{msg}");
+
+        // Re-sealed (tampered) after signing: the old signature no longer verifies.
+        let resealed =
+            gpusnap_checkpoint::seal_checkpoint(&dir, Manifest::new("evil", CriuFlags::default()));
+        resealed.unwrap();
+        assert!(dir.join(SIGNATURE_FILE).exists());
+        let msg = refusal(admit(&require, &dir, &none));
+        assert!(msg.contains("not a signature of this manifest"), "{msg}");
+    }
+
+    #[test]
+    fn evidence_from_a_verified_pull_admits_and_warn_and_off_proceed() {
+        let t = tempfile::tempdir().unwrap();
+        let (_, public) = keypair(t.path(), "a");
+        let (dir, _) = sealed(t.path());
+        let require = config(SignaturePolicy::Require, &[&public]);
+        let pulled = |check| SignatureEvidence::Pulled {
+            source: "registry.example/ck:1".into(),
+            check,
+        };
+        admit(
+            &require,
+            &dir,
+            &pulled(SignatureCheck::Verified {
+                key: public.display().to_string(),
+            }),
+        )
+        .unwrap();
+        let msg = refusal(admit(&require, &dir, &pulled(SignatureCheck::NotChecked)));
+        assert!(
+            msg.contains("registry.example/ck:1 was pulled without a verified signature"),
+            "{msg}"
+        );
+        admit(
+            &config(SignaturePolicy::Warn, &[&public]),
+            &dir,
+            &SignatureEvidence::DirectoryOnly,
+        )
+        .unwrap();
+        // Off reads nothing: not even a broken key list stops it.
+        admit(
+            &config(SignaturePolicy::Off, &[Path::new("/nonexistent.pub")]),
+            &dir,
+            &SignatureEvidence::DirectoryOnly,
+        )
+        .unwrap();
+        let msg = admit(
+            &config(SignaturePolicy::Warn, &[Path::new("/nonexistent.pub")]),
+            &dir,
+            &SignatureEvidence::DirectoryOnly,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("restore.signature_keys") && msg.contains("/nonexistent.pub"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn the_node_signer_refuses_a_key_others_can_read() {
+        let t = tempfile::tempdir().unwrap();
+        let (private, _) = keypair(t.path(), "node");
+        let mut c = Config::default();
+        assert!(node_signer(&c).unwrap().is_none());
+        c.checkpoint.signing_key = Some(private.clone());
+        assert!(node_signer(&c).unwrap().is_some());
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let msg = node_signer(&c).unwrap_err().to_string();
+        assert!(
+            msg.contains("checkpoint.signing_key") && msg.contains("chmod 600"),
+            "{msg}"
+        );
+    }
+}
