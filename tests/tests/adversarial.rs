@@ -124,14 +124,9 @@ fn cases_for(door: Door) -> Vec<Case> {
 /// restore's checks).
 fn sealed_checkpoint(dir: &Path) -> Manifest {
     fs::create_dir_all(dir).unwrap();
-    for (name, len) in [
-        ("inventory.img", 64),
-        ("core-1.img", 3000),
-        ("pages-1.img", 64 << 10),
-        ("pstree.img", 40),
-    ] {
-        fs::write(dir.join(name), vec![7u8; len]).unwrap();
-    }
+    fs::write(dir.join("pages-1.img"), vec![7u8; 64 << 10]).unwrap();
+    // Images the privilege check accepts, so that each case reaches the check it is about.
+    gpusnap_testkit::privilege::minimal_images(dir).unwrap();
     let mut m = Manifest::new("victim", CriuFlags::default());
     m.processes.push(ProcessRecord {
         container_pid: Some(1),

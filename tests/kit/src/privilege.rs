@@ -59,3 +59,89 @@ pub fn tar_flat_dir(dir: &Path) -> Result<Vec<u8>> {
     }
     Ok(b.into_inner()?)
 }
+
+/// Writes the CRIU images of one task that a restore's privilege check accepts for any spec
+/// running as root without seccomp or an LSM label: `inventory.img`, `pstree.img`,
+/// `ids-1.img`, `core-1.img` (uid and gid 0, no capabilities, every namespace its own) and
+/// `mountpoints-13.img` (the rootfs only). For tests whose checkpoints must reach a later
+/// check with made-up images; CRIU itself would not restore them.
+pub fn minimal_images(dir: &Path) -> Result<()> {
+    use gpusnap_criu_images::proto::{
+        CoreEntry, InventoryEntry, MntEntry, PstreeEntry, TaskCoreEntry, TaskKobjIdsEntry,
+    };
+    use gpusnap_criu_images::Kind;
+    let ids = |first: u32| TaskKobjIdsEntry {
+        pid_ns_id: Some(first),
+        net_ns_id: Some(first + 1),
+        ipc_ns_id: Some(first + 2),
+        uts_ns_id: Some(first + 3),
+        mnt_ns_id: Some(first + 4),
+        user_ns_id: Some(7),
+        cgroup_ns_id: Some(8),
+        time_ns_id: Some(5),
+    };
+    let mut creds = forge::creds(0, 0, 0);
+    creds.no_new_privs = None;
+    let put = |name: &str, bytes: Vec<u8>| fs::write(dir.join(name), bytes);
+    put(
+        "inventory.img",
+        forge::image_of(
+            Kind::Inventory,
+            &[InventoryEntry {
+                img_version: 2,
+                root_ids: Some(ids(1)),
+                lsmtype: None,
+            }],
+        ),
+    )?;
+    put(
+        "pstree.img",
+        forge::image_of(
+            Kind::Pstree,
+            &[PstreeEntry {
+                pid: 1,
+                ppid: 0,
+                pgid: 1,
+                sid: 1,
+                threads: vec![1],
+            }],
+        ),
+    )?;
+    put("ids-1.img", forge::image_of(Kind::Ids, &[ids(9)]))?;
+    put(
+        "core-1.img",
+        forge::image_of(
+            Kind::Core,
+            &[CoreEntry {
+                mtype: 1,
+                tc: Some(TaskCoreEntry::default()),
+                thread_core: Some(ThreadCoreEntry {
+                    creds: Some(creds),
+                    seccomp_mode: None,
+                    seccomp_filter: None,
+                }),
+            }],
+        ),
+    )?;
+    put(
+        "mountpoints-13.img",
+        forge::image_of(
+            Kind::Mountpoints,
+            &[MntEntry {
+                fstype: 0,
+                mnt_id: 1,
+                parent_mnt_id: 0,
+                flags: 0,
+                root: b"/".to_vec(),
+                mountpoint: b"/".to_vec(),
+                source: b"none".to_vec(),
+                options: vec![],
+                ext_mount: None,
+                fsname: None,
+                sb_flags: None,
+                ext_key: None,
+            }],
+        ),
+    )?;
+    Ok(())
+}
