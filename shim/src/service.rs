@@ -66,6 +66,14 @@ impl Shim for Service {
         // runc container and the rootfs mount it left behind.
         let bundle: PathBuf =
             std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
+        // First a checkpoint this shim was taking: its CRIU (orphaned with its runc) holds the
+        // container's tasks seized, so the kill below would wait on it; containerd gives this
+        // command 5 s.
+        if let Some(inflight) = InFlight::read(&bundle) {
+            if !inflight.writer_alive() {
+                inflight.repair(&bundle, None);
+            }
+        }
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
         // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
         // runc reports such a container paused, and a frozen process dies only once thawed.
@@ -103,11 +111,6 @@ impl Shim for Service {
             }
         }
         crate::container::unmount_rootfs(&bundle);
-        if let Some(inflight) = InFlight::read(&bundle) {
-            if !inflight.writer_alive() {
-                inflight.repair(&bundle, None);
-            }
-        }
         Ok(DeleteResponse {
             pid: 0,
             exit_status: 128 + libc::SIGKILL as u32,

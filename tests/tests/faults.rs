@@ -204,11 +204,15 @@ fn ctr_shim_killed_mid_dump() -> Result<()> {
     let _ = ctr.wait_timeout(Duration::from_secs(60))?;
     wait_stopped(&c.rig, &id)?;
     // The orphaned runc and CRIU may finish their dump: nothing may look complete or stay.
-    ensure!(wait_until(Duration::from_secs(30), || faults::criu_of(
-        "checkpoint",
-        &id
-    )
-    .is_none()));
+    ensure!(
+        wait_until(Duration::from_secs(30), || faults::criu_of(
+            "checkpoint",
+            &id
+        )
+        .is_none()),
+        "the orphaned CRIU of {id} still runs; containerd log:\n{}",
+        c.rig.log_tail(40)
+    );
     assert_truth(&c.rig, &id, &cgroup, &img)?;
     ensure!(
         !faults::sealed(&img),
