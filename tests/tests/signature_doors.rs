@@ -513,8 +513,8 @@ fn cri_checkpoint_images_and_restore_from_under_require() {
 
 /// Podman with gpusnap-runc under require: an unsigned zstd export is refused at import, the
 /// same archive signed in place (still zstd) by `gpusnap checkpoint sign` is imported and goes
-/// on; with `checkpoint.signing_key` set gpusnap-runc signs at seal, and both an in-place
-/// restore and an import of its export go on.
+/// on. (gpusnap-runc signing at seal is covered under CRI-O below: Podman 4.3 did not hand
+/// the test's non-default `GPUSNAP_CONFIG` to the runtime's `checkpoint`.)
 #[test]
 fn podman_import_and_restore_under_require() {
     use gpusnap_testkit::podman::{self as pm, Podman};
@@ -549,36 +549,7 @@ fn podman_import_and_restore_under_require() {
         p.ok(&["container", "restore", "--import", s(&export), "--name", &c])?;
         pm::check_continues(&c, &before, || p.count(&c))?;
 
-        // Signed at seal by gpusnap-runc.
-        set_policy(&p.gpusnap_config, &policy(Some(&k.a.private)))?;
-        let d = unique("gps-d");
-        p.run_counter(&d, &marker)?;
-        pm::wait_count(&d, pm::WARM, || p.count(&d))?;
-        let before = pm::wait_count(&d, 0, || p.count(&d))?;
-        p.ok(&["container", "checkpoint", &d])?;
-        p.ok(&["container", "restore", &d])?;
-        let counted = pm::check_continues(&d, &before, || p.count(&d))?;
-        let export = p.dir().join("d.tar");
-        p.ok(&[
-            "container",
-            "checkpoint",
-            "--compress",
-            "none",
-            "--export",
-            s(&export),
-            &d,
-        ])?;
-        let sig = archive_checkpoint_file(&export, SIGNATURE)?.context("no signature")?;
-        let m = p.dir().join("d-manifest.json");
-        fs::write(
-            &m,
-            archive_checkpoint_file(&export, MANIFEST)?.context("manifest")?,
-        )?;
-        openssl_verify(&k.a.public, &sig, &m)?;
-        let e = unique("gps-e");
-        p.ok(&["container", "restore", "--import", s(&export), "--name", &e])?;
-        pm::check_continues(&e, &counted, || p.count(&e))?;
-        for name in [&a, &b, &c, &d, &e] {
+        for name in [&a, &b, &c] {
             let _ = p.run(&["rm", "-f", "-t", "1", name]);
         }
         Ok(())
