@@ -232,6 +232,198 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A file that is larger than its reader's cap: refused before it is read whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name} is {size} bytes, more than the {cap} bytes any such file may have; refused unread")]
+pub struct TooLarge {
+    pub name: String,
+    pub size: u64,
+    pub cap: u64,
+}
+
+/// Whether `e` is a [`TooLarge`] refusal of [`read_capped`].
+pub fn too_large(e: &io::Error) -> Option<&TooLarge> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<TooLarge>())
+}
+
+/// Reads the regular file `rel` beneath `root` (no symlink followed anywhere), refusing it
+/// when it holds more than `cap` bytes: its size is checked before a byte is read, and the
+/// read stops one byte past the cap whatever the size said (a file that grows). Every JSON
+/// document gpusnap reads from an image, layer, archive or checkpoint goes through here.
+pub fn read_capped(root: BorrowedFd<'_>, rel: &Path, cap: u64) -> io::Result<Vec<u8>> {
+    let file = open_file(root, rel)?;
+    read_file_capped(file, &rel.to_string_lossy(), cap)
+}
+
+/// [`read_capped`] of a file already opened beneath its root.
+pub fn read_file_capped(file: std::fs::File, name: &str, cap: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let too_large = |size| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            TooLarge {
+                name: name.to_owned(),
+                size,
+                cap,
+            },
+        )
+    };
+    let size = file.metadata()?.len();
+    if size > cap {
+        return Err(too_large(size));
+    }
+    let mut out = Vec::with_capacity(size as usize);
+    file.take(cap + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > cap {
+        return Err(too_large(out.len() as u64));
+    }
+    Ok(out)
+}
+
+/// What one entry of a tree is, never following it.
+pub fn stat_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<rfs::Stat>> {
+    match rfs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A single plain name (no `/`, not `.` or `..`), for the calls that work on one name in a
+/// directory descriptor.
+fn single(name: &OsStr) -> io::Result<&OsStr> {
+    let comps = components(Path::new(name)).map_err(io::Error::other)?;
+    if comps.len() != 1 || comps[0] != name {
+        return Err(io::Error::other(format!(
+            "{:?} is not a single plain name",
+            name.to_string_lossy()
+        )));
+    }
+    Ok(name)
+}
+
+/// Creates the new regular file `name` in `dir` with `O_CREAT | O_EXCL | O_NOFOLLOW`: whatever
+/// is already there (a planted file or symlink) makes it fail with `EEXIST`, never written
+/// through.
+pub fn create_new(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<std::fs::File> {
+    let fd = openat2(
+        dir,
+        Path::new(single(name)?),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(mode),
+    )?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// `renameat(2)` of one name to another inside the same directory descriptor: a symlink at
+/// `to` is replaced, never followed.
+pub fn rename_at(dir: BorrowedFd<'_>, from: &OsStr, to: &OsStr) -> io::Result<()> {
+    rfs::renameat(dir, single(from)?, dir, single(to)?).map_err(Into::into)
+}
+
+/// Writes `bytes` as `name` in `dir`, atomically: into a new temporary file created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW` through the descriptor, synced, then renamed over `name`
+/// inside the same directory. Nothing planted in `dir` (a symlink at either name) is followed.
+pub fn write_atomically(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    bytes: &[u8],
+    mode: u32,
+) -> io::Result<()> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = single(name)?;
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(
+        ".tmp.{}.{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    // A leftover of that name goes first (unlinkat removes a symlink, not its target).
+    match rfs::unlinkat(dir, &tmp, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let written = (|| {
+        let mut f = create_new(dir, &tmp, mode)?;
+        f.write_all(bytes)?;
+        rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
+        f.sync_all()?;
+        rename_at(dir, &tmp, name)?;
+        rfs::fsync(dir).map_err(io::Error::from)
+    })();
+    if written.is_err() {
+        let _ = rfs::unlinkat(dir, &tmp, AtFlags::empty());
+    }
+    written
+}
+
+/// Bytes an unprivileged writer may still put on the file system holding `fd` (`statvfs`
+/// `f_bavail * f_frsize`).
+pub fn available_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let st = rfs::fstatvfs(fd)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// How deep [`walk`] descends before it refuses a tree.
+pub const WALK_MAX_DEPTH: usize = 32;
+
+/// Visits every entry beneath the directory `dir` (depth first, names sorted), each with its
+/// parent's descriptor, its path relative to `dir` and its `statat(AT_SYMLINK_NOFOLLOW)`: nothing is followed, and
+/// subdirectories are opened with `openat2` beneath their parent. `visit` returning an error
+/// stops the walk; a tree deeper than [`WALK_MAX_DEPTH`] is refused.
+pub fn walk<E: From<io::Error>>(
+    dir: BorrowedFd<'_>,
+    visit: &mut dyn FnMut(BorrowedFd<'_>, &Path, &rfs::Stat) -> Result<(), E>,
+) -> Result<(), E> {
+    walk_in(dir, Path::new(""), 0, visit)
+}
+
+fn walk_in<E: From<io::Error>>(
+    dir: BorrowedFd<'_>,
+    at: &Path,
+    depth: usize,
+    visit: &mut dyn FnMut(BorrowedFd<'_>, &Path, &rfs::Stat) -> Result<(), E>,
+) -> Result<(), E> {
+    if depth > WALK_MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "{} is nested more than {WALK_MAX_DEPTH} directories deep",
+            at.display()
+        ))
+        .into());
+    }
+    let mut names = Vec::new();
+    let mut entries = rfs::Dir::read_from(dir).map_err(io::Error::from)?;
+    while let Some(entry) = entries.read() {
+        let entry = entry.map_err(io::Error::from)?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(OsStr::from_bytes(n).to_os_string());
+        }
+    }
+    names.sort();
+    for name in names {
+        let Some(st) = stat_at(dir, &name)? else {
+            continue; // removed meanwhile
+        };
+        let rel = at.join(&name);
+        visit(dir, &rel, &st)?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let sub = openat2(
+                dir,
+                Path::new(&name),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )?;
+            walk_in(sub.as_fd(), &rel, depth + 1, visit)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,7 +123,7 @@ impl ImageInventory {
             .map(|((name, size), (path, _))| known.prefix(name, path, *size))
             .collect();
         let first: Vec<usize> = prefixes.iter().map(|p| p.len()).collect();
-        let rest = match hash_pieces(&specs, CHUNK_BYTES, &first, None) {
+        let rest = match hash_pieces(&specs, None, CHUNK_BYTES, &first, None) {
             Ok(d) => d,
             Err(VerifyFailure::Io { path, source }) => {
                 return Err(InventoryError::Io { path, source })
@@ -257,18 +257,31 @@ impl Known {
 
 /// Hashes `files` (absolute path, size) chunk by chunk on a pool of threads. With `expected`,
 /// stops at the first chunk whose digest differs.
+#[cfg(test)]
 pub(crate) fn hash_files(
     files: &[(PathBuf, u64)],
     chunk: u64,
     expected: Option<&[&[String]]>,
 ) -> Result<Vec<Vec<String>>, VerifyFailure> {
-    hash_pieces(files, chunk, &vec![0; files.len()], expected)
+    hash_pieces(files, None, chunk, &vec![0; files.len()], expected)
+}
+
+/// [`hash_files`] of files already opened (beneath their checkpoint directory, by the
+/// validation): `opened[i]` is `files[i]`, whose path only names it in errors.
+pub(crate) fn hash_open_files(
+    files: &[(PathBuf, u64)],
+    opened: &[File],
+    chunk: u64,
+    expected: Option<&[&[String]]>,
+) -> Result<Vec<Vec<String>>, VerifyFailure> {
+    hash_pieces(files, Some(opened), chunk, &vec![0; files.len()], expected)
 }
 
 /// [`hash_files`] from chunk `first[i]` of file `i` on; the digests returned for a file start
 /// at that chunk, and `expected` is indexed from chunk 0.
 fn hash_pieces(
     files: &[(PathBuf, u64)],
+    opened: Option<&[File]>,
     chunk: u64,
     first: &[usize],
     expected: Option<&[&[String]]>,
@@ -297,7 +310,11 @@ fn hash_pieces(
             let (path, size) = &files[fi];
             let offset = ci as u64 * chunk;
             let len = chunk.min(size - offset.min(*size));
-            let digest = match hash_range(path, offset, len, &mut buf) {
+            let hashed = match opened {
+                Some(files) => hash_file_range(&files[fi], path, offset, len, &mut buf),
+                None => hash_range(path, offset, len, &mut buf),
+            };
+            let digest = match hashed {
                 Ok(d) => d,
                 Err(e) => {
                     stop.store(true, Ordering::Relaxed);

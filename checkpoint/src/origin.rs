@@ -10,7 +10,7 @@
 //! against the recorded signature. The checkpoint root is root-only (0700), so the record is
 //! as trusted as the node.
 
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +27,11 @@ const ORIGIN_MAX_BYTES: u64 = 64 << 10;
 pub struct FileDigest {
     pub size: u64,
     pub sha256: String,
+    /// For a rootfs diff: the bytes of file content it holds once decompressed, counted when
+    /// it was put on the node (and held to what the image declared). A restore writes no
+    /// more than this. Absent in records written before it was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_bytes: Option<u64>,
 }
 
 /// Whether an image's signature was checked when it was put on the node.
@@ -78,26 +83,20 @@ impl Origin {
     /// Reads the record from the opened checkpoint directory `dir` (no symlink is followed).
     pub fn read_at(dir: std::os::fd::BorrowedFd<'_>, shown: &Path) -> Result<Origin, OriginError> {
         let path = shown.join(ORIGIN_FILE);
-        let file = match crate::beneath::open_file(dir, Path::new(ORIGIN_FILE)) {
-            Ok(f) => f,
+        let text = match crate::beneath::read_capped(dir, Path::new(ORIGIN_FILE), ORIGIN_MAX_BYTES)
+        {
+            Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(OriginError::Missing(path))
             }
+            Err(e) if crate::beneath::too_large(&e).is_some() => {
+                return Err(OriginError::Invalid {
+                    path,
+                    reason: format!("larger than {ORIGIN_MAX_BYTES} bytes"),
+                })
+            }
             Err(source) => return Err(OriginError::Io { path, source }),
         };
-        let mut text = Vec::new();
-        file.take(ORIGIN_MAX_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(|source| OriginError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        if text.len() as u64 > ORIGIN_MAX_BYTES {
-            return Err(OriginError::Invalid {
-                path,
-                reason: format!("larger than {ORIGIN_MAX_BYTES} bytes"),
-            });
-        }
         let origin: Origin = serde_json::from_slice(&text).map_err(|e| OriginError::Invalid {
             path: path.clone(),
             reason: e.to_string(),
@@ -114,21 +113,18 @@ impl Origin {
         Ok(origin)
     }
 
-    /// Writes the record into `dir`, readable by root only.
+    /// Writes the record into the opened directory `dir`, readable by root only: a new
+    /// temporary file (`O_CREAT | O_EXCL | O_NOFOLLOW`) renamed over the record inside `dir`
+    /// ([`crate::beneath::write_atomically`]), so nothing planted there is written through.
+    pub fn write_at(&self, dir: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        crate::beneath::write_atomically(dir, std::ffi::OsStr::new(ORIGIN_FILE), &bytes, 0o600)
+    }
+
+    /// [`Origin::write_at`] into the directory `dir`, a path the caller trusts.
     pub fn write(&self, dir: &Path) -> io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = dir.join(ORIGIN_FILE);
-        let tmp = dir.join(format!(".{ORIGIN_FILE}.tmp"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        let fd = crate::beneath::open_root(dir)?;
+        self.write_at(std::os::fd::AsFd::as_fd(&fd))
     }
 }
 
@@ -154,6 +150,7 @@ mod tests {
             rootfs_diff: Some(FileDigest {
                 size: 3,
                 sha256: "00".into(),
+                content_bytes: Some(0),
             }),
         };
         o.write(dir.path()).unwrap();
@@ -166,5 +163,30 @@ mod tests {
             Origin::read_at(root.as_fd(), dir.path()).is_err(),
             "a symlinked record is not followed"
         );
+    }
+
+    #[test]
+    fn writing_never_follows_a_planted_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let sentinel = host.path().join("sentinel");
+        std::fs::write(&sentinel, b"host file").unwrap();
+        for planted in [ORIGIN_FILE, ".gpusnap-origin.json.tmp"] {
+            std::os::unix::fs::symlink(&sentinel, dir.path().join(planted)).unwrap();
+        }
+        let root = crate::beneath::open_root(dir.path()).unwrap();
+        let o = Origin {
+            format: ORIGIN_FORMAT,
+            source: "s".into(),
+            manifest_digest: "sha256:00".into(),
+            pinned: false,
+            signature: SignatureCheck::NotChecked,
+            rootfs_diff: None,
+        };
+        o.write_at(root.as_fd()).unwrap();
+        assert_eq!(std::fs::read(&sentinel).unwrap(), b"host file");
+        let meta = std::fs::symlink_metadata(dir.path().join(ORIGIN_FILE)).unwrap();
+        assert!(meta.is_file(), "the record replaced the link itself");
+        assert_eq!(Origin::read_at(root.as_fd(), dir.path()).unwrap(), o);
     }
 }

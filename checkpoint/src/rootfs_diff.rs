@@ -97,7 +97,24 @@ pub fn apply(diff: &Path, rootfs: &Path, limits: Limits) -> Result<Applied, Diff
         entry: String::new(),
         source,
     })?;
-    check(diff, root.as_fd(), limits)?;
+    let content = check(diff, root.as_fd(), limits)?;
+    // The rootfs's file system must hold it: a diff that fills the disk is refused unwritten.
+    let free = beneath::available_bytes(root.as_fd()).map_err(|source| DiffError::Apply {
+        diff: diff.to_path_buf(),
+        rootfs: rootfs.to_path_buf(),
+        entry: String::new(),
+        source,
+    })?;
+    if content > free {
+        return Err(DiffError::TooLarge {
+            diff: diff.to_path_buf(),
+            reason: format!(
+                "{content} bytes of file content, but the file system of {} has {free} bytes \
+                 free",
+                rootfs.display()
+            ),
+        });
+    }
     let mut applier = Applier {
         root: root.as_fd(),
         unpacked: HashSet::new(),
@@ -138,7 +155,12 @@ pub fn apply(diff: &Path, rootfs: &Path, limits: Limits) -> Result<Applied, Diff
 
 /// The diff as a tar stream (gzip detected by its magic bytes).
 fn open(diff: &Path) -> io::Result<Box<dyn Read>> {
-    let mut file = File::open(diff)?;
+    reader_of(open_diff(diff)?)
+}
+
+fn reader_of(mut file: File) -> io::Result<Box<dyn Read>> {
+    // A descriptor may have been read already (or share its offset with a clone that was).
+    file.seek(SeekFrom::Start(0))?;
     let mut magic = [0u8; 2];
     let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
     file.seek(SeekFrom::Start(0))?;
@@ -151,8 +173,9 @@ fn open(diff: &Path) -> io::Result<Box<dyn Read>> {
 
 /// Every entry of `diff` is acceptable for the rootfs `root`; nothing is written. Besides each
 /// entry on its own, no entry may lead through a symlink — one already in the rootfs, or one an
-/// earlier entry creates — so the application cannot stop half-way on one.
-pub fn check(diff: &Path, root: BorrowedFd<'_>, limits: Limits) -> Result<(), DiffError> {
+/// earlier entry creates — so the application cannot stop half-way on one. Returns the bytes of
+/// file content it would write.
+pub fn check(diff: &Path, root: BorrowedFd<'_>, limits: Limits) -> Result<u64, DiffError> {
     let unreadable = |source| DiffError::Unreadable {
         diff: diff.to_path_buf(),
         source,
@@ -226,7 +249,7 @@ pub fn check(diff: &Path, root: BorrowedFd<'_>, limits: Limits) -> Result<(), Di
             );
         }
     }
-    Ok(())
+    Ok(bytes)
 }
 
 fn check_entry<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(), String> {
@@ -497,13 +520,55 @@ fn xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Vec<(String, Vec
     Ok(out)
 }
 
-/// SHA-256 of a file, hex.
+/// SHA-256 of a diff file, hex (opened as [`open_diff`] does: never through a symlink).
 pub fn sha256_file(path: &Path) -> io::Result<String> {
+    sha256_of(open_diff(path)?)
+}
+
+/// SHA-256 of an opened file, hex.
+pub fn sha256_of(mut f: File) -> io::Result<String> {
     use sha2::Digest;
-    let mut f = File::open(path)?;
     let mut h = sha2::Sha256::new();
     io::copy(&mut f, &mut h)?;
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Opens the diff `path`: its directory is trusted (the checkpoint's, resolved by the caller),
+/// its last component is opened beneath it and must be a regular file, not a symlink.
+pub fn open_diff(path: &Path) -> io::Result<File> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    let dir = beneath::open_root(parent)?;
+    beneath::open_file(dir.as_fd(), Path::new(name))
+}
+
+/// The bytes of file content the diff in `file` (`shown` in errors) holds once decompressed,
+/// counted from its tar headers and refused as soon as they pass `cap`: what a restore would
+/// write, known before it writes anything. Reading it inflates the whole stream (CPU only;
+/// nothing is written).
+pub fn content_bytes(file: File, shown: &Path, cap: u64) -> Result<u64, DiffError> {
+    let unreadable = |source| DiffError::Unreadable {
+        diff: shown.to_path_buf(),
+        source,
+    };
+    let mut archive = tar::Archive::new(reader_of(file).map_err(unreadable)?);
+    let mut bytes = 0u64;
+    for entry in archive.entries().map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
+        bytes = bytes.saturating_add(entry.header().size().unwrap_or(u64::MAX));
+        if bytes > cap {
+            return Err(DiffError::TooLarge {
+                diff: shown.to_path_buf(),
+                reason: format!("more than {cap} bytes of file content once decompressed"),
+            });
+        }
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

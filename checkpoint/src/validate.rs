@@ -4,11 +4,15 @@
 //! problem), then host compatibility, then file presence and sizes for *all* files (a stat each,
 //! so a truncated copy is refused without hashing gigabytes), and only then the digests.
 
-use std::fs;
+use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::inventory::{hash_files, VerifyFailure};
+use rustix::fs::FileType;
+
+use crate::inventory::{hash_open_files, VerifyFailure};
 use crate::layout::{classify, CheckpointLayout, EntryKind};
 use crate::manifest::{Manifest, MANIFEST_FORMAT_VERSION, MANIFEST_KIND};
 
@@ -104,6 +108,14 @@ pub enum RestoreRefusal {
         file.display()
     )]
     UnexpectedImage { file: PathBuf },
+    #[error(
+        "{} is {what}: runc and CRIU open the files of a checkpoint directory by name, so it \
+         may hold only regular files (each with one link) and directories — remove it if it \
+         does not belong there, else copy the checkpoint again from its source (`gpusnap image \
+         pull --extract`, `ctr`/`podman` import)",
+        entry.display()
+    )]
+    NotPlain { entry: PathBuf, what: String },
     #[error("cannot read {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -139,7 +151,11 @@ pub fn validate_for_restore_with(
     opts: ValidateOptions,
 ) -> Result<Manifest, RestoreRefusal> {
     let started = std::time::Instant::now();
-    let manifest = read_manifest(dir)?;
+    let root = crate::beneath::open_root(dir).map_err(|source| RestoreRefusal::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let manifest = read_manifest_at(root.as_fd(), dir)?;
     let host_arch = gpusnap_criu_bridge::versions::host_arch();
     if manifest.host.arch != host_arch {
         return Err(RestoreRefusal::ArchMismatch {
@@ -158,8 +174,9 @@ pub fn validate_for_restore_with(
             );
         }
     }
-    let files = check_files(dir, &manifest)?;
-    check_no_foreign_images(dir, &manifest)?;
+    check_tree(root.as_fd(), dir)?;
+    let files = check_files(root.as_fd(), dir, &manifest)?;
+    check_no_foreign_images(root.as_fd(), dir, &manifest)?;
     if opts.verify_digests {
         verify_digests(&manifest, &files)?;
     }
@@ -178,42 +195,53 @@ pub fn validate_for_restore_with(
 /// Reads and parses the manifest, checking `kind` and `format_version` before the rest so a
 /// future format yields "unsupported version" rather than a confusing field error.
 pub fn read_manifest(dir: &Path) -> Result<Manifest, RestoreRefusal> {
-    use std::io::Read;
-    let path = CheckpointLayout::new(dir).manifest_path();
+    let fd = crate::beneath::open_root(dir).map_err(|source| RestoreRefusal::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    read_manifest_at(fd.as_fd(), dir)
+}
+
+/// [`read_manifest`] from the opened checkpoint directory `dir` (shown as `shown`): the
+/// manifest is opened beneath it, never through a symlink, and never read past
+/// [`MANIFEST_MAX_BYTES`].
+pub fn read_manifest_at(dir: BorrowedFd<'_>, shown: &Path) -> Result<Manifest, RestoreRefusal> {
+    let path = CheckpointLayout::new(shown).manifest_path();
     let unreadable = |reason: String| RestoreRefusal::ManifestUnreadable {
         manifest: path.clone(),
         reason,
     };
-    // Never through a symlink, and never more than a manifest can be.
-    let file = match crate::beneath::open_root(dir).and_then(|d| {
-        crate::beneath::open_file(
-            std::os::fd::AsFd::as_fd(&d),
-            Path::new(crate::layout::MANIFEST_FILE),
-        )
-    }) {
-        Ok(f) => f,
+    let bytes = match crate::beneath::read_capped(
+        dir,
+        Path::new(crate::layout::MANIFEST_FILE),
+        MANIFEST_MAX_BYTES,
+    ) {
+        Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(RestoreRefusal::ManifestMissing { manifest: path })
         }
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
             return Err(unreadable("it is a symlink".into()))
         }
+        Err(e) if crate::beneath::too_large(&e).is_some() => {
+            return Err(unreadable(format!(
+                "larger than {MANIFEST_MAX_BYTES} bytes, which no gpusnap manifest is"
+            )))
+        }
         Err(source) => return Err(RestoreRefusal::Io { path, source }),
     };
-    let mut bytes = Vec::new();
-    file.take(MANIFEST_MAX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| RestoreRefusal::Io {
-            path: path.clone(),
-            source,
-        })?;
-    if bytes.len() as u64 > MANIFEST_MAX_BYTES {
-        return Err(unreadable(format!(
-            "larger than {MANIFEST_MAX_BYTES} bytes, which no gpusnap manifest is"
-        )));
-    }
+    parse_manifest(&bytes, &path)
+}
+
+/// Parses manifest bytes read from `path` (see [`read_manifest`]).
+pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, RestoreRefusal> {
+    let path = path.to_path_buf();
+    let unreadable = |reason: String| RestoreRefusal::ManifestUnreadable {
+        manifest: path.clone(),
+        reason,
+    };
     let value: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| unreadable(format!("invalid JSON: {e}")))?;
+        serde_json::from_slice(bytes).map_err(|e| unreadable(format!("invalid JSON: {e}")))?;
     let kind = value.get("kind").and_then(|k| k.as_str());
     if kind != Some(MANIFEST_KIND) {
         return Err(RestoreRefusal::NotGpusnap {
@@ -244,8 +272,105 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, RestoreRefusal> {
     Ok(manifest)
 }
 
-/// Presence, type and size of every listed file. Returns absolute paths in manifest order.
-fn check_files(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, RestoreRefusal> {
+/// Everything beneath the checkpoint directory is a directory or a regular file with one
+/// link: runc and CRIU open `descriptors.json`, the CRIU images, `config.dump`, `spec.dump`
+/// and the rest by path, following symlinks, so a symlink anywhere in the tree (a chain of
+/// relative ones included) could make them read host files; a device, FIFO or socket could
+/// block or talk to something else; a hard link could be a host file's other name. Walked
+/// through directory descriptors ([`crate::beneath::walk`]), nothing followed.
+pub fn check_tree(root: BorrowedFd<'_>, dir: &Path) -> Result<(), RestoreRefusal> {
+    let refuse = |rel: &Path, what: String| RestoreRefusal::NotPlain {
+        entry: dir.join(rel),
+        what,
+    };
+    crate::beneath::walk(root, &mut |parent, rel: &Path, st: &rustix::fs::Stat| {
+        let what = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => return Ok(()),
+            FileType::RegularFile if st.st_nlink <= 1 => return Ok(()),
+            FileType::RegularFile => format!(
+                "a regular file with {} links (a hard link: another name of a file that may be \
+                 outside the checkpoint)",
+                st.st_nlink
+            ),
+            FileType::Symlink if rel == Path::new("parent") && is_pre_dump_link(parent, dir) => {
+                return Ok(())
+            }
+            FileType::Symlink => {
+                let name = rel.file_name().unwrap_or_default();
+                let target = rustix::fs::readlinkat(parent, name, Vec::new())
+                    .map(|t| String::from_utf8_lossy(t.as_bytes()).into_owned())
+                    .unwrap_or_else(|_| "?".into());
+                format!("a symlink (to {target:?})")
+            }
+            FileType::Fifo => "a FIFO".into(),
+            FileType::Socket => "a socket".into(),
+            FileType::CharacterDevice => "a character device".into(),
+            FileType::BlockDevice => "a block device".into(),
+            FileType::Unknown => "of an unknown type".into(),
+        };
+        Err(WalkError::Refused(refuse(rel, what)))
+    })
+    .map_err(|e| match e {
+        WalkError::Refused(r) => r,
+        WalkError::Io(source) => RestoreRefusal::Io {
+            path: dir.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// CRIU's link from an incremental dump to its pre-dump (`parent -> ../NAME`, written by
+/// `runc checkpoint --parent-path`): allowed only as exactly that — one relative step to a
+/// sibling that is a real directory (not a symlink), or is absent.
+fn is_pre_dump_link(root: BorrowedFd<'_>, dir: &Path) -> bool {
+    let Ok(target) = rustix::fs::readlinkat(root, "parent", Vec::new()) else {
+        return false;
+    };
+    let target = std::ffi::OsStr::from_bytes(target.as_bytes());
+    let mut parts = Path::new(target).components();
+    let (Some(Component::ParentDir), Some(Component::Normal(name)), None) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some(up) = dir.parent() else {
+        return false;
+    };
+    crate::beneath::open_root(up)
+        .and_then(|fd| crate::beneath::stat_at(fd.as_fd(), name))
+        .is_ok_and(|st| {
+            // Missing (an image carries no pre-dump) leads nowhere; present, it must be a
+            // real directory.
+            st.is_none_or(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+        })
+}
+
+/// [`check_tree`]'s walk: a refusal, or the walk itself failed.
+enum WalkError {
+    Refused(RestoreRefusal),
+    Io(io::Error),
+}
+
+impl From<io::Error> for WalkError {
+    fn from(e: io::Error) -> Self {
+        WalkError::Io(e)
+    }
+}
+
+impl From<RestoreRefusal> for WalkError {
+    fn from(r: RestoreRefusal) -> Self {
+        WalkError::Refused(r)
+    }
+}
+
+/// Presence, type and size of every listed file, each opened beneath the checkpoint
+/// directory (no symlink followed). Returns the opened files with their shown paths, in
+/// manifest order.
+fn check_files(
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<Vec<(PathBuf, File)>, RestoreRefusal> {
     let chunk = manifest.images.chunk_bytes;
     let mut out = Vec::with_capacity(manifest.images.files.len());
     for rec in &manifest.images.files {
@@ -273,63 +398,87 @@ fn check_files(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, RestoreR
             });
         }
         let file = dir.join(rel);
-        let meta = match fs::symlink_metadata(&file) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        match crate::beneath::stat_at(root, rel.as_os_str()) {
+            Ok(None) => {
                 return Err(RestoreRefusal::FileMissing {
                     file,
                     expected: rec.size,
                 })
             }
+            Ok(Some(st)) if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile => {
+                return Err(RestoreRefusal::NotRegular { file })
+            }
+            Ok(Some(_)) => {}
             Err(source) => return Err(RestoreRefusal::Io { path: file, source }),
-        };
-        if !meta.is_file() {
-            return Err(RestoreRefusal::NotRegular { file });
         }
-        if meta.len() != rec.size {
+        let opened = crate::beneath::open_file(root, rel).map_err(|source| RestoreRefusal::Io {
+            path: file.clone(),
+            source,
+        })?;
+        let len = opened
+            .metadata()
+            .map_err(|source| RestoreRefusal::Io {
+                path: file.clone(),
+                source,
+            })?
+            .len();
+        if len != rec.size {
             return Err(RestoreRefusal::SizeMismatch {
                 file,
                 expected: rec.size,
-                found: meta.len(),
+                found: len,
             });
         }
-        out.push(file);
+        out.push((file, opened));
     }
     Ok(out)
 }
 
 /// CRIU picks images up by name, and gpusnap's GPU restore lists the `gpusnap-gpu-*` files, so an
 /// unlisted `*.img` or GPU state file could change what is restored.
-fn check_no_foreign_images(dir: &Path, manifest: &Manifest) -> Result<(), RestoreRefusal> {
-    let entries = fs::read_dir(dir).map_err(|source| RestoreRefusal::Io {
+fn check_no_foreign_images(
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<(), RestoreRefusal> {
+    let io_err = |source: io::Error| RestoreRefusal::Io {
         path: dir.to_path_buf(),
         source,
-    })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| RestoreRefusal::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let name = entry.file_name();
-        let rel = Path::new(&name);
+    };
+    let mut entries = rustix::fs::Dir::read_from(root).map_err(|e| io_err(e.into()))?;
+    while let Some(entry) = entries.read() {
+        let entry = entry.map_err(|e| io_err(e.into()))?;
+        let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+        let rel = Path::new(name);
         if matches!(classify(rel), EntryKind::CriuImage | EntryKind::GpusnapData) {
             let listed = name
                 .to_str()
                 .is_some_and(|n| manifest.images.files.iter().any(|f| f.path == n));
             if !listed {
-                return Err(RestoreRefusal::UnexpectedImage { file: entry.path() });
+                return Err(RestoreRefusal::UnexpectedImage {
+                    file: dir.join(rel),
+                });
             }
         }
     }
     Ok(())
 }
 
-fn verify_digests(manifest: &Manifest, files: &[PathBuf]) -> Result<(), RestoreRefusal> {
+fn verify_digests(manifest: &Manifest, files: &[(PathBuf, File)]) -> Result<(), RestoreRefusal> {
     let specs: Vec<(PathBuf, u64)> = files
         .iter()
         .zip(&manifest.images.files)
-        .map(|(p, rec)| (p.clone(), rec.size))
+        .map(|((p, _), rec)| (p.clone(), rec.size))
         .collect();
+    let opened: Vec<File> = files
+        .iter()
+        .map(|(p, f)| {
+            f.try_clone().map_err(|source| RestoreRefusal::Io {
+                path: p.clone(),
+                source,
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let expected: Vec<&[String]> = manifest
         .images
         .files
@@ -337,7 +486,7 @@ fn verify_digests(manifest: &Manifest, files: &[PathBuf]) -> Result<(), RestoreR
         .map(|f| f.blake3_chunks.as_slice())
         .collect();
     let chunk = manifest.images.chunk_bytes;
-    match hash_files(&specs, chunk, Some(&expected)) {
+    match hash_open_files(&specs, &opened, chunk, Some(&expected)) {
         Ok(_) => Ok(()),
         Err(VerifyFailure::Digest { file, chunk: ci }) => {
             let size = specs[file].1;
@@ -352,8 +501,9 @@ fn verify_digests(manifest: &Manifest, files: &[PathBuf]) -> Result<(), RestoreR
             // The file shrank between the size check and hashing.
             let (expected, found) = specs
                 .iter()
-                .find(|s| s.0 == path)
-                .map(|s| (s.1, fs::metadata(&path).map_or(0, |m| m.len())))
+                .zip(&opened)
+                .find(|(s, _)| s.0 == path)
+                .map(|(s, f)| (s.1, f.metadata().map_or(0, |m| m.len())))
                 .unwrap_or_default();
             Err(RestoreRefusal::SizeMismatch {
                 file: path,
@@ -370,6 +520,7 @@ mod tests {
     use super::*;
     use crate::manifest::{seal_checkpoint, write_manifest_atomically};
     use gpusnap_criu_bridge::CriuFlags;
+    use std::fs;
     use std::fs::OpenOptions;
     use std::io::{Seek, SeekFrom, Write};
 
@@ -660,7 +811,13 @@ mod tests {
             .unwrap()
             .to_string();
         fs::copy(dir.path().join(&name), outside.path().join(&name)).unwrap();
-        std::os::unix::fs::symlink(outside.path(), dir.path().join("sub")).unwrap();
+        // A real directory (a symlinked one is refused by the tree walk before this check).
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::copy(
+            outside.path().join(&name),
+            dir.path().join("sub").join(&name),
+        )
+        .unwrap();
         v["images"]["files"][0]["path"] = format!("sub/{name}").into();
         rewrite_manifest(dir.path(), &v);
         let err = validate_for_restore(dir.path()).unwrap_err();
@@ -686,5 +843,81 @@ mod tests {
         let m = Manifest::new("c", CriuFlags::default());
         write_manifest_atomically(dir.path(), &m).unwrap();
         assert_eq!(validate_for_restore(dir.path()).unwrap(), m);
+    }
+
+    #[test]
+    fn the_tree_holds_only_regular_files_and_directories() {
+        let host = tempfile::tempdir().unwrap();
+        fs::write(host.path().join("secret"), b"host").unwrap();
+        type Plant = Box<dyn Fn(&Path)>;
+        let cases: Vec<(&str, Plant, &str)> = vec![
+            (
+                "chained descriptors.json",
+                Box::new(|d: &Path| {
+                    for i in 1..=8 {
+                        let t = if i == 1 {
+                            "..".to_owned()
+                        } else {
+                            format!("l{}/..", i - 1)
+                        };
+                        std::os::unix::fs::symlink(t, d.join(format!("l{i}"))).unwrap();
+                    }
+                    fs::remove_file(d.join("descriptors.json")).unwrap();
+                    std::os::unix::fs::symlink("l8/etc/hostname", d.join("descriptors.json"))
+                        .unwrap();
+                }),
+                "descriptors.json is a symlink (to \"l8/etc/hostname\")",
+            ),
+            (
+                "looping symlink",
+                Box::new(|d: &Path| std::os::unix::fs::symlink("loop", d.join("loop")).unwrap()),
+                "loop is a symlink",
+            ),
+            (
+                "hard link",
+                Box::new({
+                    let secret = host.path().join("secret");
+                    move |d: &Path| fs::hard_link(&secret, d.join("config.dump")).unwrap()
+                }),
+                "config.dump is a regular file with 2 links",
+            ),
+            (
+                "fifo",
+                Box::new(|d: &Path| {
+                    rustix::fs::mknodat(
+                        rustix::fs::CWD,
+                        d.join("stats-restore"),
+                        FileType::Fifo,
+                        rustix::fs::Mode::from_raw_mode(0o600),
+                        0,
+                    )
+                    .unwrap()
+                }),
+                "stats-restore is a FIFO",
+            ),
+            (
+                "symlink in a subdirectory",
+                Box::new(|d: &Path| {
+                    fs::create_dir(d.join("sub")).unwrap();
+                    std::os::unix::fs::symlink("/", d.join("sub/root")).unwrap();
+                }),
+                "sub/root is a symlink",
+            ),
+        ];
+        for (name, plant, says) in cases {
+            let dir = sealed();
+            plant(dir.path());
+            let err = validate_for_restore(dir.path()).unwrap_err();
+            assert!(
+                matches!(err, RestoreRefusal::NotPlain { .. }),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains(says), "{name}: {err}");
+        }
+        // A plain subdirectory of regular files is fine.
+        let dir = sealed();
+        fs::create_dir(dir.path().join("criu.work")).unwrap();
+        fs::write(dir.path().join("criu.work/restore.log"), b"log").unwrap();
+        validate_for_restore(dir.path()).unwrap();
     }
 }

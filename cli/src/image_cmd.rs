@@ -55,9 +55,11 @@ pub struct RegistryArgs {
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MANIFEST_BYTES)]
     pub max_manifest_bytes: u64,
     /// Refuse any blob (layer) larger than this, whatever its descriptor says; also caps a
-    /// gzip layer once decompressed.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BLOB_BYTES)]
-    pub max_blob_bytes: u64,
+    /// gzip layer once decompressed [default: no fixed cap — the blobs must fit in the
+    /// destination's free space, checked before the first is fetched, and every byte
+    /// unpacked is charged against it].
+    #[arg(long, value_name = "BYTES")]
+    pub max_blob_bytes: Option<u64>,
     /// Blobs uploaded or downloaded at once (each hashed, written or unpacked on its own
     /// thread while it streams).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PARALLEL_BLOBS as u64,
@@ -75,7 +77,7 @@ impl RegistryArgs {
                 None => Credentials::Auto,
             },
             max_manifest_bytes: self.max_manifest_bytes,
-            max_blob_bytes: self.max_blob_bytes,
+            max_blob_bytes: self.max_blob_bytes.unwrap_or(DEFAULT_MAX_BLOB_BYTES),
             parallel_blobs: self.parallel_blobs as usize,
             ..Default::default()
         }

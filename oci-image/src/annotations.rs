@@ -52,6 +52,9 @@ pub mod keys {
     pub const GPUSNAP_GPU_EXTENTS: &str = "io.gpusnap.gpu.extents";
     /// `cri-archive` or `checkpoint-dir`: what [`crate::extract`] recreates.
     pub const GPUSNAP_SOURCE_LAYOUT: &str = "io.gpusnap.source.layout";
+    /// On a compressed layer descriptor: the bytes of its tar once decompressed. Extraction
+    /// refuses the layer as soon as it inflates past this (and past the free space).
+    pub const GPUSNAP_LAYER_UNCOMPRESSED_SIZE: &str = "io.gpusnap.layer.uncompressed-size";
     /// On each layer descriptor: which part of the checkpoint it carries.
     pub const GPUSNAP_LAYER_ROLE: &str = "io.gpusnap.layer.role";
     /// On GPU-extent layers: the extent's path relative to the checkpoint directory (as in the

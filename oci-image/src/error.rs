@@ -84,6 +84,17 @@ pub enum ImageError {
         actual: u64,
         location: String,
     },
+    #[error(
+        "{what} needs {needed} bytes, but the file system of {} has {free} bytes free; refused, \
+         and everything written was removed — free space there or choose another destination",
+        dest.display()
+    )]
+    NoSpace {
+        what: String,
+        needed: u64,
+        free: u64,
+        dest: PathBuf,
+    },
     #[error("blob {digest} referenced by the image is missing from {location}")]
     BlobMissing { digest: Digest, location: String },
     #[error("malformed {what} in {location}: {reason}")]

@@ -11,6 +11,7 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -25,9 +26,8 @@ use super::interrupt;
 use super::oci_layout::{entry_name, ImageSource, RemoveOnDrop};
 use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 use super::spec::{layer_compression, Compression, Descriptor, ImageConfig, ImageManifest};
-use gpusnap_checkpoint::layout::CheckpointLayout;
 use gpusnap_checkpoint::manifest::Manifest;
-use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
+use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FILE, ORIGIN_FORMAT};
 
 /// What [`extract`] produced.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -123,10 +123,18 @@ pub fn extract_with(
         opts,
     )?;
     let staging = Staging::create(dest)?;
+    plan.check_space(&staging)?;
     let mut dir_times = Vec::new();
     for layer in &plan.layers {
         let blob = src.blob(&layer.desc, "layer")?;
-        unpack_layer(blob, layer, staging.root(), opts, &mut dir_times)?;
+        unpack_layer(
+            blob,
+            layer,
+            staging.root(),
+            opts,
+            staging.budget(),
+            &mut dir_times,
+        )?;
     }
     let extracted = staging.finish(&plan, dir_times, seed)?;
     tracing::info!(
@@ -147,6 +155,9 @@ pub(crate) struct PlannedLayer {
     pub(crate) desc: Descriptor,
     pub(crate) diff_id: Digest,
     compression: Compression,
+    /// The most a compressed layer may inflate to: `max_layer_bytes`, or less where the
+    /// descriptor declares its uncompressed size.
+    inflate_limit: u64,
     /// `<image> layer <i> (<digest>)`, for errors.
     pub(crate) location: String,
 }
@@ -217,10 +228,25 @@ impl ExtractPlan {
                     setting: "--max-blob-bytes",
                 });
             }
+            let declared = match desc.annotations.get(keys::GPUSNAP_LAYER_UNCOMPRESSED_SIZE) {
+                None => None,
+                Some(v) => Some(v.parse::<u64>().map_err(|_| {
+                    ImageError::malformed(
+                        "image manifest",
+                        &location,
+                        format!(
+                            "{} is {v:?}, not a byte count",
+                            keys::GPUSNAP_LAYER_UNCOMPRESSED_SIZE
+                        ),
+                    )
+                })?),
+            };
             layers.push(PlannedLayer {
                 desc: desc.clone(),
                 diff_id: diff_id.clone(),
                 compression,
+                inflate_limit: declared
+                    .map_or(opts.max_layer_bytes, |d| d.min(opts.max_layer_bytes)),
                 location,
             });
         }
@@ -233,6 +259,60 @@ impl ExtractPlan {
             location: location.to_owned(),
         })
     }
+
+    /// The layers fit on the destination's file system: their declared sizes (what an
+    /// uncompressed layer writes, and the least a compressed one does, or its declared
+    /// uncompressed size) against the free space, before any layer is read or fetched.
+    pub(crate) fn check_space(&self, staging: &Staging) -> Result<(), ImageError> {
+        let needed = self
+            .layers
+            .iter()
+            .map(|l| match l.compression {
+                Compression::None => l.desc.size,
+                _ if l.inflate_limit < u64::MAX => l.inflate_limit.max(l.desc.size),
+                _ => l.desc.size,
+            })
+            .fold(0u64, u64::saturating_add);
+        let budget = staging.budget();
+        if needed > budget.free {
+            return Err(ImageError::NoSpace {
+                what: format!("{} (its {} layers)", self.location, self.layers.len()),
+                needed,
+                free: budget.free,
+                dest: staging.dest().to_path_buf(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What an extraction may write: the bytes free on the destination's file system when it
+/// began. Every byte unpacked is charged, from all layers together, so no layer (a gzip bomb
+/// above all) fills the disk.
+pub(crate) struct DiskBudget {
+    free: u64,
+    used: AtomicU64,
+    dest: PathBuf,
+}
+
+impl DiskBudget {
+    fn charge(&self, n: u64, location: &str) -> Result<(), ImageError> {
+        let used = self.used.fetch_add(n, Ordering::Relaxed).saturating_add(n);
+        if used > self.free {
+            return Err(ImageError::NoSpace {
+                what: format!("unpacking {location} (with the layers before it)"),
+                needed: used,
+                free: self.free,
+                dest: self.dest.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// What is left of the free space.
+    fn left(&self) -> u64 {
+        self.free.saturating_sub(self.used.load(Ordering::Relaxed))
+    }
 }
 
 /// The staging directory (0700) an extraction unpacks into, beside the destination; removed
@@ -241,6 +321,7 @@ pub(crate) struct Staging {
     path: PathBuf,
     dest: PathBuf,
     root: Arc<OwnedFd>,
+    budget: Arc<DiskBudget>,
     cleanup: RemoveOnDrop,
 }
 
@@ -273,12 +354,29 @@ impl Staging {
         let root = beneath::open_root(&staging).map_err(ImageError::io("opening", &staging))?;
         rfs::fchmod(&root, Mode::from_raw_mode(0o700))
             .map_err(|e| ImageError::io("chmod", &staging)(e.into()))?;
+        let free =
+            beneath::available_bytes(root.as_fd()).map_err(ImageError::io("statvfs", &staging))?;
         Ok(Staging {
             path: staging,
             dest: dest.to_path_buf(),
             root: Arc::new(root),
+            budget: Arc::new(DiskBudget {
+                free,
+                used: AtomicU64::new(0),
+                dest: dest.to_path_buf(),
+            }),
             cleanup,
         })
+    }
+
+    /// What unpacking may still write.
+    pub(crate) fn budget(&self) -> &DiskBudget {
+        &self.budget
+    }
+
+    /// The budget, for unpacking on other threads.
+    pub(crate) fn shared_budget(&self) -> Arc<DiskBudget> {
+        Arc::clone(&self.budget)
     }
 
     /// Where the result goes.
@@ -316,17 +414,41 @@ impl Staging {
             }
         }
 
+        // Everything below goes through descriptors of the staging tree: what the layers
+        // put there (a symlink where gpusnap writes or reads, a chain of them) is never
+        // followed.
+        let root = self.root.as_fd();
         let staged_cp = staging.join(CHECKPOINT_DIR);
+        // Both layouts stage the checkpoint as `checkpoint/` (a checkpoint-dir image is renamed
+        // into place from there).
+        let cp_fd = match beneath::open_dir(root, Path::new(CHECKPOINT_DIR)) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ImageError::ManifestMissing {
+                    source_path: PathBuf::from(&plan.location),
+                })
+            }
+            Err(e) => {
+                return Err(ImageError::malformed(
+                    "image",
+                    &plan.location,
+                    format!("{CHECKPOINT_DIR}/ is not a plain directory ({e}); refused"),
+                ))
+            }
+        };
         let gpusnap_manifest =
-            read_gpusnap_manifest(&staged_cp, &plan.annotations, &plan.location)?;
+            read_gpusnap_manifest(cp_fd.as_fd(), &staged_cp, &plan.annotations, &plan.location)?;
         let diff = staging.join(ROOTFS_DIFF_TAR);
-        let rootfs_diff = match fs::symlink_metadata(&diff) {
-            Ok(m) if m.is_file() => Some(FileDigest {
-                size: m.len(),
-                sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&diff)
-                    .map_err(ImageError::io("reading", &diff))?,
-            }),
-            _ => None,
+        let rootfs_diff = match beneath::open_file(root, Path::new(ROOTFS_DIFF_TAR)) {
+            Ok(file) => Some(self.rootfs_diff_record(file, &diff)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(ImageError::malformed(
+                    "image",
+                    &plan.location,
+                    format!("{ROOTFS_DIFF_TAR} is not a regular file ({e}); refused"),
+                ))
+            }
         };
         let origin = Origin {
             format: ORIGIN_FORMAT,
@@ -336,12 +458,12 @@ impl Staging {
             signature: seed.signature.clone(),
             rootfs_diff,
         };
-        let origin_dir = match plan.source_layout {
-            SourceLayout::CriArchive => &staging,
-            SourceLayout::CheckpointDir => &staged_cp,
+        let (origin_fd, origin_dir) = match plan.source_layout {
+            SourceLayout::CriArchive => (root, &staging),
+            SourceLayout::CheckpointDir => (cp_fd.as_fd(), &staged_cp),
         };
         origin
-            .write(origin_dir)
+            .write_at(origin_fd)
             .map_err(ImageError::io("writing the origin record in", origin_dir))?;
         rfs::syncfs(&*self.root).map_err(|e| ImageError::io("syncing", &staging)(e.into()))?;
 
@@ -354,8 +476,10 @@ impl Staging {
                 dest.join(CHECKPOINT_DIR)
             }
             SourceLayout::CheckpointDir => {
-                fs::rename(&staged_cp, &dest)
-                    .map_err(ImageError::io("renaming into place", &dest))?;
+                // The name is resolved in the staging descriptor: `checkpoint` was opened above
+                // as a directory, and rename(2) moves a name, never what it points at.
+                rfs::renameat(&*self.root, CHECKPOINT_DIR, rfs::CWD, &dest)
+                    .map_err(|e| ImageError::io("renaming into place", &dest)(e.into()))?;
                 dest.clone()
             }
         };
@@ -372,22 +496,67 @@ impl Staging {
     }
 }
 
-/// Reads and checks the extracted gpusnap manifest against the image's annotation.
+impl Staging {
+    /// The origin record's entry for the rootfs diff: its size, SHA-256 and the bytes of file
+    /// content it holds once decompressed, counted now and held to the free space left at the
+    /// destination (a restore writes that much beside it), so a diff that inflates into a disk
+    /// filler is refused here, and a restore writes no more than recorded.
+    fn rootfs_diff_record(&self, file: File, shown: &Path) -> Result<FileDigest, ImageError> {
+        let size = file
+            .metadata()
+            .map_err(ImageError::io("reading", shown))?
+            .len();
+        let again = file.try_clone().map_err(ImageError::io("reading", shown))?;
+        let sha256 = gpusnap_checkpoint::rootfs_diff::sha256_of(file)
+            .map_err(ImageError::io("reading", shown))?;
+        let cap = self.budget.left();
+        let content_bytes = gpusnap_checkpoint::rootfs_diff::content_bytes(again, shown, cap)
+            .map_err(|e| match e {
+                gpusnap_checkpoint::rootfs_diff::DiffError::TooLarge { .. } => {
+                    ImageError::NoSpace {
+                        what: format!("{ROOTFS_DIFF_TAR}, once decompressed,"),
+                        needed: cap.saturating_add(1),
+                        free: cap,
+                        dest: self.dest.clone(),
+                    }
+                }
+                other => ImageError::malformed("rootfs diff", shown.display().to_string(), other),
+            })?;
+        Ok(FileDigest {
+            size,
+            sha256,
+            content_bytes: Some(content_bytes),
+        })
+    }
+}
+
+/// Reads (beneath the opened checkpoint directory, capped) and checks the extracted gpusnap
+/// manifest against the image's annotation.
 fn read_gpusnap_manifest(
-    checkpoint_dir: &Path,
+    checkpoint_dir: BorrowedFd<'_>,
+    shown: &Path,
     annotations: &std::collections::BTreeMap<String, String>,
     location: &str,
 ) -> Result<Manifest, ImageError> {
-    let path = CheckpointLayout::new(checkpoint_dir).manifest_path();
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ImageError::ManifestMissing {
-                source_path: PathBuf::from(location),
-            })
-        }
-        Err(e) => return Err(ImageError::io("reading", &path)(e)),
-    };
+    use gpusnap_checkpoint::layout::MANIFEST_FILE;
+    use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+    let path = shown.join(MANIFEST_FILE);
+    let bytes =
+        match beneath::read_capped(checkpoint_dir, Path::new(MANIFEST_FILE), MANIFEST_MAX_BYTES) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ImageError::ManifestMissing {
+                    source_path: PathBuf::from(location),
+                })
+            }
+            Err(e) if beneath::too_large(&e).is_some() => {
+                return Err(ImageError::ManifestInvalid {
+                    source_path: PathBuf::from(location),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => return Err(ImageError::io("reading", &path)(e)),
+        };
     if let Some(want) = annotations.get(keys::GPUSNAP_MANIFEST_DIGEST) {
         let want = Digest::parse(want)?;
         let got = Digest::of(&bytes);
@@ -404,7 +573,7 @@ fn read_gpusnap_manifest(
             });
         }
     }
-    gpusnap_checkpoint::validate::read_manifest(checkpoint_dir).map_err(|e| {
+    gpusnap_checkpoint::validate::parse_manifest(&bytes, &path).map_err(|e| {
         ImageError::ManifestInvalid {
             source_path: PathBuf::from(location),
             reason: e.to_string(),
@@ -420,8 +589,10 @@ pub(crate) fn unpack_layer<R: Read>(
     layer: &PlannedLayer,
     root: BorrowedFd<'_>,
     opts: &ExtractOptions,
+    budget: &DiskBudget,
     dir_times: &mut Vec<(String, u64)>,
 ) -> Result<(), ImageError> {
+    let _ = opts; // the layer's own limits were planned from it
     let location = &layer.location;
     let diff_digest = {
         // Gzip layers: the decompressed stream is hashed too, against the config's diff_id,
@@ -431,12 +602,12 @@ pub(crate) fn unpack_layer<R: Read>(
             Compression::None => &mut blob,
             Compression::Gzip => decoded.insert(HashingReader::new(CappedReader {
                 inner: GzDecoder::new(&mut blob as &mut dyn Read),
-                limit: opts.max_layer_bytes,
+                limit: layer.inflate_limit,
                 read: 0,
                 location: location.clone(),
             })),
         };
-        match unpack_tar(reader, root, dir_times, location) {
+        match unpack_tar(reader, root, budget, dir_times, location) {
             Ok(()) => {}
             // A damaged blob explains a refused entry, not the reverse: when the blob's own
             // digest is wrong, that is the error. (Draining is bounded by the blob's size.)
@@ -562,6 +733,7 @@ fn at_error(location: &str, name: &str, e: std::io::Error) -> ImageError {
 fn unpack_tar(
     reader: &mut dyn Read,
     root: BorrowedFd<'_>,
+    budget: &DiskBudget,
     dir_times: &mut Vec<(String, u64)>,
     location: &str,
 ) -> Result<(), ImageError> {
@@ -597,6 +769,18 @@ fn unpack_tar(
                 "layer",
                 location,
                 format!("whiteout entry {name:?}"),
+            ));
+        }
+        // The origin record and gpusnap's temporary files are written by gpusnap alone.
+        if name.rsplit('/').next().is_some_and(|n| {
+            n == ORIGIN_FILE
+                || n.starts_with(".gpusnap-")
+                || n.starts_with(&format!(".{ORIGIN_FILE}"))
+        }) {
+            return Err(refuse(
+                location,
+                &name,
+                "a name only gpusnap writes (its origin record or a temporary file); refused",
             ));
         }
         let mtime = entry.header().mtime().unwrap_or(0);
@@ -641,7 +825,7 @@ fn unpack_tar(
             )
             .map_err(|e| at_error(location, &name, e))?;
             let mut file = File::from(fd);
-            copy_interruptible(&mut entry, &mut file, location, &name)?;
+            copy_interruptible(&mut entry, &mut file, budget, location, &name)?;
             rfs::fchmod(&file, Mode::from_raw_mode(0o600))
                 .map_err(|e| at_error(location, &name, e.into()))?;
             file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime))
@@ -701,6 +885,7 @@ fn unpack_tar(
 fn copy_interruptible(
     from: &mut dyn Read,
     to: &mut File,
+    budget: &DiskBudget,
     location: &str,
     name: &str,
 ) -> Result<(), ImageError> {
@@ -722,6 +907,7 @@ fn copy_interruptible(
         if n == 0 {
             return Ok(());
         }
+        budget.charge(n as u64, location)?;
         to.write_all(&buf[..n])
             .map_err(|e| at_error(location, name, e))?;
     }

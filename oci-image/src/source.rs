@@ -14,6 +14,7 @@ use flate2::read::GzDecoder;
 
 use super::error::ImageError;
 use super::layer::EntryMeta;
+use gpusnap_checkpoint::beneath;
 use gpusnap_checkpoint::layout::CheckpointLayout;
 
 /// Name of the CRIU image directory inside a CRI checkpoint archive (checkpointctl
@@ -98,7 +99,7 @@ pub(crate) fn for_each_entry(
     };
     match source {
         BuildSource::ArchiveTar(p) => walk_tar(p, f),
-        BuildSource::ArchiveDir(p) => walk_dir(p, p, "", f),
+        BuildSource::ArchiveDir(p) => walk_dir(p, "", f),
         BuildSource::CheckpointDir(p) => {
             let meta = fs::symlink_metadata(p).map_err(ImageError::io("reading", p))?;
             f(SourceEntry {
@@ -106,7 +107,7 @@ pub(crate) fn for_each_entry(
                 meta: meta_of(&meta),
                 body: Body::Dir,
             })?;
-            walk_dir(p, p, CHECKPOINT_DIR, f)
+            walk_dir(p, CHECKPOINT_DIR, f)
         }
     }
 }
@@ -128,73 +129,101 @@ fn unsupported(source: &Path, entry: &str, reason: impl Into<String>) -> ImageEr
     }
 }
 
+/// Walks the directory `root` through directory descriptors ([`beneath::walk`]): nothing in
+/// it is followed, a symlink is carried as data, and every file is opened beneath `root`.
 fn walk_dir(
     root: &Path,
-    dir: &Path,
     prefix: &str,
     f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
 ) -> Result<(), ImageError> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .map_err(ImageError::io("reading", dir))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(ImageError::io("reading", dir))?;
-    // Sorted: the same directory always yields the same layers, byte for byte.
-    names.sort();
-    for name in names {
-        let full = dir.join(&name);
-        let Some(name) = name.to_str() else {
-            return Err(unsupported(
-                root,
-                &full.display().to_string(),
-                "name is not UTF-8",
-            ));
+    use rustix::fs::FileType;
+    use std::os::fd::AsFd;
+    let root_fd = beneath::open_root(root).map_err(ImageError::io("opening", root))?;
+    let mut visit = |parent: std::os::fd::BorrowedFd<'_>,
+                     rel: &Path,
+                     st: &rustix::fs::Stat|
+     -> Result<(), WalkError> {
+        let Some(rel_str) = rel.to_str() else {
+            return Err(unsupported(root, &rel.display().to_string(), "name is not UTF-8").into());
         };
+        let name = rel.file_name().unwrap_or_default();
         let path = if prefix.is_empty() {
-            name.to_owned()
+            rel_str.to_owned()
         } else {
-            format!("{prefix}/{name}")
+            format!("{prefix}/{rel_str}")
         };
-        let m = fs::symlink_metadata(&full).map_err(ImageError::io("reading", &full))?;
-        let meta = meta_of(&m);
-        let ft = m.file_type();
-        if ft.is_dir() {
-            f(SourceEntry {
-                path: path.clone(),
+        let meta = EntryMeta {
+            mode: st.st_mode & 0o7777,
+            uid: u64::from(st.st_uid),
+            gid: u64::from(st.st_gid),
+            mtime: u64::try_from(st.st_mtime).unwrap_or(0),
+        };
+        let full = root.join(rel);
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => f(SourceEntry {
+                path,
                 meta,
                 body: Body::Dir,
-            })?;
-            walk_dir(root, &full, &path, f)?;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&full).map_err(ImageError::io("reading link", &full))?;
-            let Some(target) = target.to_str() else {
-                return Err(unsupported(root, &path, "symlink target is not UTF-8"));
-            };
-            f(SourceEntry {
-                path,
-                meta,
-                body: Body::Symlink(target.to_owned()),
-            })?;
-        } else if ft.is_file() {
-            let mut file = File::open(&full).map_err(ImageError::io("opening", &full))?;
-            let mut r = BufReader::with_capacity(1 << 20, &mut file);
-            f(SourceEntry {
-                path,
-                meta,
-                body: Body::File {
-                    size: m.len(),
-                    data: &mut r,
-                },
-            })?;
-        } else {
-            return Err(unsupported(
-                root,
-                &path,
-                "only regular files, directories and symlinks can go into a checkpoint image",
-            ));
+            })?,
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(parent, name, Vec::new())
+                    .map_err(|e| ImageError::io("reading link", &full)(e.into()))?;
+                let Ok(target) = target.into_string() else {
+                    return Err(unsupported(root, &path, "symlink target is not UTF-8").into());
+                };
+                f(SourceEntry {
+                    path,
+                    meta,
+                    body: Body::Symlink(target),
+                })?;
+            }
+            FileType::RegularFile => {
+                let mut file = beneath::open_file(parent, Path::new(name))
+                    .map_err(ImageError::io("opening", &full))?;
+                let size = file
+                    .metadata()
+                    .map_err(ImageError::io("reading", &full))?
+                    .len();
+                let mut r = BufReader::with_capacity(1 << 20, &mut file);
+                f(SourceEntry {
+                    path,
+                    meta,
+                    body: Body::File { size, data: &mut r },
+                })?;
+            }
+            _ => {
+                return Err(unsupported(
+                    root,
+                    &path,
+                    "only regular files, directories and symlinks can go into a checkpoint image",
+                )
+                .into())
+            }
         }
+        Ok(())
+    };
+    beneath::walk(root_fd.as_fd(), &mut visit).map_err(|e| match e {
+        WalkError::Image(e) => e,
+        WalkError::Io(e) => ImageError::io("reading", root)(e),
+    })
+}
+
+/// [`walk_dir`]'s errors: the walk's own, or the entry's.
+enum WalkError {
+    Image(ImageError),
+    Io(io::Error),
+}
+
+impl From<io::Error> for WalkError {
+    fn from(e: io::Error) -> Self {
+        WalkError::Io(e)
     }
-    Ok(())
+}
+
+impl From<ImageError> for WalkError {
+    fn from(e: ImageError) -> Self {
+        WalkError::Image(e)
+    }
 }
 
 /// Normalises a tar member name: `./checkpoint/x` → `checkpoint/x`; `None` for the root entry.

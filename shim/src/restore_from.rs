@@ -117,6 +117,7 @@ pub fn pending_restore(
             Some(RootfsDiff {
                 path: dir.join(ROOTFS_DIFF),
                 sha256: recorded.sha256.clone(),
+                content_bytes: recorded.content_bytes,
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -161,6 +162,7 @@ mod tests {
                 size: d.len() as u64,
                 sha256: gpusnap_checkpoint::rootfs_diff::sha256_file(&dir.join(ROOTFS_DIFF))
                     .unwrap(),
+                content_bytes: None,
             }
         });
         Origin {

@@ -1034,6 +1034,7 @@ fn place(node: &CriNode, name: &str, diff: Option<&[u8]>) -> PathBuf {
             sha256: gpusnap_testkit::fixtures::sha256_bytes(bytes)
                 .trim_start_matches("sha256:")
                 .to_string(),
+            content_bytes: None,
         }
     });
     Origin {

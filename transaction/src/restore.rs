@@ -59,6 +59,9 @@ pub struct RootfsDiff {
     pub path: PathBuf,
     /// SHA-256, hex, as recorded when the checkpoint was put on this node.
     pub sha256: String,
+    /// Bytes of file content it holds once decompressed, as recorded then: the most it may
+    /// write (with `restore.max_rootfs_diff_bytes`, whichever is smaller).
+    pub content_bytes: Option<u64>,
 }
 
 /// How `runc restore` is called.
@@ -191,7 +194,11 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             &diff.path,
             &rootfs,
             dir::rootfs_diff::Limits {
-                max_bytes: req.config.restore.max_rootfs_diff_bytes,
+                max_bytes: diff
+                    .content_bytes
+                    .map_or(req.config.restore.max_rootfs_diff_bytes, |recorded| {
+                        recorded.min(req.config.restore.max_rootfs_diff_bytes)
+                    }),
                 ..Default::default()
             },
         )

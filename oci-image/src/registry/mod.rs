@@ -71,9 +71,13 @@ pub use reference::Reference;
 pub const DEFAULT_PARALLEL_BLOBS: usize = 4;
 /// Default cap on a manifest, index, image config or signature manifest read from a registry.
 pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 4 << 20;
-/// Default cap on one blob (a GPU extent can be tens of GiB; a registry serving more than this
-/// for one blob is refused before the first byte).
-pub const DEFAULT_MAX_BLOB_BYTES: u64 = 1 << 40;
+/// Default cap on one blob: none of its own. A checkpoint of a node with 8 GPUs of 141 GB
+/// carries 8 extents of about 141 GB and CRIU pages of host memory that can pass 1 TiB, so any
+/// fixed number is either too small for such a node or no bound at all. What bounds a pull is
+/// the destination: the blobs' declared sizes must fit in its free space before the first one
+/// is fetched, and every byte written (a gzip layer's inflation included) is charged against
+/// that free space. `--max-blob-bytes` sets a fixed cap in addition.
+pub const DEFAULT_MAX_BLOB_BYTES: u64 = u64::MAX;
 
 /// How to talk to the registry.
 #[derive(Debug, Clone)]
@@ -617,6 +621,19 @@ async fn pull_async(
             wanted.push((digest, desc.size(), what));
         }
     }
+    // Before the first blob: everything wanted fits where it goes.
+    let needed = wanted.iter().map(|w| w.1).fold(0u64, u64::saturating_add);
+    let free = gpusnap_checkpoint::beneath::open_root(staging)
+        .and_then(|fd| gpusnap_checkpoint::beneath::available_bytes(fd.as_fd()))
+        .map_err(ImageError::io("statvfs", staging))?;
+    if needed > free {
+        return Err(ImageError::NoSpace {
+            what: format!("{} ({} blobs)", docs.location, wanted.len()),
+            needed,
+            free,
+            dest: staging.to_path_buf(),
+        });
+    }
     let mut scratch = Vec::with_capacity(wanted.len());
     for _ in &wanted {
         scratch.push(layout.tmp_file()?);
@@ -797,12 +814,15 @@ async fn pull_extract_async(
         &location,
         limits,
     )?;
+    // Before any layer is fetched: the image fits where it goes.
+    plan.check_space(staging)?;
 
     // Every layer downloads straight into its unpacker, `parallel_blobs` at a time.
     let session = &session;
     let times: Vec<DirTimes> = futures_util::stream::iter(plan.layers.iter().cloned())
         .map(|layer| {
             let root = staging.shared_root();
+            let budget = staging.shared_budget();
             let limits = limits.clone();
             async move {
                 let (digest, size) = (layer.desc.digest.clone(), layer.desc.size);
@@ -815,7 +835,7 @@ async fn pull_extract_async(
                         layer.location.clone(),
                     );
                     let mut times = Vec::new();
-                    unpack_layer(blob, &layer, root.as_fd(), &limits, &mut times)?;
+                    unpack_layer(blob, &layer, root.as_fd(), &limits, &budget, &mut times)?;
                     Ok(times)
                 })
                 .await
