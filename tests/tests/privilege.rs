@@ -21,7 +21,7 @@ use gpusnap_criu_images::forge::cap_words;
 use gpusnap_criu_images::proto::ThreadCoreEntry;
 use gpusnap_testkit::bundle::BusyboxContainer;
 use gpusnap_testkit::counter::{
-    check_continues, count_in_file, count_of, wait_count, COUNTER, WARM,
+    check_continues, count_in_file, count_of, counter_script, run_token, wait_count, COUNTER, WARM,
 };
 use gpusnap_testkit::privilege::{forge_and_reseal, tar_flat_dir};
 use gpusnap_testkit::{paths, OutputExt, Runtime};
@@ -72,11 +72,12 @@ fn through_gpusnap_runc(f: &Forgery) -> Result<()> {
         ("GPUSNAP_CONFIG", config.to_str().context("config path")?),
         ("GPUSNAP_LOG", "debug"),
     ];
-    let c = BusyboxContainer::create(dir, &format!("priv-{}", f.name), COUNTER);
+    let run = run_token();
+    let c = BusyboxContainer::create(dir, &format!("priv-{}", f.name), &counter_script(&run));
     (f.spec)(&c);
     c.start();
     let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-    wait_count(&c.id, WARM, count)?;
+    wait_count(&run, &c.id, WARM, count)?;
     let images = dir.join("images");
     let (code, _, err) = c.wrapper(
         &[
@@ -228,9 +229,14 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
         container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
     };
     let rig = CkRig::start_for(Runtime::Gpusnap)?;
-    rig.run_detached(Runtime::Gpusnap, "src", &["sh", "-c", COUNTER])?;
+    let run = run_token();
+    rig.run_detached(
+        Runtime::Gpusnap,
+        "src",
+        &["sh", "-c", COUNTER, run.as_str()],
+    )?;
     let src_pid = rig.task_pid("src")?;
-    wait_count("src", WARM, || count_of(src_pid))?;
+    wait_count(&run, "src", WARM, || count_of(src_pid))?;
     let image = "ck/privilege:1";
     container_checkpoint_ok(&rig, "src", image, false)?;
     let before = count_of(src_pid).context("no count after the checkpoint")?;
@@ -299,10 +305,11 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
         ("GPUSNAP_CONFIG", config.to_str().unwrap()),
         ("GPUSNAP_LOG", "debug"),
     ];
-    let c = BusyboxContainer::create(&dir, "priv-cost", COUNTER);
+    let run = run_token();
+    let c = BusyboxContainer::create(&dir, "priv-cost", &counter_script(&run));
     c.start();
     let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-    wait_count(&c.id, WARM, count).unwrap();
+    wait_count(&run, &c.id, WARM, count).unwrap();
     let images = dir.join("images");
     let (code, _, err) = c.wrapper(
         &[

@@ -25,7 +25,9 @@ use gpusnap_testkit::checkpoint::{
     container_checkpoint_ok, container_restore, criu_tar_blob, kill_and_remove, parse_tar,
     read_in_task, rewrite_criu_tar, tar_member, CkRig,
 };
-use gpusnap_testkit::counter::{check_continues, parse_count, wait_count, Count, COUNTER, WARM};
+use gpusnap_testkit::counter::{
+    check_continues, parse_count, run_token, wait_count, Count, COUNTER, WARM,
+};
 use gpusnap_testkit::fixtures::{make_checkpoint_dir, tar_tree};
 use gpusnap_testkit::signing::{
     archive_checkpoint_file, keypair, openssl_verify, set_policy, CriSigNode, KeyPair, Policy,
@@ -161,8 +163,9 @@ fn ctr_count(rig: &CkRig, id: &str) -> Option<Count> {
 /// A counter under gpusnap, checkpointed into `image` with `ctr containers checkpoint --task`
 /// (leaving it running), then killed; the count at the checkpoint.
 fn ctr_checkpoint(rig: &CkRig, id: &str, image: &str) -> Result<Count> {
-    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", COUNTER])?;
-    let before = wait_count(id, WARM, || ctr_count(rig, id))?;
+    let run = run_token();
+    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", COUNTER, run.as_str()])?;
+    let before = wait_count(&run, id, WARM, || ctr_count(rig, id))?;
     container_checkpoint_ok(rig, id, image, false)?;
     kill_and_remove(rig, id)?;
     Ok(before)
@@ -527,8 +530,8 @@ fn podman_import_and_restore_under_require() {
 
         let a = unique("gps-a");
         p.run_counter(&a, &marker)?;
-        pm::wait_count(&a, pm::WARM, || p.count(&a))?;
-        let before = pm::wait_count(&a, 0, || p.count(&a))?;
+        pm::wait_count(&marker, &a, pm::WARM, || p.count(&a))?;
+        let before = pm::wait_count(&marker, &a, 0, || p.count(&a))?;
         let export = p.dir().join("a.tar.zst");
         p.ok(&["container", "checkpoint", "--export", s(&export), &a])?;
         let b = unique("gps-b");
@@ -576,12 +579,12 @@ fn crio_restore_under_require() {
                 &cfg,
                 &c.container_config("counter", BUSYBOX_IMAGE, Some(&marker), &[]),
             )?;
-            pm::wait_count(name, pm::WARM, || c.count(&id))?;
-            let before = pm::wait_count(name, 0, || c.count(&id))?;
+            pm::wait_count(&marker, name, pm::WARM, || c.count(&id))?;
+            let before = pm::wait_count(&marker, name, 0, || c.count(&id))?;
             Ok((id, before))
         };
         let export = |id: &str, archive: &Path| -> Result<Count> {
-            let before = pm::wait_count(id, 0, || c.count(id))?;
+            let before = pm::wait_count(&marker, id, 0, || c.count(id))?;
             c.ok(&["checkpoint", &format!("--export={}", archive.display()), id])?;
             Ok(before)
         };

@@ -204,6 +204,8 @@ pub struct CriSigNode {
     pub node: CriNode,
     /// The base image (in a registry the node pulls from), already pulled.
     pub busybox: String,
+    /// The run token every counter this node starts carries.
+    pub run: String,
 }
 
 /// A counter running in a pod of its own.
@@ -254,6 +256,7 @@ impl CriSigNode {
             crictl,
             node,
             busybox: busybox.to_string(),
+            run: crate::counter::run_token(),
         })
     }
 
@@ -268,9 +271,13 @@ impl CriSigNode {
         let pod = self
             .crictl
             .run_pod(name, gpusnap_handler(), PidMode::Container, annotations)?;
-        let id = self
-            .crictl
-            .create(&pod, "counter", image, &["sh", "-c", COUNTER], &[])?;
+        let id = self.crictl.create(
+            &pod,
+            "counter",
+            image,
+            &["sh", "-c", COUNTER, &self.run],
+            &[],
+        )?;
         let out = self.crictl.run(&["start", &id])?;
         if !out.status.success() {
             let state = self.crictl.state(&id).unwrap_or_default();
@@ -293,14 +300,14 @@ impl CriSigNode {
         let r = self
             .start_pod(name, &[], &self.busybox.clone())?
             .running()?;
-        wait_count(name, WARM, || count_of(r.pid))?;
+        wait_count(&self.run, name, WARM, || count_of(r.pid))?;
         Ok(r)
     }
 
     /// `crictl checkpoint --export=ARCHIVE` (the container keeps running); the count read
     /// just before.
     pub fn checkpoint(&self, r: &Running, archive: &Path) -> Result<Count> {
-        let before = wait_count(&r.pod.name, 0, || count_of(r.pid))?;
+        let before = wait_count(&self.run, &r.pod.name, 0, || count_of(r.pid))?;
         self.crictl.checkpoint_export(&r.id, archive)?;
         ensure!(archive.is_file(), "no archive at {}", archive.display());
         Ok(before)
