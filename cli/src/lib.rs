@@ -2,8 +2,9 @@
 //!
 //! `gpusnap`: [`install`] (register the runtime with containerd, CRI-O and Podman, revertibly),
 //! [`doctor`] (what this node can and cannot do), [`inspect`] (what a checkpoint holds and
-//! whether it would be restored) and [`image_cmd`] (`gpusnap image build|push|pull`: OCI
-//! checkpoint images in a registry).
+//! whether it would be restored), [`image_cmd`] (`gpusnap image build|push|pull`: OCI
+//! checkpoint images in a registry) and [`checkpoint_cmd`] (`gpusnap checkpoint sign|verify`:
+//! a checkpoint's own signature).
 
 pub mod checkpoint_cmd;
 pub mod doctor;
