@@ -69,10 +69,9 @@ impl Shim for Service {
         // First a checkpoint this shim was taking: its CRIU (orphaned with its runc) holds the
         // container's tasks seized, so the kill below would wait on it; containerd gives this
         // command 5 s.
-        if let Some(inflight) = InFlight::read(&bundle) {
-            if !inflight.writer_alive() {
-                inflight.repair(&bundle, None);
-            }
+        let interrupted = InFlight::read(&bundle).filter(|r| !r.writer_alive());
+        if let Some(inflight) = &interrupted {
+            inflight.repair(&bundle, None);
         }
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
         // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
@@ -84,7 +83,10 @@ impl Shim for Service {
         .into_iter()
         .flatten()
         .collect();
-        for dir in &cgroups {
+        // Only after an interrupted checkpoint: containerd runs `shim delete` on ordinary
+        // teardowns too, and a restored container may share its cgroup with others (CRIU
+        // restores into the cgroup the image names), which must not be touched.
+        for dir in cgroups.iter().filter(|_| interrupted.is_some()) {
             if gpusnap_transaction::cgroup::frozen_at(dir) == Some(true) {
                 if let Err(e) = gpusnap_transaction::cgroup::thaw_at(dir) {
                     tracing::warn!(cgroup = %dir.display(), error = %e, "cannot thaw a dead shim's container");
@@ -99,16 +101,6 @@ impl Shim for Service {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "runc not usable during shim cleanup"),
-        }
-        // What runc no longer knew about (its state gone before the cgroup was emptied).
-        for dir in &cgroups {
-            let (_, left) =
-                gpusnap_transaction::cgroup::kill_all_at(dir, std::time::Duration::from_secs(5));
-            if left.is_empty() {
-                gpusnap_transaction::cgroup::remove_at(dir);
-            } else {
-                tracing::error!(cgroup = %dir.display(), pids = ?left, "processes of a dead shim's container could not be killed");
-            }
         }
         crate::container::unmount_rootfs(&bundle);
         Ok(DeleteResponse {
