@@ -109,8 +109,8 @@ pub enum RestoreRefusal {
     )]
     UnexpectedImage { file: PathBuf },
     #[error(
-        "{} is {what}: runc and CRIU open the files of a checkpoint directory by name, so it \
-         may hold only regular files (each with one link) and directories — remove it if it \
+        "{} is {what} — not a regular file with one link, nor a directory: runc and CRIU open \
+         the files of a checkpoint directory by name, following symlinks — remove it if it \
          does not belong there, else copy the checkpoint again from its source (`gpusnap image \
          pull --extract`, `ctr`/`podman` import)",
         entry.display()
