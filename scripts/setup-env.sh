@@ -91,6 +91,8 @@ APT_PKGS=(
     libseccomp2 libsqlite3-0
     # TLS registry tests: a CA and an htpasswd made in the test
     openssl apache2-utils
+    # GNU time: the peak memory of a hostile pull (cli/tests/image_hostile_pull.rs)
+    time
 )
 
 missing_pkgs() {
