@@ -20,8 +20,9 @@
 //! checked on its own as well. Escapes aim at the sentinel wherever the destination lies: by
 //! its absolute path, or by climbing to `/` first (`Sentinel::climb_to`).
 //!
-//! The checkpoints are sealed by gpusnap's own code and then altered. Cases that need features
-//! still being built elsewhere (issue 20) are in the separate "pending" section at the end.
+//! The checkpoints are sealed by gpusnap's own code and then altered. Cases made from real
+//! checkpoints with a changed restore spec (privilege, signature) and a hard-linked image are
+//! in their own section at the end.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -341,7 +342,7 @@ fn corpus() -> Vec<Case> {
             Dir(|d, s| symlink(s.target("secret"), d.join("core-1.img"))),
             FILE_DOORS,
             "secret",
-            "not a regular file",
+            "is a symlink",
         ),
         case(
             "image-is-a-chain-of-symlinks-into-the-sentinel",
@@ -352,7 +353,7 @@ fn corpus() -> Vec<Case> {
             }),
             FILE_DOORS,
             "secret",
-            "not a regular file",
+            "is a symlink",
         ),
         case(
             "image-is-a-symlink-loop",
@@ -363,7 +364,7 @@ fn corpus() -> Vec<Case> {
             }),
             FILE_DOORS,
             "secret",
-            "not a regular file",
+            "is a symlink",
         ),
         case(
             "image-unlisted",
@@ -822,7 +823,7 @@ fn corpus() -> Vec<Case> {
             }),
             &[Pull],
             "secret",
-            "a symlink where the checkpoint has its own files",
+            "a name only gpusnap writes",
         ),
         case(
             "layer-manifest-temp-file-planted-as-a-symlink",
@@ -843,7 +844,7 @@ fn corpus() -> Vec<Case> {
             }),
             &[Pull],
             "secret",
-            "leads outside",
+            "a name only gpusnap writes",
         ),
         case(
             "layer-character-device",
@@ -1421,17 +1422,14 @@ fn corpus_covers_every_door() {
     }
 }
 
-// ===== pending: cases for features other issue-20 work packages are building =============
+// ===== real checkpoints restored into another spec, under another policy, or linked =======
 //
-// These are written against the behaviour issue 20 requires. They fail until the named work
-// package is merged; the lead checks them after each merge:
-// - wp-privilege (CRIU image privilege bound): a checkpoint whose tasks had more privilege
-//   (capabilities, uid 0) than the restore target's OCI spec grants is refused before CRIU;
-// - wp-signature (one signature policy on every door): under
-//   `restore.signature_policy = "require"`, an unsigned checkpoint directory is refused by
-//   gpusnap-runc and `ctr` too, not only by the pod annotation;
-// - wp-beneath (untrusted-tree hardening): an image file hard-linked to a host file (sealed
-//   with the link in place, so every digest matches) is refused, never read.
+// - privilege: a checkpoint whose tasks had more privilege (capabilities, uid 0) than the
+//   restore target's OCI spec grants is refused before CRIU;
+// - signature: under `restore.signature_policy = "require"`, an unsigned checkpoint directory
+//   is refused by gpusnap-runc too, not only by the pod annotation;
+// - untrusted tree: an image file hard-linked to a host file (sealed with the link in place, so
+//   every digest matches) is refused, never read.
 
 /// A checkpoint of a busybox container run by gpusnap-runc with `edit` applied to its spec
 /// (the privileges it runs with), sealed by gpusnap; returns the image directory.
@@ -1462,8 +1460,8 @@ fn rig_path() -> String {
 }
 
 /// `gpusnap-runc restore` of `images` into a fresh bundle with the default (narrow) runc spec
-/// plus `edit`: refused with one line naming `says`, runc never created it, the sentinel
-/// untouched.
+/// Plus `edit`: refused with one line naming `says`, runc never created it, the sentinel
+/// Untouched.
 fn refused_by_gpusnap_runc(
     dir: &Path,
     images: &Path,
@@ -1494,9 +1492,9 @@ fn refused_by_gpusnap_runc(
     Ok(())
 }
 
-/// wp-privilege: a checkpoint taken with CAP_SYS_ADMIN restored into a spec without it.
+/// A checkpoint taken with CAP_SYS_ADMIN restored into a spec without it.
 #[test]
-fn pending_privilege_capabilities_beyond_the_target_spec_are_refused() -> Result<()> {
+fn privilege_capabilities_beyond_the_target_spec_are_refused() -> Result<()> {
     gpusnap_testkit::require_root();
     let sentinel = Sentinel::new()?;
     let watch = Watch::new(&sentinel);
@@ -1520,10 +1518,10 @@ fn pending_privilege_capabilities_beyond_the_target_spec_are_refused() -> Result
     watch.check(&[])
 }
 
-/// wp-privilege: a checkpoint of a task running as uid 0 restored into a spec that runs uid
+/// A checkpoint of a task running as uid 0 restored into a spec that runs uid
 /// 1000.
 #[test]
-fn pending_privilege_uid_0_into_a_non_root_spec_is_refused() -> Result<()> {
+fn privilege_uid_0_into_a_non_root_spec_is_refused() -> Result<()> {
     gpusnap_testkit::require_root();
     let sentinel = Sentinel::new()?;
     let watch = Watch::new(&sentinel);
@@ -1537,15 +1535,15 @@ fn pending_privilege_uid_0_into_a_non_root_spec_is_refused() -> Result<()> {
             spec["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
         },
         &[],
-        "uid 0",
+        "uid is 0",
     )?;
     watch.check(&[])
 }
 
-/// wp-signature: `restore.signature_policy = "require"` applies to gpusnap-runc: an unsigned
+/// `restore.signature_policy = "require"` applies to gpusnap-runc: an unsigned
 /// (sealed, otherwise valid) checkpoint directory is refused.
 #[test]
-fn pending_signature_required_policy_refuses_unsigned_directories_in_gpusnap_runc() -> Result<()> {
+fn signature_required_policy_refuses_unsigned_directories_in_gpusnap_runc() -> Result<()> {
     gpusnap_testkit::require_root();
     let work = tempfile::tempdir()?;
     let key = work.path().join("cosign.pub");
@@ -1577,11 +1575,11 @@ fn pending_signature_required_policy_refuses_unsigned_directories_in_gpusnap_run
     )
 }
 
-/// wp-beneath: an image file that is a hard link to a host file — sealed with the link in
-/// place, so its size and digest match — is refused, and the host file is not read into a
-/// restore.
+/// An image file that is a hard link to a host file — sealed with the link in
+/// Place, so its size and digest match — is refused, and the host file is not read into a
+/// Restore.
 #[test]
-fn pending_beneath_hard_linked_image_file_is_refused() -> Result<()> {
+fn untrusted_tree_hard_linked_image_file_is_refused() -> Result<()> {
     gpusnap_testkit::require_root();
     let sentinel = Sentinel::new()?;
     let work = tempfile::Builder::new()
