@@ -167,8 +167,17 @@ fn checkpoint_and_restore(rig: &Rig, rt: Runtime, id: &str) -> Result<()> {
 
 // ----- ctr (the shim), plugins named by CRIU_LIBS_DIR -----------------------------------------
 
+/// The test that puts a `libdir` into CRIU's machine-wide default config changes what every
+/// CRIU run in this process loads: it runs alone, the others share.
+static CRIU_CONFIG: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn criu_config_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CRIU_CONFIG.read().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn criu_loads_the_plugins_in_this_environment_under_runc_v2() -> Result<()> {
+    let _config = criu_config_shared();
     let p = PluginRig::start(Runtime::RuncV2)?;
     checkpoint_and_restore(&p.rig, Runtime::RuncV2, "control")?;
     p.doubles.check_cuda_plugin_ran("ctr, runc.v2")
@@ -176,6 +185,7 @@ fn criu_loads_the_plugins_in_this_environment_under_runc_v2() -> Result<()> {
 
 #[test]
 fn gpusnap_runs_criu_without_the_cuda_plugin_and_keeps_the_others() -> Result<()> {
+    let _config = criu_config_shared();
     let p = PluginRig::start(Runtime::Gpusnap)?;
     checkpoint_and_restore(&p.rig, Runtime::Gpusnap, "gs")?;
     p.doubles.check_only_other_plugin_ran("ctr, gpusnap shim")
@@ -263,6 +273,7 @@ fn gpusnap_runc_config(dir: &Path) -> Result<std::path::PathBuf> {
 
 #[test]
 fn criu_loads_the_plugins_under_plain_runc() -> Result<()> {
+    let _config = criu_config_shared();
     gpusnap_testkit::require_root();
     let d = Doubles::build()?;
     let config = gpusnap_runc_config(d.dir.path())?;
@@ -272,6 +283,7 @@ fn criu_loads_the_plugins_under_plain_runc() -> Result<()> {
 
 #[test]
 fn gpusnap_runc_runs_criu_without_the_cuda_plugin_and_keeps_the_others() -> Result<()> {
+    let _config = criu_config_shared();
     gpusnap_testkit::require_root();
     let d = Doubles::build()?;
     let config = gpusnap_runc_config(d.dir.path())?;
@@ -350,6 +362,7 @@ fn cri_node(doubles: &Doubles) -> Result<(Registry, CriNode, String)> {
 
 #[test]
 fn criu_loads_the_plugins_under_cri_with_runc_v2() -> Result<()> {
+    let _config = criu_config_shared();
     let d = Doubles::build()?;
     let (_reg, node, image) = cri_node(&d)?;
     cri_checkpoint_and_restore(&node, &image, Runtime::RuncV2.cri_handler())?;
@@ -358,6 +371,7 @@ fn criu_loads_the_plugins_under_cri_with_runc_v2() -> Result<()> {
 
 #[test]
 fn gpusnap_runs_criu_without_the_cuda_plugin_under_cri() -> Result<()> {
+    let _config = criu_config_shared();
     let d = Doubles::build()?;
     let (_reg, node, image) = cri_node(&d)?;
     cri_checkpoint_and_restore(&node, &image, gpusnap_handler())?;
@@ -371,6 +385,7 @@ fn gpusnap_runs_criu_without_the_cuda_plugin_under_cri() -> Result<()> {
 /// runc, never for gpusnap's shim or gpusnap-runc, which still load the other double.
 #[test]
 fn a_libdir_in_criu_default_config_does_not_bring_the_cuda_plugin_back() -> Result<()> {
+    let _config = CRIU_CONFIG.write().unwrap_or_else(|e| e.into_inner());
     gpusnap_testkit::require_root();
     let mut failures = Vec::new();
     {

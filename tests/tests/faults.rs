@@ -116,10 +116,11 @@ fn assert_truth(rig: &Rig, id: &str, cgroup: &Path, image_dir: &Path) -> Result<
             if state.is_some() {
                 let _ = rig.delete_task(id);
             }
-            // containerd runs the dead shim's `shim delete` on its own time: wait for the
-            // cleanup to have happened, then check every part of it.
+            // containerd runs the dead shim's `shim delete` on its own time, and unmounts the
+            // bundle's rootfs after it: wait for the whole cleanup, then check every part of it.
             wait_until(Duration::from_secs(60), || {
                 !rig.runc_root().join(id).exists()
+                    && !faults::mounted(&bundle.join("rootfs"))
                     && (faults::sealed(image_dir)
                         || faults::assert_no_unsealed_images(image_dir).is_ok())
             });
