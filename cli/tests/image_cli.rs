@@ -138,7 +138,7 @@ fn build_push_pull_extract_round_trip() {
         &["image", "push", s(&image), &reference, "--plain-http"],
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("0 uploaded"), "{text}");
+    assert!(text.contains("uploaded 0 B of"), "{text}");
 
     // pull --extract NAME → <restore.checkpoint_root>/NAME, from the config
     let root = w.join("checkpoints");

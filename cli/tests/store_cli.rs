@@ -1,0 +1,294 @@
+//! The node store through the `gpusnap` CLI against a real `docker-registry`: a pull fetches
+//! only the blobs the node lacks, a push uploads (or mounts) only what the registry lacks, a
+//! failed pull leaves no blob behind, and `gpusnap store ls|du|gc` show and collect it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpusnap_testkit::fixtures::{fixture, tree};
+use gpusnap_testkit::{describe, paths, Registry};
+use serde_json::Value;
+
+fn gpusnap(config: &Path, args: &[&str]) -> Output {
+    Command::new(paths::binary("gpusnap"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("COLUMNS", "200")
+        .env_remove("GPUSNAP_LOG")
+        .output()
+        .unwrap()
+}
+
+fn ok(config: &Path, args: &[&str]) -> Output {
+    let out = gpusnap(config, args);
+    assert!(out.status.success(), "gpusnap {args:?}: {}", describe(&out));
+    out
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A config with its own checkpoint root and node store under `dir`.
+fn config(dir: &Path) -> (PathBuf, PathBuf) {
+    let store = dir.join("store");
+    let p = dir.join("gpusnap.toml");
+    fs::write(
+        &p,
+        format!(
+            "[restore]\ncheckpoint_root = \"{}\"\n\n[store]\nroot = \"{}\"\nmax_bytes = \"1GiB\"\n",
+            dir.join("checkpoints").display(),
+            store.display()
+        ),
+    )
+    .unwrap();
+    (p, store)
+}
+
+fn store_blobs(store: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(store.join("blobs"))
+        .unwrap()
+        .map(|e| format!("sha256:{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn layer_digests(built: &Value) -> Vec<String> {
+    built["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["descriptor"]["digest"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn pulls_fetch_only_missing_blobs_and_pushes_upload_only_missing_ones() {
+    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let fx = fixture();
+    let w = fx.work.path();
+    let (cfg, store) = config(w);
+
+    // Two images of the same checkpoint (different annotations): the same layers.
+    let (ref_a, ref_b) = (reg.image("ckpt/a:v1"), reg.image("ckpt/b:v1"));
+    let (lay_a, lay_b) = (w.join("a.layout"), w.join("b.layout"));
+    let built = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "build",
+            s(&fx.archive),
+            "-t",
+            &ref_a,
+            "--layout",
+            s(&lay_a),
+            "--json",
+        ],
+    ));
+    ok(
+        &cfg,
+        &[
+            "image",
+            "build",
+            s(&fx.archive),
+            "-t",
+            &ref_b,
+            "--layout",
+            s(&lay_b),
+            "--annotation",
+            "replica=2",
+        ],
+    );
+    let layers = layer_digests(&built);
+    assert!(layers.len() >= 2, "{built:#}");
+
+    // First push uploads everything; the summary says so beside the image size.
+    let pushed = json(&ok(
+        &cfg,
+        &["image", "push", s(&lay_a), &ref_a, "--plain-http", "--json"],
+    ));
+    let t = &pushed["transfer"];
+    assert_eq!(t["moved_blobs"], t["blobs"], "{pushed:#}");
+    assert_eq!(t["present_blobs"], 0);
+    // Again: nothing uploaded.
+    let out = ok(&cfg, &["image", "push", s(&lay_a), &ref_a, "--plain-http"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("uploaded 0 B of"), "{text}");
+    assert!(text.contains("already present"), "{text}");
+    // Image B into another repository: the store knows repository ckpt/a holds its blobs, so
+    // the registry mounts them instead of receiving them again.
+    let pushed = json(&ok(
+        &cfg,
+        &["image", "push", s(&lay_b), &ref_b, "--plain-http", "--json"],
+    ));
+    let t = &pushed["transfer"];
+    assert_eq!(t["moved_bytes"], 0, "{pushed:#}");
+    assert_eq!(t["mounted_blobs"], t["blobs"], "{pushed:#}");
+    let links = reg
+        .storage_dir()
+        .join("docker/registry/v2/repositories/ckpt/b/_layers/sha256");
+    for d in &layers {
+        assert!(
+            links
+                .join(d.trim_start_matches("sha256:"))
+                .join("link")
+                .is_file(),
+            "layer {d} not linked into ckpt/b"
+        );
+    }
+
+    // Pull A: every blob downloaded into the store, the checkpoint extracted.
+    let pulled = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &ref_a,
+            "--plain-http",
+            "--extract",
+            "a",
+            "--json",
+        ],
+    ));
+    let t = &pulled["pull"]["transfer"];
+    assert_eq!(t["present_blobs"], 0, "{pulled:#}");
+    assert_eq!(t["moved_blobs"], t["blobs"]);
+    for d in &layers {
+        assert!(
+            store_blobs(&store).contains(d),
+            "layer {d} not in the store"
+        );
+    }
+
+    // Take the layers' bytes away from the registry: B can only be pulled from the store now.
+    for d in &layers {
+        fs::remove_file(reg.blob_data(d)).unwrap();
+    }
+    let out = ok(
+        &cfg,
+        &["image", "pull", &ref_b, "--plain-http", "--extract", "b"],
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(&format!("({} already present)", layers.len()))
+            || text.contains(&format!("; {} already present", layers.len())),
+        "{text}"
+    );
+    let dest = w.join("checkpoints/b");
+    let mut got = tree(&dest);
+    assert!(got.remove("gpusnap-origin.json").is_some());
+    assert_eq!(got, tree(&fx.archive_root));
+    // A layout pull of B (blobs copied out of the store into the layout) works as well.
+    let pulled = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &ref_b,
+            "--plain-http",
+            "--layout",
+            s(&w.join("b.pulled")),
+            "--json",
+        ],
+    ));
+    // (Its config was downloaded: extracting pulls read the config into memory, not the store.)
+    assert_eq!(pulled["pull"]["transfer"]["present_blobs"], layers.len());
+    assert_eq!(pulled["pull"]["transfer"]["moved_blobs"], 1);
+    for d in &layers {
+        let hex = d.trim_start_matches("sha256:");
+        let copy = fs::read(w.join("b.pulled/blobs/sha256").join(hex)).unwrap();
+        assert_eq!(copy, fs::read(store.join("blobs").join(hex)).unwrap());
+    }
+
+    // The operator's view: references for both checkpoints and the layout.
+    let du = json(&ok(&cfg, &["store", "du", "--json"]));
+    assert_eq!(du["temporary_files"], 0, "{du:#}");
+    assert!(du["references"].as_u64().unwrap() >= 3, "{du:#}");
+    let ls = String::from_utf8(ok(&cfg, &["store", "ls"]).stdout).unwrap();
+    assert!(ls.contains(&layers[0]), "{ls}");
+    // Referenced blobs survive a collection to 0 bytes; once every holder is gone, they go.
+    let before = store_blobs(&store).len();
+    let r = json(&ok(&cfg, &["store", "gc", "--max-bytes", "0", "--json"]));
+    assert_eq!(
+        store_blobs(&store).len() + r["removed_blobs"].as_u64().unwrap() as usize,
+        before
+    );
+    for d in &layers {
+        assert!(
+            store_blobs(&store).contains(d),
+            "referenced layer {d} collected"
+        );
+    }
+    for holder in [
+        "checkpoints/a",
+        "checkpoints/b",
+        "b.pulled",
+        "a.layout",
+        "b.layout",
+    ] {
+        fs::remove_dir_all(w.join(holder)).unwrap();
+    }
+    let r = json(&ok(&cfg, &["store", "gc", "--max-bytes", "0", "--json"]));
+    assert!(r["removed_references"].as_u64().unwrap() >= 3, "{r:#}");
+    assert!(store_blobs(&store).is_empty(), "{:?}", store_blobs(&store));
+}
+
+#[test]
+fn a_failed_pull_leaves_no_blob_in_the_store() {
+    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let fx = fixture();
+    let w = fx.work.path();
+    let (cfg, store) = config(w);
+    let reference = reg.image("ckpt/damaged:v1");
+    let layout = w.join("layout");
+    let built = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "build",
+            s(&fx.archive),
+            "-t",
+            &reference,
+            "--layout",
+            s(&layout),
+            "--json",
+        ],
+    ));
+    // Push, then damage one layer in the registry.
+    ok(
+        &cfg,
+        &["image", "push", s(&layout), &reference, "--plain-http"],
+    );
+    let layers = layer_digests(&built);
+    let victim = layers.last().unwrap();
+    let data = reg.blob_data(victim);
+    let mut bytes = fs::read(&data).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    fs::write(&data, &bytes).unwrap();
+
+    for extra in [
+        &["--extract", "x"][..],
+        &["--layout", s(&w.join("pulled"))][..],
+    ] {
+        let mut args = vec!["image", "pull", reference.as_str(), "--plain-http"];
+        args.extend_from_slice(extra);
+        let out = gpusnap(&cfg, &args);
+        assert!(!out.status.success(), "{}", describe(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(victim.as_str()), "{err}");
+        assert!(!store_blobs(&store).contains(victim), "damaged blob kept");
+        let du = json(&ok(&cfg, &["store", "du", "--json"]));
+        assert_eq!(du["temporary_files"], 0, "{du:#}");
+    }
+    assert!(!w.join("checkpoints/x").exists());
+    assert!(!w.join("pulled").exists());
+}
