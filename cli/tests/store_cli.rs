@@ -292,3 +292,182 @@ fn a_failed_pull_leaves_no_blob_in_the_store() {
     assert!(!w.join("checkpoints/x").exists());
     assert!(!w.join("pulled").exists());
 }
+
+/// A TCP relay in front of the registry that passes everything, except that on a connection
+/// whose request names `stall`, it stops relaying the response after `after` bytes (the
+/// download then hangs mid-blob, until the process is killed or interrupted).
+fn stalling_proxy(upstream: u16, stall: String, after: usize) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                return;
+            };
+            let hit = Arc::new(AtomicBool::new(false));
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (h, needle) = (hit.clone(), stall.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = c_in.read(&mut buf) {
+                    if n == 0 || s_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    if String::from_utf8_lossy(&buf[..n]).contains(&needle) {
+                        h.store(true, Ordering::SeqCst);
+                    }
+                }
+            });
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 16 << 10];
+                let mut sent = 0;
+                while let Ok(n) = s_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let n = if hit.load(Ordering::SeqCst) {
+                        n.min(after.saturating_sub(sent))
+                    } else {
+                        n
+                    };
+                    if n == 0 {
+                        // Hold the connection open, relaying nothing more.
+                        std::thread::park();
+                        continue;
+                    }
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    sent += n;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
+    use std::time::Duration;
+    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let fx = fixture();
+    let w = fx.work.path();
+    let (cfg, store) = config(w);
+    let reference = reg.image("ckpt/slow:v1");
+    let layout = w.join("layout");
+    let built = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "build",
+            s(&fx.archive),
+            "-t",
+            &reference,
+            "--layout",
+            s(&layout),
+            "--json",
+        ],
+    ));
+    ok(
+        &cfg,
+        &["image", "push", s(&layout), &reference, "--plain-http"],
+    );
+    // The largest layer stalls a quarter of the way in.
+    let (victim, size) = built["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["descriptor"]["digest"].as_str().unwrap().to_owned(),
+                l["descriptor"]["size"].as_u64().unwrap(),
+            )
+        })
+        .max_by_key(|l| l.1)
+        .unwrap();
+    assert!(size > 1 << 20, "largest layer is only {size} bytes");
+    let port = stalling_proxy(reg.port(), victim.clone(), (size / 4) as usize);
+    let via_proxy = format!("127.0.0.1:{port}/ckpt/slow:v1");
+    let tmp_bytes = |store: &Path| -> u64 {
+        fs::read_dir(store.join("tmp"))
+            .map(|d| d.map(|e| e.unwrap().metadata().unwrap().len()).sum())
+            .unwrap_or(0)
+    };
+
+    for signal in [
+        nix::sys::signal::Signal::SIGKILL,
+        nix::sys::signal::Signal::SIGINT,
+    ] {
+        let child = Command::new(paths::binary("gpusnap"))
+            .arg("--config")
+            .arg(&cfg)
+            .args([
+                "image",
+                "pull",
+                &via_proxy,
+                "--plain-http",
+                "--extract",
+                "slow",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Part of the victim is in the store's temporary file: the download is mid-blob.
+        assert!(
+            gpusnap_testkit::wait_until(Duration::from_secs(30), || tmp_bytes(&store) > 0),
+            "the pull never started writing the stalled layer"
+        );
+        // Only the child this test started, by its pid.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{}", describe(&out));
+        // Never visible as a blob, and no checkpoint.
+        assert!(
+            !store_blobs(&store).contains(&victim),
+            "partial blob visible"
+        );
+        assert!(!w.join("checkpoints/slow").exists());
+        let du = json(&ok(&cfg, &["store", "du", "--json"]));
+        if signal == nix::sys::signal::Signal::SIGKILL {
+            // A crash leaves temporary files (the stalled layer's and any other in flight);
+            // the next collection removes them.
+            let n = du["temporary_files"].as_u64().unwrap();
+            assert!(n >= 1, "{du:#}");
+            let r = json(&ok(&cfg, &["store", "gc", "--json"]));
+            assert_eq!(r["removed_temporary_files"], n, "{r:#}");
+        } else {
+            // An interrupted pull removes its own.
+            assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+            assert_eq!(du["temporary_files"], 0, "{du:#}");
+        }
+        assert_eq!(tmp_bytes(&store), 0);
+    }
+    // Straight from the registry, the pull completes, and every stored blob matches its name.
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "slow",
+        ],
+    );
+    for d in store_blobs(&store) {
+        let bytes = fs::read(store.join("blobs").join(d.trim_start_matches("sha256:"))).unwrap();
+        use sha2::Digest as _;
+        let hex: String = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(d, format!("sha256:{hex}"));
+    }
+}
