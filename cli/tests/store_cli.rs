@@ -295,8 +295,9 @@ fn a_failed_pull_leaves_no_blob_in_the_store() {
 
 /// A TCP relay in front of the registry that passes everything, except that on a connection
 /// whose request names `stall`, it stops relaying the response after `after` bytes (the
-/// download then hangs mid-blob, until the process is killed or interrupted).
-fn stalling_proxy(upstream: u16, stall: String, after: usize) -> u16 {
+/// download then hangs mid-blob, until the process is killed or interrupted), or, with
+/// `throttle`, relays it at about 1 MiB/s.
+fn stalling_proxy(upstream: u16, stall: String, after: usize, throttle: bool) -> u16 {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -331,11 +332,15 @@ fn stalling_proxy(upstream: u16, stall: String, after: usize) -> u16 {
                     if n == 0 {
                         break;
                     }
-                    let n = if hit.load(Ordering::SeqCst) {
+                    let n = if hit.load(Ordering::SeqCst) && !throttle {
                         n.min(after.saturating_sub(sent))
                     } else {
                         n
                     };
+                    if hit.load(Ordering::SeqCst) && throttle {
+                        // Rate limiting, not synchronisation: 16 KiB per 16 ms.
+                        std::thread::sleep(std::time::Duration::from_millis(16));
+                    }
                     if n == 0 {
                         // Hold the connection open, relaying nothing more.
                         std::thread::park();
@@ -392,7 +397,7 @@ fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
         .max_by_key(|l| l.1)
         .unwrap();
     assert!(size > 1 << 20, "largest layer is only {size} bytes");
-    let port = stalling_proxy(reg.port(), victim.clone(), (size / 4) as usize);
+    let port = stalling_proxy(reg.port(), victim.clone(), (size / 4) as usize, false);
     let via_proxy = format!("127.0.0.1:{port}/ckpt/slow:v1");
     let tmp_bytes = |store: &Path| -> u64 {
         fs::read_dir(store.join("tmp"))
@@ -428,6 +433,12 @@ fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "{}", describe(&out));
+        // stderr is not a terminal: no progress line.
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("/s)"),
+            "{}",
+            describe(&out)
+        );
         // Never visible as a blob, and no checkpoint.
         assert!(
             !store_blobs(&store).contains(&victim),
@@ -449,18 +460,36 @@ fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
         }
         assert_eq!(tmp_bytes(&store), 0);
     }
-    // Straight from the registry, the pull completes, and every stored blob matches its name.
-    ok(
-        &cfg,
-        &[
-            "image",
-            "pull",
-            &reference,
-            "--plain-http",
-            "--extract",
-            "slow",
-        ],
+    // On a terminal, a slow pull draws its progress (the stalled layer now relayed slowly).
+    let port = stalling_proxy(reg.port(), victim.clone(), 0, true);
+    let mut cmd = Command::new(paths::binary("gpusnap"));
+    cmd.arg("--config").arg(&cfg).args([
+        "image",
+        "pull",
+        &format!("127.0.0.1:{port}/ckpt/slow:v1"),
+        "--plain-http",
+        "--extract",
+        "slow",
+    ]);
+    let out = gpusnap_testkit::pty::run_in_pty(cmd, Duration::from_secs(120)).unwrap();
+    let text = out.text();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("downloaded ") && text.contains(" blobs, ") && text.contains("/s)"),
+        "no progress line: {text}"
     );
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("already present)"), "{text}");
+    // The blob counter counts what moves: never more done than expected.
+    for line in text.split("\x1b[2K").filter(|l| l.contains(" blobs, ")) {
+        let counts = line.split('(').nth(1).unwrap().split(' ').next().unwrap();
+        let (done, total) = counts.split_once('/').unwrap();
+        assert!(
+            done.parse::<u64>().unwrap() <= total.parse().unwrap(),
+            "{line}"
+        );
+    }
+    // Every stored blob matches its name.
     for d in store_blobs(&store) {
         let bytes = fs::read(store.join("blobs").join(d.trim_start_matches("sha256:"))).unwrap();
         use sha2::Digest as _;

@@ -20,10 +20,15 @@
 //! [`pull_extract`] does the same checks in the same order but unpacks each layer beneath its
 //! staging directory while the layer downloads (see there).
 //!
-//! **Push.** Blobs the registry lacks are uploaded, each as one streamed upload (the local
-//! file's digest checked as it is read, the registry checking the digest on commit), child
-//! manifests by digest, then the top document under the tag, as the exact bytes whose digest
-//! we computed.
+//! **Push.** Blobs the registry lacks (`HEAD`) are mounted from another repository of the same
+//! registry when the node store ([`RegistryOptions::store`]) knows one that holds them, else
+//! uploaded, each as one streamed upload straight from the layout's blob file (its digest
+//! checked as it is read, the registry checking the digest on commit); then child manifests by
+//! digest, then the top document under the tag, as the exact bytes whose digest we computed.
+//!
+//! **The node store.** With [`RegistryOptions::store`], a pull takes every config and layer the
+//! node already holds from the store and downloads only the others, into the store (see
+//! [`transfer`]); [`PullReport::transfer`] and [`PushReport::transfer`] say what moved.
 //!
 //! **In parallel.** Up to [`RegistryOptions::parallel_blobs`] blobs move at once. The network
 //! side of all of them runs on one thread; each blob's bytes are read or consumed (hashed,
@@ -806,7 +811,7 @@ async fn pull_async(
                         true
                     }
                 };
-                if let Some(p) = &opts.progress {
+                if let (Some(p), true) = (&opts.progress, moved) {
                     p.blob_done();
                 }
                 Ok::<_, ImageError>((tmp, digest, size, moved))
@@ -1190,7 +1195,7 @@ async fn pull_extract_async(
                         (t, size, true)
                     }
                 };
-                if let Some(p) = &opts.progress {
+                if let (Some(p), true) = (&opts.progress, done.2) {
                     p.blob_done();
                 }
                 Ok::<_, ImageError>(done)
