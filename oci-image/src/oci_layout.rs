@@ -243,6 +243,9 @@ fn archive_header(kind: tar::EntryType, mode: u32) -> tar::Header {
 /// A member's reader and size.
 type Member = (Box<dyn Read + Send>, u64);
 
+/// An oci-archive's member name → (offset of its data, size).
+type Members = HashMap<String, (u64, u64)>;
+
 /// An image to read: a layout directory or an oci-archive tar.
 pub(crate) enum ImageSource {
     /// Everything in the layout is opened beneath `fd` ([`beneath`]): `index.json`,
@@ -575,7 +578,7 @@ fn refused_member(root: &Path, name: &str, e: io::Error) -> ImageError {
 
 /// One pass over an oci-archive's headers: where each regular member's data lies. Returns the
 /// archive opened once, which every member is then read from.
-fn index_tar(path: &Path) -> Result<(File, HashMap<String, (u64, u64)>), ImageError> {
+fn index_tar(path: &Path) -> Result<(File, Members), ImageError> {
     let f = File::open(path).map_err(ImageError::io("opening", path))?;
     let kept = f.try_clone().map_err(ImageError::io("opening", path))?;
     let mut archive = tar::Archive::new(f);
