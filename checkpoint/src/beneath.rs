@@ -93,10 +93,16 @@ pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Opens the existing regular file `rel` beneath `root` for reading: no component may be a
-/// symlink, and the file must be a regular file.
+/// symlink, and the file must be a regular file. Opened non-blocking, so a FIFO planted under
+/// the name is refused instead of waiting for a writer (reads of a regular file ignore it).
 pub fn open_file(root: BorrowedFd<'_>, rel: &Path) -> io::Result<std::fs::File> {
     components(rel).map_err(io::Error::other)?;
-    let fd = openat2(root, rel, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())?;
+    let fd = openat2(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
     let file = std::fs::File::from(fd);
     if !file.metadata()?.is_file() {
         return Err(io::Error::other(format!(
@@ -165,8 +171,9 @@ pub fn remove_all_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     }
 }
 
-/// Removes every entry of the directory `dir` for which `keep` says no.
-pub fn empty_dir(dir: BorrowedFd<'_>, keep: &dyn Fn(&OsStr) -> bool) -> io::Result<()> {
+/// The names in the directory `dir` (not `.` and `..`), sorted: read through the descriptor,
+/// so the directory listed is the one opened, whatever its path now leads to.
+pub fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
     let mut names = Vec::new();
     let mut entries = rfs::Dir::read_from(dir)?;
     while let Some(entry) = entries.read() {
@@ -176,6 +183,27 @@ pub fn empty_dir(dir: BorrowedFd<'_>, keep: &dyn Fn(&OsStr) -> bool) -> io::Resu
             names.push(OsStr::from_bytes(n).to_os_string());
         }
     }
+    names.sort();
+    Ok(names)
+}
+
+/// `fsync` of the directory `dir`: makes the names created or renamed in it durable.
+pub fn sync_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    rfs::fsync(dir).map_err(Into::into)
+}
+
+/// Removes the one name `name` in `dir` (a file or symlink, never followed; not a directory).
+/// A name that is already gone is not an error.
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    match rfs::unlinkat(dir, single(name)?, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes every entry of the directory `dir` for which `keep` says no.
+pub fn empty_dir(dir: BorrowedFd<'_>, keep: &dyn Fn(&OsStr) -> bool) -> io::Result<()> {
+    let names = names(dir)?;
     for n in names.iter().filter(|n| !keep(n)) {
         remove_all_at(dir, n)?;
     }
@@ -258,6 +286,19 @@ pub fn read_capped(root: BorrowedFd<'_>, rel: &Path, cap: u64) -> io::Result<Vec
 
 /// [`read_capped`] of a file already opened beneath its root.
 pub fn read_file_capped(file: std::fs::File, name: &str, cap: u64) -> io::Result<Vec<u8>> {
+    let size = file.metadata()?.len();
+    read_file_capped_from(file, name, size, cap)
+}
+
+/// [`read_capped`] of any reader (an archive member, say) whose size is declared as `size`:
+/// refused before a byte is read when `size` is over `cap`, and when the reader gives more than
+/// `cap` bytes whatever `size` said.
+pub fn read_file_capped_from(
+    r: impl io::Read,
+    name: &str,
+    size: u64,
+    cap: u64,
+) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let too_large = |size| {
         io::Error::new(
@@ -269,12 +310,11 @@ pub fn read_file_capped(file: std::fs::File, name: &str, cap: u64) -> io::Result
             },
         )
     };
-    let size = file.metadata()?.len();
     if size > cap {
         return Err(too_large(size));
     }
     let mut out = Vec::with_capacity(size as usize);
-    file.take(cap + 1).read_to_end(&mut out)?;
+    r.take(cap + 1).read_to_end(&mut out)?;
     if out.len() as u64 > cap {
         return Err(too_large(out.len() as u64));
     }
@@ -395,17 +435,7 @@ fn walk_in<E: From<io::Error>>(
         ))
         .into());
     }
-    let mut names = Vec::new();
-    let mut entries = rfs::Dir::read_from(dir).map_err(io::Error::from)?;
-    while let Some(entry) = entries.read() {
-        let entry = entry.map_err(io::Error::from)?;
-        let n = entry.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            names.push(OsStr::from_bytes(n).to_os_string());
-        }
-    }
-    names.sort();
-    for name in names {
+    for name in names(dir)? {
         let Some(st) = stat_at(dir, &name)? else {
             continue; // removed meanwhile
         };

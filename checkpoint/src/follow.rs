@@ -18,7 +18,8 @@
 //! different bytes.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,8 +124,13 @@ fn is_page_image(name: &str) -> bool {
 fn follow(dir: &Path, stop: &AtomicBool, hashed: &AtomicU64) -> Known {
     let mut followed: HashMap<String, Followed> = HashMap::new();
     let mut buf = vec![0u8; READ_BUF];
+    // Page images are opened beneath the directory opened here, never through a symlink; a
+    // directory that cannot be opened only means nothing is hashed early.
+    let root = crate::beneath::open_root(dir).ok();
     while !stop.load(Ordering::Acquire) {
-        pass(dir, &mut followed, &mut buf, stop, hashed);
+        if let Some(root) = &root {
+            pass(root.as_fd(), &mut followed, &mut buf, stop, hashed);
+        }
         thread::sleep(POLL);
     }
     tracing::debug!(
@@ -143,29 +149,27 @@ fn follow(dir: &Path, stop: &AtomicBool, hashed: &AtomicU64) -> Known {
 
 /// One look at the directory: opens new page images and hashes every chunk now complete.
 fn pass(
-    dir: &Path,
+    dir: BorrowedFd<'_>,
     followed: &mut HashMap<String, Followed>,
     buf: &mut [u8],
     stop: &AtomicBool,
     hashed: &AtomicU64,
 ) {
     use std::os::unix::fs::MetadataExt;
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let Ok(name) = entry.file_name().into_string() else {
+    if let Ok(names) = crate::beneath::names(dir) {
+        for name in names {
+            let Ok(name) = name.into_string() else {
                 continue;
             };
             if !is_page_image(&name) || followed.contains_key(&name) {
                 continue;
             }
-            // Opened once: every chunk hashed is read from this inode, which finish compares.
-            let Ok(file) = File::open(entry.path()) else {
+            // Opened once, beneath the directory (a regular file, no symlink): every chunk
+            // hashed is read from this inode, which finish compares.
+            let Ok(file) = crate::beneath::open_file(dir, Path::new(&name)) else {
                 continue;
             };
             let Ok(meta) = file.metadata() else { continue };
-            if !meta.is_file() {
-                continue;
-            }
             let known = KnownFile {
                 dev: meta.dev(),
                 ino: meta.ino(),
@@ -199,6 +203,7 @@ fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::io::Write;
 
     /// `len` bytes in which every 64 KiB block differs (a repeated block, its index stamped in).

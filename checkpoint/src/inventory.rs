@@ -30,8 +30,9 @@
 //! of the file, which keeps the common case checkable by hand. The freshly written images are
 //! still in the page cache, so this is memory bandwidth, not disk I/O.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
@@ -111,19 +112,24 @@ impl ImageInventory {
         known: &Known,
     ) -> Result<(ImageInventory, u64), InventoryError> {
         let started = std::time::Instant::now();
-        let mut entries = list_files(dir)?;
-        entries.sort();
+        let root = crate::beneath::open_root(dir).map_err(|source| InventoryError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        // Sorted by name, each opened beneath the directory: what is hashed is what was listed.
+        let entries = list_files(root.as_fd(), dir)?;
         let specs: Vec<(PathBuf, u64)> = entries
             .iter()
-            .map(|(rel, size)| (dir.join(rel), *size))
+            .map(|e| (dir.join(&e.name), e.size))
             .collect();
         let prefixes: Vec<&[String]> = entries
             .iter()
-            .zip(&specs)
-            .map(|((name, size), (path, _))| known.prefix(name, path, *size))
+            .map(|e| known.prefix(&e.name, e.dev_ino, e.size))
             .collect();
         let first: Vec<usize> = prefixes.iter().map(|p| p.len()).collect();
-        let rest = match hash_pieces(&specs, None, CHUNK_BYTES, &first, None) {
+        let (names, opened): (Vec<String>, Vec<File>) =
+            entries.into_iter().map(|e| (e.name, e.file)).unzip();
+        let rest = match hash_pieces(&specs, &opened, CHUNK_BYTES, &first, None) {
             Ok(d) => d,
             Err(VerifyFailure::Io { path, source }) => {
                 return Err(InventoryError::Io { path, source })
@@ -135,12 +141,13 @@ impl ImageInventory {
             Err(VerifyFailure::Digest { .. }) => unreachable!("no expected digests given"),
         };
         let reused_bytes: u64 = first.iter().map(|&n| n as u64 * CHUNK_BYTES).sum();
-        let files: Vec<FileRecord> = entries
+        let files: Vec<FileRecord> = names
             .into_iter()
+            .zip(&specs)
             .zip(prefixes.into_iter().zip(rest))
-            .map(|((path, size), (prefix, rest))| FileRecord {
+            .map(|((path, (_, size)), (prefix, rest))| FileRecord {
                 path,
-                size,
+                size: *size,
                 blake3_chunks: prefix.iter().cloned().chain(rest).collect(),
             })
             .collect();
@@ -171,31 +178,47 @@ impl ImageInventory {
     }
 }
 
-/// Collects (name, size) of the regular files directly in `dir` that belong in the inventory.
-fn list_files(dir: &Path) -> Result<Vec<(String, u64)>, InventoryError> {
+/// One file of the inventory, opened beneath the checkpoint directory.
+struct Listed {
+    name: String,
+    size: u64,
+    /// (device, inode) of the opened file, to tell whether it is the file hashed earlier.
+    dev_ino: (u64, u64),
+    file: File,
+}
+
+/// The regular files directly in the opened directory `root` (shown as `dir`) that belong in
+/// the inventory, sorted by name, each opened beneath it (no symlink followed) with its size
+/// from the opened file itself.
+fn list_files(root: BorrowedFd<'_>, dir: &Path) -> Result<Vec<Listed>, InventoryError> {
+    use rustix::fs::FileType;
+    use std::os::unix::fs::MetadataExt;
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| InventoryError::Io { path, source }
     };
     let mut out = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-        let entry = entry.map_err(io_err(dir))?;
-        let name = entry.file_name();
-        // file_type does not follow symlinks: a symlink (e.g. pre-dump's `parent`) is not
-        // content of this checkpoint.
-        let ft = entry.file_type().map_err(io_err(&entry.path()))?;
-        if ft.is_dir() {
-            tracing::warn!(
-                dir = %dir.display(),
-                subdir = %name.to_string_lossy(),
-                "checkpoint directory has a subdirectory; it is not part of the checkpoint, \
-                 and containerd's CRI checkpoint cannot unpack it"
-            );
-            continue;
-        }
-        if !ft.is_file() {
-            tracing::debug!(name = %name.to_string_lossy(), "skipping non-regular file");
-            continue;
+    for name in crate::beneath::names(root).map_err(io_err(dir))? {
+        let path = dir.join(&name);
+        // Not followed: a symlink (e.g. pre-dump's `parent`) is not content of this checkpoint.
+        let Some(st) = crate::beneath::stat_at(root, &name).map_err(io_err(&path))? else {
+            continue; // removed meanwhile
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    subdir = %name.to_string_lossy(),
+                    "checkpoint directory has a subdirectory; it is not part of the checkpoint, \
+                     and containerd's CRI checkpoint cannot unpack it"
+                );
+                continue;
+            }
+            FileType::RegularFile => {}
+            _ => {
+                tracing::debug!(name = %name.to_string_lossy(), "skipping non-regular file");
+                continue;
+            }
         }
         if matches!(
             classify(Path::new(&name)),
@@ -205,9 +228,15 @@ fn list_files(dir: &Path) -> Result<Vec<(String, u64)>, InventoryError> {
         }
         let name = name
             .into_string()
-            .map_err(|_| InventoryError::NonUtf8Name { path: entry.path() })?;
-        let size = entry.metadata().map_err(io_err(&entry.path()))?.len();
-        out.push((name, size));
+            .map_err(|_| InventoryError::NonUtf8Name { path: path.clone() })?;
+        let file = crate::beneath::open_file(root, Path::new(&name)).map_err(io_err(&path))?;
+        let meta = file.metadata().map_err(io_err(&path))?;
+        out.push(Listed {
+            name,
+            size: meta.len(),
+            dev_ino: (meta.dev(), meta.ino()),
+            file,
+        });
     }
     Ok(out)
 }
@@ -237,16 +266,13 @@ pub(crate) struct KnownFile {
 }
 
 impl Known {
-    /// The digests that still hold for `name` (at `path`, `size` bytes now): none when the file
-    /// was replaced or is shorter than what was hashed.
-    fn prefix(&self, name: &str, path: &Path, size: u64) -> &[String] {
-        use std::os::unix::fs::MetadataExt;
+    /// The digests that still hold for `name` (now the file `dev_ino`, `size` bytes): none
+    /// when the file was replaced or is shorter than what was hashed.
+    fn prefix(&self, name: &str, dev_ino: (u64, u64), size: u64) -> &[String] {
         let Some(k) = self.files.get(name) else {
             return &[];
         };
-        let same = fs::symlink_metadata(path)
-            .map(|m| m.dev() == k.dev && m.ino() == k.ino)
-            .unwrap_or(false);
+        let same = dev_ino == (k.dev, k.ino);
         if same && k.chunks.len() as u64 * CHUNK_BYTES <= size {
             &k.chunks
         } else {
@@ -255,33 +281,23 @@ impl Known {
     }
 }
 
-/// Hashes `files` (absolute path, size) chunk by chunk on a pool of threads. With `expected`,
-/// stops at the first chunk whose digest differs.
-#[cfg(test)]
-pub(crate) fn hash_files(
-    files: &[(PathBuf, u64)],
-    chunk: u64,
-    expected: Option<&[&[String]]>,
-) -> Result<Vec<Vec<String>>, VerifyFailure> {
-    hash_pieces(files, None, chunk, &vec![0; files.len()], expected)
-}
-
-/// [`hash_files`] of files already opened (beneath their checkpoint directory, by the
-/// validation): `opened[i]` is `files[i]`, whose path only names it in errors.
+/// Hashes files already opened (beneath their checkpoint directory) chunk by chunk on a pool
+/// of threads: `opened[i]` is `files[i]` (its path, which only names it in errors, and its
+/// size). With `expected`, stops at the first chunk whose digest differs.
 pub(crate) fn hash_open_files(
     files: &[(PathBuf, u64)],
     opened: &[File],
     chunk: u64,
     expected: Option<&[&[String]]>,
 ) -> Result<Vec<Vec<String>>, VerifyFailure> {
-    hash_pieces(files, Some(opened), chunk, &vec![0; files.len()], expected)
+    hash_pieces(files, opened, chunk, &vec![0; files.len()], expected)
 }
 
-/// [`hash_files`] from chunk `first[i]` of file `i` on; the digests returned for a file start
-/// at that chunk, and `expected` is indexed from chunk 0.
+/// [`hash_open_files`] from chunk `first[i]` of file `i` on; the digests returned for a file
+/// start at that chunk, and `expected` is indexed from chunk 0.
 fn hash_pieces(
     files: &[(PathBuf, u64)],
-    opened: Option<&[File]>,
+    opened: &[File],
     chunk: u64,
     first: &[usize],
     expected: Option<&[&[String]]>,
@@ -310,11 +326,7 @@ fn hash_pieces(
             let (path, size) = &files[fi];
             let offset = ci as u64 * chunk;
             let len = chunk.min(size - offset.min(*size));
-            let hashed = match opened {
-                Some(files) => hash_file_range(&files[fi], path, offset, len, &mut buf),
-                None => hash_range(path, offset, len, &mut buf),
-            };
-            let digest = match hashed {
+            let digest = match hash_file_range(&opened[fi], path, offset, len, &mut buf) {
                 Ok(d) => d,
                 Err(e) => {
                     stop.store(true, Ordering::Relaxed);
@@ -358,14 +370,6 @@ fn hash_pieces(
     Ok(out)
 }
 
-fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> Result<String, VerifyFailure> {
-    let f = File::open(path).map_err(|source| VerifyFailure::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    hash_file_range(&f, path, offset, len, buf)
-}
-
 /// The BLAKE3 of `len` bytes of the open file `f` (named `path`) from `offset`.
 pub(crate) fn hash_file_range(
     f: &File,
@@ -404,6 +408,17 @@ pub(crate) fn hash_file_range(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+
+    /// [`hash_open_files`] of files opened by path.
+    fn hash_files(
+        files: &[(PathBuf, u64)],
+        chunk: u64,
+        expected: Option<&[&[String]]>,
+    ) -> Result<Vec<Vec<String>>, VerifyFailure> {
+        let opened: Vec<File> = files.iter().map(|(p, _)| File::open(p).unwrap()).collect();
+        hash_open_files(files, &opened, chunk, expected)
+    }
 
     const EMPTY_B3: &str = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
 

@@ -13,7 +13,7 @@
 //!   dump.log, restore.log                 CRIU logs (when no separate work dir)
 //!   gpusnap-gpu-<name>                    GPU state files (cuda crate), e.g. gpusnap-gpu-device-0000.bin
 //!   gpusnap-manifest.json                 completeness marker, written last
-//!   .gpusnap-manifest.json.tmp.<pid>      the manifest while it is written (never survives)
+//!   .gpusnap-manifest.json.tmp.<pid>.<n>  the manifest while it is written (never survives)
 //! ```
 //!
 //! # Why the directory is flat
@@ -28,7 +28,6 @@
 //! is a plain file directly in the checkpoint directory, and no name gpusnap chooses contains
 //! `..` (see [`is_valid_gpu_name`]).
 
-use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -37,7 +36,7 @@ use std::path::{Component, Path, PathBuf};
 pub const GPUSNAP_PREFIX: &str = "gpusnap-";
 /// The manifest, directly in the checkpoint directory.
 pub const MANIFEST_FILE: &str = "gpusnap-manifest.json";
-/// Prefix of the manifest's temporary file (`.gpusnap-manifest.json.tmp.<pid>`); dot-prefixed
+/// Prefix of the manifest's temporary file (`.gpusnap-manifest.json.tmp.<pid>.<n>`); dot-prefixed
 /// so it is never mistaken for the real one.
 pub const MANIFEST_TMP_PREFIX: &str = ".gpusnap-manifest.json.tmp";
 /// Prefix of GPU state files: `gpusnap-gpu-<name>` (see [`CheckpointLayout::gpu_file`]).
@@ -107,29 +106,28 @@ impl CheckpointLayout {
     }
 
     /// The GPU state files present, sorted by name: regular files (symlinks are not followed)
-    /// directly in the directory whose name is `gpusnap-gpu-<valid name>`. A missing directory
-    /// has none.
+    /// directly in the directory whose name is `gpusnap-gpu-<valid name>`, listed and looked at
+    /// through a descriptor of the directory. A missing directory has none.
     pub fn gpu_files(&self) -> io::Result<Vec<PathBuf>> {
-        let entries = match fs::read_dir(&self.root) {
-            Ok(e) => e,
+        use rustix::fs::FileType;
+        use std::os::fd::AsFd;
+        let root = match crate::beneath::open_root(&self.root) {
+            Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
         let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            if name.to_str().and_then(gpu_name).is_some() && entry.file_type()?.is_file() {
-                out.push(entry.path());
+        for name in crate::beneath::names(root.as_fd())? {
+            if name.to_str().and_then(gpu_name).is_none() {
+                continue;
+            }
+            let regular = crate::beneath::stat_at(root.as_fd(), &name)?
+                .is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
+            if regular {
+                out.push(self.root.join(name));
             }
         }
-        out.sort();
         Ok(out)
-    }
-
-    pub(crate) fn manifest_tmp_path(&self) -> PathBuf {
-        self.root
-            .join(format!("{MANIFEST_TMP_PREFIX}.{}", std::process::id()))
     }
 }
 
@@ -186,6 +184,7 @@ pub fn is_gpu_file(rel: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn paths() {
@@ -195,15 +194,8 @@ mod tests {
             l.gpu_file("device-0000.bin"),
             Path::new("/cp/gpusnap-gpu-device-0000.bin")
         );
-        assert_eq!(
-            l.manifest_tmp_path(),
-            Path::new(&format!(
-                "/cp/.gpusnap-manifest.json.tmp.{}",
-                std::process::id()
-            ))
-        );
         // Everything gpusnap writes is directly in the directory.
-        for p in [l.manifest_path(), l.gpu_file("x"), l.manifest_tmp_path()] {
+        for p in [l.manifest_path(), l.gpu_file("x")] {
             assert_eq!(p.parent(), Some(Path::new("/cp")), "{}", p.display());
         }
     }

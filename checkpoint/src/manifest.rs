@@ -15,9 +15,8 @@
 //! `extra`) because that section is owned by the cuda crate and may carry details this crate
 //! does not model.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -195,57 +194,49 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Manife
 }
 
 /// Writes `<dir>/gpusnap-manifest.json` so that it either exists completely or not at all:
-/// temporary file `.gpusnap-manifest.json.tmp.<pid>` in `dir` itself (same filesystem, so the
-/// rename is atomic), fsync, rename over the final name, then fsync of `dir`. `dir` must exist.
-/// Call it last: its presence means "complete".
+/// temporary file `.gpusnap-manifest.json.tmp.<pid>.<n>` created with `O_EXCL | O_NOFOLLOW`
+/// through a descriptor of `dir` (same filesystem, so the rename is atomic), fsync, rename over
+/// the final name inside the same descriptor, then fsync of `dir`
+/// ([`crate::beneath::write_atomically`]): nothing planted in `dir` is written through. `dir`
+/// must exist. Call it last: its presence means "complete".
 pub fn write_manifest_atomically(dir: &Path, manifest: &Manifest) -> Result<(), ManifestError> {
     let layout = CheckpointLayout::new(dir);
-    let tmp = layout.manifest_tmp_path();
     let final_path = layout.manifest_path();
-    let json = serde_json::to_vec_pretty(manifest)?;
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err("creating", &tmp))?;
-        f.write_all(&json).map_err(io_err("writing", &tmp))?;
-        f.write_all(b"\n").map_err(io_err("writing", &tmp))?;
-        f.sync_all().map_err(io_err("syncing", &tmp))?;
-        drop(f);
-        fs::rename(&tmp, &final_path).map_err(io_err("renaming into place", &final_path))?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let mut json = serde_json::to_vec_pretty(manifest)?;
+    json.push(b'\n');
+    let root = crate::beneath::open_root(dir).map_err(io_err("opening", dir))?;
+    crate::beneath::write_atomically(
+        root.as_fd(),
+        std::ffi::OsStr::new(crate::layout::MANIFEST_FILE),
+        &json,
+        0o600,
+    )
+    .map_err(io_err("writing", &final_path))
 }
 
 /// The checkpoint holds process memory (keys, tokens): the directory becomes 0700 and every
-/// file in it 0600, whatever modes CRIU, the engines or an existing directory had.
+/// file in it 0600, whatever modes CRIU, the engines or an existing directory had. Entries are
+/// looked at and changed through a descriptor of the directory, never through a symlink.
 fn make_private(dir: &Path) -> Result<(), ManifestError> {
-    use std::os::unix::fs::PermissionsExt;
+    use rustix::fs::FileType;
     crate::beneath::create_private_dir(dir).map_err(io_err("making private", dir))?;
-    for entry in fs::read_dir(dir).map_err(io_err("reading", dir))? {
-        let entry = entry.map_err(io_err("reading", dir))?;
-        let path = entry.path();
+    let root = crate::beneath::open_root(dir).map_err(io_err("opening", dir))?;
+    for name in crate::beneath::names(root.as_fd()).map_err(io_err("reading", dir))? {
+        let path = dir.join(&name);
         // Flat layout: only files directly in the directory; symlinks have no mode of their own.
-        let meta = entry.metadata().map_err(io_err("reading", &path))?;
-        if meta.is_file() && meta.permissions().mode() & 0o7777 != 0o600 {
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+        let Some(st) =
+            crate::beneath::stat_at(root.as_fd(), &name).map_err(io_err("reading", &path))?
+        else {
+            continue;
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_mode & 0o7777 != 0o600
+        {
+            crate::beneath::chmod_at(root.as_fd(), &name, 0o600)
                 .map_err(io_err("making private", &path))?;
         }
     }
     Ok(())
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), ManifestError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("syncing directory", dir))
 }
 
 /// Hashes the checkpoint directory into `manifest.images`, records the time that took as phase
@@ -283,6 +274,7 @@ pub fn seal_checkpoint_with(
 mod tests {
     use super::*;
     use gpusnap_criu_bridge::CgroupsMode;
+    use std::fs;
 
     pub(crate) fn sample() -> Manifest {
         let mut m = Manifest::new(
@@ -387,10 +379,41 @@ mod tests {
         let missing = dir.path().join("missing");
         let err = write_manifest_atomically(&missing, &sample()).unwrap_err();
         assert!(
-            err.to_string().contains(".gpusnap-manifest.json.tmp."),
+            err.to_string().contains(&missing.display().to_string()),
             "{err}"
         );
         assert!(!missing.exists());
+    }
+
+    /// Whatever is planted in the directory under the manifest's names — a symlink at the
+    /// final name, symlinks at every temporary name this process could use — is replaced or
+    /// refused, never written through; files that are symlinks are not chmodded through.
+    #[test]
+    fn sealing_writes_through_no_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("ck");
+        fs::create_dir(&dir).unwrap();
+        let outside = top.path().join("outside");
+        fs::write(&outside, b"host file").unwrap();
+        fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("gpusnap-manifest.json")).unwrap();
+        for n in 0..4 {
+            let tmp = format!(".gpusnap-manifest.json.tmp.{}.{n}", std::process::id());
+            std::os::unix::fs::symlink(&outside, dir.join(tmp)).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, dir.join("pages-9.img")).unwrap();
+        fs::write(dir.join("pages-1.img"), b"pages").unwrap();
+        seal_checkpoint(&dir, sample()).unwrap();
+        assert_eq!(fs::read(&outside).unwrap(), b"host file");
+        assert_eq!(
+            fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        let written = dir.join("gpusnap-manifest.json");
+        assert!(fs::symlink_metadata(&written).unwrap().is_file());
+        let back: Manifest = serde_json::from_slice(&fs::read(&written).unwrap()).unwrap();
+        assert_eq!(back.images.files.len(), 1, "{:?}", back.images.files);
     }
 
     #[test]

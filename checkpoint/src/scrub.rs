@@ -20,10 +20,12 @@
 //! may be a user-chosen path holding their own files. Nothing kept can make the directory look
 //! complete, since completeness is defined by the manifest alone.
 
-use std::fs;
+use std::ffi::OsString;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
+use crate::beneath;
 use crate::layout::{classify, EntryKind};
 
 /// What scrubbing did.
@@ -52,40 +54,47 @@ fn err(path: &Path) -> impl FnOnce(io::Error) -> ScrubError {
 /// Removes what a checkpoint wrote into `dir` (see the module docs for the rule).
 /// A missing `dir` is not an error: there is nothing to scrub.
 pub fn scrub_incomplete(dir: &Path) -> Result<ScrubReport, ScrubError> {
+    match beneath::open_root(dir) {
+        Ok(root) => scrub_at(root.as_fd(), dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ScrubReport::default()),
+        Err(e) => Err(err(dir)(e)),
+    }
+}
+
+/// [`scrub_incomplete`] of the opened directory `root` (shown as `dir`): every entry is listed
+/// and removed through the descriptor, and none is followed (a symlink goes, not its target; a
+/// directory of ours would go with what is in it, never through a symlink inside).
+fn scrub_at(root: BorrowedFd<'_>, dir: &Path) -> Result<ScrubReport, ScrubError> {
     let mut report = ScrubReport::default();
-    if !dir.exists() {
-        return Ok(report);
-    }
-    let mut entries: Vec<(EntryKind, PathBuf)> = Vec::new();
-    for entry in fs::read_dir(dir).map_err(err(dir))? {
-        let entry = entry.map_err(err(dir))?;
-        entries.push((classify(Path::new(&entry.file_name())), entry.path()));
-    }
-    entries.sort_by(|a, b| a.1.cmp(&b.1));
+    let entries: Vec<(EntryKind, OsString)> = beneath::names(root)
+        .map_err(err(dir))?
+        .into_iter()
+        .map(|n| (classify(Path::new(&n)), n))
+        .collect();
+    let remove = |name: &OsString| {
+        beneath::remove_all_at(root, name).map_err(err(&dir.join(name)))?;
+        Ok::<_, ScrubError>(dir.join(name))
+    };
 
     // 1. The completeness marker first, durably.
-    for (_, path) in entries.iter().filter(|e| e.0 == EntryKind::Manifest) {
-        remove_path(path)?;
-        report.removed.push(path.clone());
+    for (_, name) in entries.iter().filter(|e| e.0 == EntryKind::Manifest) {
+        report.removed.push(remove(name)?);
     }
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(err(dir))?;
+    beneath::sync_dir(root).map_err(err(dir))?;
     // 2. The rest of gpusnap's files (GPU state), 3. CRIU's and runc's.
     for wanted in [
         &[EntryKind::GpusnapData][..],
         &[EntryKind::CriuImage, EntryKind::CriuMetadata],
     ] {
-        for (_, path) in entries.iter().filter(|e| wanted.contains(&e.0)) {
-            remove_path(path)?;
-            report.removed.push(path.clone());
+        for (_, name) in entries.iter().filter(|e| wanted.contains(&e.0)) {
+            report.removed.push(remove(name)?);
         }
     }
     report.kept.extend(
         entries
             .into_iter()
             .filter(|e| matches!(e.0, EntryKind::Log | EntryKind::Other))
-            .map(|e| e.1),
+            .map(|e| dir.join(e.1)),
     );
     report.removed.sort();
     report.kept.sort();
@@ -98,37 +107,23 @@ pub fn scrub_incomplete(dir: &Path) -> Result<ScrubReport, ScrubError> {
     Ok(report)
 }
 
-fn remove_path(path: &Path) -> Result<(), ScrubError> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(err(path)(e)),
-    };
-    let result = if meta.is_dir() {
-        fs::remove_dir_all(path)
-    } else {
-        fs::remove_file(path)
-    };
-    match result {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(err(path)(e)),
-        _ => Ok(()),
-    }
-}
-
 /// Prepares `dir` for a new checkpoint: creates it (mode 0700, like CRI's `ctrd-checkpoint`) if
 /// missing, and scrubs leftovers of an earlier checkpoint so a stale manifest can never seal
 /// the new images.
 pub fn begin_checkpoint(dir: &Path) -> Result<ScrubReport, ScrubError> {
-    if !dir.exists() {
-        use std::os::unix::fs::DirBuilderExt;
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(err(dir))?;
-        return Ok(ScrubReport::default());
+    match beneath::open_root(dir) {
+        Ok(root) => scrub_at(root.as_fd(), dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err(dir))?;
+            Ok(ScrubReport::default())
+        }
+        Err(e) => Err(err(dir)(e)),
     }
-    scrub_incomplete(dir)
 }
 
 #[cfg(test)]
@@ -137,6 +132,7 @@ mod tests {
     use crate::manifest::{seal_checkpoint, Manifest};
     use crate::validate::{validate_for_restore, RestoreRefusal};
     use gpusnap_criu_bridge::CriuFlags;
+    use std::fs;
 
     #[test]
     fn scrub_removes_ours_and_criu_keeps_logs_and_foreign() {
@@ -200,6 +196,24 @@ mod tests {
             validate_for_restore(p),
             Err(RestoreRefusal::ManifestMissing { .. })
         ));
+    }
+
+    /// A symlink named like a checkpoint file goes, its target stays; a directory named like
+    /// one is emptied through descriptors, never through a symlink inside it.
+    #[test]
+    fn scrub_removes_links_not_their_targets() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("ck");
+        let outside = top.path().join("outside");
+        fs::create_dir_all(dir.join("pages-2.img")).unwrap();
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("keep"), b"host").unwrap();
+        std::os::unix::fs::symlink(outside.join("keep"), dir.join("pages-1.img")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("gpusnap-manifest.json")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("pages-2.img/inner")).unwrap();
+        scrub_incomplete(&dir).unwrap();
+        assert_eq!(fs::read(outside.join("keep")).unwrap(), b"host");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
     }
 
     #[test]

@@ -150,12 +150,22 @@ pub fn validate_for_restore_with(
     dir: &Path,
     opts: ValidateOptions,
 ) -> Result<Manifest, RestoreRefusal> {
-    let started = std::time::Instant::now();
     let root = crate::beneath::open_root(dir).map_err(|source| RestoreRefusal::Io {
         path: dir.to_path_buf(),
         source,
     })?;
-    let manifest = read_manifest_at(root.as_fd(), dir)?;
+    validate_for_restore_at(root.as_fd(), dir, opts)
+}
+
+/// [`validate_for_restore_with`] of the checkpoint directory already opened as `root` (shown
+/// as `dir`), for a caller that reached it beneath another untrusted directory.
+pub fn validate_for_restore_at(
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    opts: ValidateOptions,
+) -> Result<Manifest, RestoreRefusal> {
+    let started = std::time::Instant::now();
+    let manifest = read_manifest_at(root, dir)?;
     let host_arch = gpusnap_criu_bridge::versions::host_arch();
     if manifest.host.arch != host_arch {
         return Err(RestoreRefusal::ArchMismatch {
@@ -174,9 +184,9 @@ pub fn validate_for_restore_with(
             );
         }
     }
-    check_tree(root.as_fd(), dir)?;
-    let files = check_files(root.as_fd(), dir, &manifest)?;
-    check_no_foreign_images(root.as_fd(), dir, &manifest)?;
+    check_tree(root, dir)?;
+    let files = check_files(root, dir, &manifest)?;
+    check_no_foreign_images(root, dir, &manifest)?;
     if opts.verify_digests {
         verify_digests(&manifest, &files)?;
     }

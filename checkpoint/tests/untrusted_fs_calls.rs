@@ -14,12 +14,31 @@ use std::path::{Path, PathBuf};
 /// Modules (relative to the workspace root) that handle untrusted trees.
 const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/beneath.rs",
+    "checkpoint/src/follow.rs",
+    "checkpoint/src/inventory.rs",
+    "checkpoint/src/layout.rs",
+    "checkpoint/src/manifest.rs",
     "checkpoint/src/origin.rs",
+    "checkpoint/src/scrub.rs",
+    "checkpoint/src/signature.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",
+    "cli/src/checkpoint_cmd.rs",
+    "cli/src/fsutil.rs",
+    "cli/src/image_cmd.rs",
+    "cli/src/inspect.rs",
     "oci-image/src/extract.rs",
     "oci-image/src/inspect.rs",
+    "oci-image/src/oci_layout.rs",
     "oci-image/src/source.rs",
+    "runc-wrapper/src/args.rs",
+    "runc-wrapper/src/checkpoint.rs",
+    "runc-wrapper/src/lib.rs",
+    "runc-wrapper/src/locate.rs",
+    "runc-wrapper/src/main.rs",
+    "runc-wrapper/src/repair.rs",
+    "runc-wrapper/src/restore.rs",
+    "runc-wrapper/src/resume.rs",
     "shim/src/restore_from.rs",
 ];
 
@@ -190,16 +209,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ),
     (
         "oci-image/src/source.rs",
-        "layout.manifest_path().is_file()",
-        "detect: only chooses how to read the source; the walk itself follows nothing",
-    ),
-    (
-        "oci-image/src/source.rs",
-        "path.join(CHECKPOINT_DIR).is_dir()",
-        "detect: only chooses how to read the source; the walk itself follows nothing",
-    ),
-    (
-        "oci-image/src/source.rs",
         "fs::symlink_metadata(p)",
         "the checkpoint directory the operator named, for its own mode and times",
     ),
@@ -217,6 +226,261 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "oci-image/src/source.rs",
         ".metadata()",
         "fstat of a file opened beneath the source directory",
+    ),
+    (
+        "checkpoint/src/follow.rs",
+        "file.metadata() else",
+        "fstat of a page image opened beneath the checkpoint directory",
+    ),
+    (
+        "checkpoint/src/follow.rs",
+        "f.file.metadata()",
+        "fstat of a page image opened beneath the checkpoint directory",
+    ),
+    (
+        "checkpoint/src/inventory.rs",
+        "let meta = file.metadata()",
+        "fstat of a file opened beneath the checkpoint directory",
+    ),
+    (
+        "checkpoint/src/scrub.rs",
+        "std::fs::DirBuilder::new()",
+        "begin_checkpoint: creates the checkpoint directory the caller named (containerd, CRI, --image-path) when it is missing; nothing inside it is touched by path",
+    ),
+    (
+        "checkpoint/src/signature.rs",
+        "let meta = file.metadata()",
+        "load_key_pair: fstat of the key file opened O_NOFOLLOW",
+    ),
+    (
+        "checkpoint/src/signature.rs",
+        "if !meta.is_file()",
+        "load_key_pair: the fstat of the opened key",
+    ),
+    (
+        "checkpoint/src/signature.rs",
+        "std::fs::File::open(path)",
+        "TrustedKey::load: a public key the node's config names (restore.signature_keys), not a file of a checkpoint",
+    ),
+    (
+        "cli/src/checkpoint_cmd.rs",
+        "std::fs::symlink_metadata(path)",
+        "the directory or archive the operator named, not followed if a symlink",
+    ),
+    (
+        "cli/src/checkpoint_cmd.rs",
+        "if meta.is_file()",
+        "the lstat of the operator's path",
+    ),
+    (
+        "cli/src/checkpoint_cmd.rs",
+        "if !meta.is_dir()",
+        "the lstat of the operator's path",
+    ),
+    (
+        "cli/src/checkpoint_cmd.rs",
+        "entry_type().is_file()",
+        "a tar entry type, not a path",
+    ),
+    (
+        "cli/src/checkpoint_cmd.rs",
+        "file.metadata()?.permissions()",
+        "fstat of the archive opened beneath its directory",
+    ),
+    (
+        "cli/src/fsutil.rs",
+        "match fs::read(path)",
+        "install: the node's own config files (containerd, CRI-O, CRIU, gpusnap), which no image names",
+    ),
+    (
+        "cli/src/fsutil.rs",
+        "match fs::metadata(path)",
+        "install: the mode of a node config file",
+    ),
+    (
+        "cli/src/fsutil.rs",
+        "d.exists()",
+        "install: the config directories it creates on the node",
+    ),
+    (
+        "cli/src/fsutil.rs",
+        "fs::create_dir(d)",
+        "install: the config directories it creates on the node",
+    ),
+    (
+        "cli/src/fsutil.rs",
+        "fs::metadata(path).is_ok_and",
+        "which/is_executable: binaries on $PATH or named by the operator",
+    ),
+    (
+        "cli/src/image_cmd.rs",
+        "p.is_dir())",
+        "pull: where to put scratch space, beside the output the operator named",
+    ),
+    (
+        "cli/src/image_cmd.rs",
+        "fs::remove_dir_all(&layout_dir)",
+        "a failed pull removes the layout directory it made itself (remove_dir_all does not follow symlinks inside it)",
+    ),
+    (
+        "cli/src/image_cmd.rs",
+        "fs::remove_file(archive)",
+        "a failed pull removes the oci-archive it wrote itself",
+    ),
+    (
+        "cli/src/image_cmd.rs",
+        "if path.is_dir() && !is_oci_layout(path)",
+        "inspect: the path the operator named; only chooses how to read it",
+    ),
+    (
+        "cli/src/image_cmd.rs",
+        "if !path.is_dir() && !path.is_file()",
+        "inspect: the path the operator named; only chooses how to read it",
+    ),
+    (
+        "cli/src/inspect.rs",
+        "File::open(path)?.read(&mut magic)",
+        "the archive file the operator named, read as one stream",
+    ),
+    (
+        "cli/src/inspect.rs",
+        "io::BufReader::new(File::open(path)?)",
+        "the archive file the operator named, read as one stream",
+    ),
+    (
+        "cli/src/inspect.rs",
+        "std::fs::metadata(path).map_err(io_err)",
+        "the path the operator named: a directory (then read beneath it) or an archive",
+    ),
+    (
+        "cli/src/inspect.rs",
+        "if !meta.is_dir()",
+        "the stat of the operator's path",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "match fs::read_dir(path)",
+        "prepare_empty_dir: the output directory the operator named, which must be new or empty",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::create_dir_all(path).map_err",
+        "prepare_empty_dir: creates the operator's output directory",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::remove_dir_all(&path)",
+        "RemoveOnDrop: an output directory gpusnap created (remove_dir_all does not follow symlinks inside it)",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::create_dir_all(&blobs)",
+        "LayoutWriter: inside a layout gpusnap writes, in a directory it created or found empty",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::create_dir_all(&tmp)",
+        "LayoutWriter: its own scratch directory inside the layout it writes",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "File::create(&path).map_err",
+        "LayoutWriter: a scratch file of gpusnap's naming inside the layout it writes",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "if dst.exists()",
+        "LayoutWriter: a blob gpusnap wrote itself, named by the digest it computed",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::remove_file(tmp).map_err",
+        "LayoutWriter: its own scratch file",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::rename(tmp, &dst)",
+        "LayoutWriter: its scratch file to the digest it computed, inside the layout it writes",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "if !dst.exists()",
+        "LayoutWriter: a blob gpusnap wrote itself, named by the digest it computed",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::write(&dst, bytes)",
+        "LayoutWriter: a JSON blob gpusnap serialised, named by its digest",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::write(&path, bytes)",
+        "LayoutWriter: oci-layout and index.json of the layout it writes",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::remove_dir_all(&tmp)",
+        "LayoutWriter: its own scratch directory (remove_dir_all does not follow symlinks inside it)",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "File::create(&tmp).map_err",
+        "write_oci_archive: a temporary file beside the archive the operator named",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        ".metadata()",
+        "fstat of a file opened beneath the layout, or of the archive being written",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::rename(&tmp, out)",
+        "write_oci_archive: its temporary file onto the archive the operator named",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::remove_file(&tmp)",
+        "write_oci_archive: its own temporary file",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "fs::metadata(path).map_err",
+        "ImageSource::open: the image the operator named; a layout is then read beneath it",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "if meta.is_dir()",
+        "ImageSource::open: the stat of the operator's path",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "File::open(path).map_err",
+        "index_tar: the oci-archive the operator named, opened once and read at member offsets",
+    ),
+    (
+        "oci-image/src/oci_layout.rs",
+        "kind.is_file()",
+        "a tar entry type, not a path",
+    ),
+    (
+        "runc-wrapper/src/lib.rs",
+        "if let Ok(mut f) = std::fs::OpenOptions::new()",
+        "the caller's --log file (CRI-O's, Podman's, containerd's), appended to as runc does",
+    ),
+    (
+        "runc-wrapper/src/lib.rs",
+        "std::fs::OpenOptions::new()",
+        "the caller's --log file (CRI-O's, Podman's, containerd's), appended to as runc does",
+    ),
+    (
+        "runc-wrapper/src/locate.rs",
+        "path.metadata()",
+        "the runc binary the node's config or $PATH names",
+    ),
+    (
+        "runc-wrapper/src/locate.rs",
+        "m.is_file() &&",
+        "the runc binary the node's config or $PATH names",
     ),
 ];
 

@@ -1,8 +1,9 @@
-//! Small filesystem helpers shared by install and the runc wrapper.
+//! Small filesystem helpers of install and doctor: the node's own configuration files and
+//! binaries, which no image names.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -38,9 +39,12 @@ pub fn mode_of(path: &Path) -> io::Result<Option<u32>> {
 }
 
 /// Replaces `path` with `bytes` so that readers (containerd restarting, CRI-O reloading) see
-/// either the old or the new file, never half of one: temporary file in the same directory,
-/// fsync, rename, fsync of the directory.
+/// either the old or the new file, never half of one: a new temporary file created with
+/// `O_EXCL | O_NOFOLLOW` through a descriptor of the directory, fsync, rename inside that
+/// descriptor, fsync of the directory ([`gpusnap_checkpoint::beneath::write_atomically`]), so
+/// nothing planted in the directory is written through.
 pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::fd::AsFd;
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -48,30 +52,8 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> 
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.gpusnap-tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        // The umask may have narrowed `mode`; the caller asked for exactly this.
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let root = gpusnap_checkpoint::beneath::open_root(dir)?;
+    gpusnap_checkpoint::beneath::write_atomically(root.as_fd(), name, bytes, mode)
 }
 
 /// Creates `dir` and any missing parents; returns the directories that did not exist before,

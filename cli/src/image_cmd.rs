@@ -655,8 +655,11 @@ fn render_pull(o: &PullOutput) -> String {
 }
 
 /// Packs an OCI layout directory into an oci-archive tar (`oci-layout` and `index.json`
-/// first), written beside `archive` and renamed into place.
+/// first), written beside `archive` and renamed into place. The layout's files are opened
+/// beneath it as regular files, never through a symlink.
 fn pack_layout(layout: &Path, archive: &Path) -> Result<()> {
+    use gpusnap_checkpoint::beneath;
+    use std::os::fd::AsFd;
     let parent = archive
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -665,22 +668,29 @@ fn pack_layout(layout: &Path, archive: &Path) -> Result<()> {
         .prefix(".gpusnap-oci-")
         .tempfile_in(parent)
         .with_context(|| format!("creating a temporary file in {}", parent.display()))?;
+    let root =
+        beneath::open_root(layout).with_context(|| format!("opening {}", layout.display()))?;
     {
         let mut b = tar::Builder::new(std::io::BufWriter::new(tmp.as_file()));
         b.mode(tar::HeaderMode::Deterministic);
+        let append = |b: &mut tar::Builder<_>, name: &str| -> Result<()> {
+            let mut f = beneath::open_file(root.as_fd(), Path::new(name))
+                .with_context(|| format!("opening {}", layout.join(name).display()))?;
+            b.append_file(name, &mut f)?;
+            Ok(())
+        };
         for name in ["oci-layout", "index.json"] {
-            b.append_path_with_name(layout.join(name), name)?;
+            append(&mut b, name)?;
         }
-        let blobs = layout.join("blobs");
-        let mut algs: Vec<_> = fs::read_dir(&blobs)?.collect::<Result<_, _>>()?;
-        algs.sort_by_key(|e| e.file_name());
-        for alg in algs {
-            let alg_name = alg.file_name().to_string_lossy().into_owned();
-            let mut files: Vec<_> = fs::read_dir(alg.path())?.collect::<Result<_, _>>()?;
-            files.sort_by_key(|e| e.file_name());
-            for f in files {
-                let name = format!("blobs/{alg_name}/{}", f.file_name().to_string_lossy());
-                b.append_path_with_name(f.path(), name)?;
+        let blobs = beneath::open_dir(root.as_fd(), Path::new("blobs"))
+            .with_context(|| format!("opening {}", layout.join("blobs").display()))?;
+        for alg in beneath::names(blobs.as_fd())? {
+            let alg_name = alg.to_string_lossy().into_owned();
+            let dir = beneath::open_dir(blobs.as_fd(), Path::new(&alg)).with_context(|| {
+                format!("opening {}", layout.join("blobs").join(&alg).display())
+            })?;
+            for f in beneath::names(dir.as_fd())? {
+                append(&mut b, &format!("blobs/{alg_name}/{}", f.to_string_lossy()))?;
             }
         }
         b.into_inner()?.flush()?;
@@ -690,9 +700,18 @@ fn pack_layout(layout: &Path, archive: &Path) -> Result<()> {
     Ok(())
 }
 
-/// True if `path` is an OCI image layout directory (has `oci-layout`).
+/// True if `path` is an OCI image layout directory (has `oci-layout`, a regular file beneath
+/// it: a symlink named so does not make one).
 pub fn is_oci_layout(path: &Path) -> bool {
-    path.is_dir() && path.join("oci-layout").is_file()
+    use gpusnap_checkpoint::beneath;
+    use std::os::fd::AsFd;
+    beneath::open_root(path)
+        .and_then(|fd| beneath::stat_at(fd.as_fd(), std::ffi::OsStr::new("oci-layout")))
+        .is_ok_and(|st| {
+            st.is_some_and(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+            })
+        })
 }
 
 /// `gpusnap inspect` of an OCI image: `Ok(None)` when `path` is not one (a checkpoint

@@ -4,21 +4,23 @@
 //! [`inspect_dir`] is the entry point for anything that already has a directory (an extracted
 //! archive, a pulled checkpoint image), and [`render`] / [`Inspection::to_json`] print it.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use gpusnap_checkpoint::{
-    self as bridge, layout::CheckpointLayout, Manifest, RestoreRefusal, ValidateOptions,
-};
+use gpusnap_checkpoint::beneath;
+use gpusnap_checkpoint::layout::MANIFEST_FILE;
+use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+use gpusnap_checkpoint::{self as bridge, Manifest, RestoreRefusal, ValidateOptions};
+use rustix::fs::FileType;
 use serde::Serialize;
 
 use crate::term;
 
 /// Where a CRI checkpoint archive keeps the CRIU images (containerd and CRI-O alike).
 pub const ARCHIVE_CHECKPOINT_DIR: &str = "checkpoint";
-/// A manifest larger than this is not a gpusnap manifest; refuse instead of reading it all.
-const MANIFEST_MAX_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -136,39 +138,95 @@ fn open_tar(path: &Path) -> io::Result<(Compression, Box<dyn Read>)> {
 
 /// A directory or a tar archive.
 pub fn inspect_path(path: &Path, verify: Verify) -> Result<Inspection, InspectError> {
-    let meta = std::fs::metadata(path).map_err(|source| InspectError::Io {
+    let io_err = |source| InspectError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    if meta.is_dir() {
+    };
+    let meta = std::fs::metadata(path).map_err(io_err)?;
+    if !meta.is_dir() {
+        return inspect_archive(path, verify);
+    }
+    // Everything below `path` is looked at beneath it: a manifest or a `checkpoint/` that is a
+    // symlink is never followed out of the tree.
+    let root = beneath::open_root(path).map_err(io_err)?;
+    let kind_of = |dir: BorrowedFd<'_>, name: &str| {
+        beneath::stat_at(dir, OsStr::new(name))
+            .map(|st| st.map(|st| FileType::from_raw_mode(st.st_mode)))
+    };
+    if kind_of(root.as_fd(), MANIFEST_FILE)
+        .map_err(io_err)?
+        .is_none()
+    {
         // An extracted CRI archive holds the images in checkpoint/.
         let inner = path.join(ARCHIVE_CHECKPOINT_DIR);
-        let dir = if !CheckpointLayout::new(path).manifest_path().exists()
-            && CheckpointLayout::new(&inner).manifest_path().exists()
-        {
-            inner
-        } else {
-            path.to_path_buf()
-        };
-        Ok(inspect_dir(&dir, verify))
-    } else {
-        inspect_archive(path, verify)
+        match kind_of(root.as_fd(), ARCHIVE_CHECKPOINT_DIR).map_err(io_err)? {
+            Some(FileType::Directory) => {
+                let fd = beneath::open_dir(root.as_fd(), Path::new(ARCHIVE_CHECKPOINT_DIR))
+                    .map_err(|source| InspectError::Io {
+                        path: inner.clone(),
+                        source,
+                    })?;
+                if kind_of(fd.as_fd(), MANIFEST_FILE)
+                    .map_err(|source| InspectError::Io {
+                        path: inner.clone(),
+                        source,
+                    })?
+                    .is_some()
+                {
+                    return Ok(inspect_dir_at(fd.as_fd(), &inner, verify));
+                }
+            }
+            Some(FileType::Symlink) => {
+                let mut insp = inspection_of(path, SourceKind::Directory, Compression::None);
+                insp.validation = Validation::Refused {
+                    reason: format!(
+                        "{} is a symlink: gpusnap never follows a symlink inside a checkpoint \
+                         tree (runc and CRIU would read whatever it points at) — give the \
+                         directory it should point at instead",
+                        inner.display()
+                    ),
+                };
+                return Ok(insp);
+            }
+            _ => {}
+        }
+    }
+    Ok(inspect_dir_at(root.as_fd(), path, verify))
+}
+
+fn inspection_of(source: &Path, kind: SourceKind, compression: Compression) -> Inspection {
+    Inspection {
+        source: source.to_path_buf(),
+        kind,
+        compression,
+        checkpoint_dir: source.display().to_string(),
+        manifest: None,
+        validation: Validation::NotVerified {
+            why: "manifest only (--no-verify)".to_owned(),
+        },
     }
 }
 
 /// The extension point: a directory that holds the CRIU images and the gpusnap manifest.
 pub fn inspect_dir(dir: &Path, verify: Verify) -> Inspection {
-    let mut insp = Inspection {
-        source: dir.to_path_buf(),
-        kind: SourceKind::Directory,
-        compression: Compression::None,
-        checkpoint_dir: dir.display().to_string(),
-        manifest: None,
-        validation: Validation::NotVerified {
-            why: "manifest only (--no-verify)".to_owned(),
-        },
-    };
-    match bridge::read_manifest(dir) {
+    match beneath::open_root(dir) {
+        Ok(fd) => inspect_dir_at(fd.as_fd(), dir, verify),
+        Err(source) => {
+            let mut insp = inspection_of(dir, SourceKind::Directory, Compression::None);
+            insp.validation = refused(&RestoreRefusal::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+            insp
+        }
+    }
+}
+
+/// [`inspect_dir`] of the directory opened as `root` (shown as `dir`): the manifest and every
+/// image are read beneath it.
+fn inspect_dir_at(root: BorrowedFd<'_>, dir: &Path, verify: Verify) -> Inspection {
+    let mut insp = inspection_of(dir, SourceKind::Directory, Compression::None);
+    match bridge::validate::read_manifest_at(root, dir) {
         Ok(m) => insp.manifest = Some(m),
         Err(refusal) => {
             insp.validation = refused(&refusal);
@@ -180,7 +238,8 @@ pub fn inspect_dir(dir: &Path, verify: Verify) -> Inspection {
         Verify::Full => true,
         Verify::Sizes => false,
     };
-    insp.validation = match bridge::validate_for_restore_with(
+    insp.validation = match bridge::validate_for_restore_at(
+        root,
         dir,
         ValidateOptions {
             verify_digests: digests,
@@ -210,64 +269,61 @@ fn normalise(entry_path: &Path) -> PathBuf {
 }
 
 /// A CRI checkpoint archive (`kubelet` / `crictl checkpoint --export`). The manifest is read
-/// from `checkpoint/` by streaming the tar; nothing is extracted unless
-/// `verify` asks for digests or sizes, and then only `checkpoint/`, into a private temporary
-/// directory.
+/// from `checkpoint/` by streaming the tar (refused unread when its header says it is larger
+/// than any manifest); nothing is extracted unless `verify` asks for digests or sizes, and
+/// then only `checkpoint/`, into a private temporary directory, through a descriptor of it
+/// (regular files and directories only, each created new, nothing followed).
 pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, InspectError> {
     let io_err = |source| InspectError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let wanted = Path::new(ARCHIVE_CHECKPOINT_DIR).join(bridge::layout::MANIFEST_FILE);
-    let mut manifest_bytes = None;
+    let wanted = Path::new(ARCHIVE_CHECKPOINT_DIR).join(MANIFEST_FILE);
+    let inner = format!("{}!/{ARCHIVE_CHECKPOINT_DIR}", path.display());
+    let shown_manifest = PathBuf::from(format!("{inner}/{MANIFEST_FILE}"));
     let (compression, stream) = open_tar(path).map_err(io_err)?;
+    let mut insp = inspection_of(path, SourceKind::Archive, compression);
+    insp.checkpoint_dir = inner.clone();
+    let mut manifest_bytes = None;
     let mut archive = tar::Archive::new(stream);
     for entry in archive.entries().map_err(io_err)? {
-        let mut entry = entry.map_err(io_err)?;
+        let entry = entry.map_err(io_err)?;
         if normalise(&entry.path().map_err(io_err)?) == wanted {
-            let mut buf = Vec::new();
-            entry
-                .by_ref()
-                .take(MANIFEST_MAX_BYTES)
-                .read_to_end(&mut buf)
-                .map_err(io_err)?;
-            manifest_bytes = Some(buf);
+            let size = entry.size();
+            manifest_bytes = Some(beneath::read_file_capped_from(
+                entry,
+                &shown_manifest.to_string_lossy(),
+                size,
+                MANIFEST_MAX_BYTES,
+            ));
             break;
         }
     }
-    let inner = format!("{}!/{ARCHIVE_CHECKPOINT_DIR}", path.display());
-    let mut insp = Inspection {
-        source: path.to_path_buf(),
-        kind: SourceKind::Archive,
-        compression,
-        checkpoint_dir: inner.clone(),
-        manifest: None,
-        validation: Validation::NotVerified {
-            why: "manifest only (--no-verify)".to_owned(),
-        },
-    };
-    // Parse through the same reader restore uses, so kind/format errors read identically.
-    let scratch = tempfile::tempdir().map_err(io_err)?;
-    let layout = CheckpointLayout::new(scratch.path());
-    if let Some(bytes) = &manifest_bytes {
-        let manifest_path = layout.manifest_path();
-        if let Some(parent) = manifest_path.parent() {
-            std::fs::create_dir_all(parent).map_err(io_err)?;
-        }
-        std::fs::write(manifest_path, bytes).map_err(io_err)?;
-    }
-    match bridge::read_manifest(scratch.path()) {
-        Ok(m) => insp.manifest = Some(m),
-        Err(RestoreRefusal::ManifestMissing { .. }) => {
+    let bytes = match manifest_bytes {
+        None => {
             insp.validation = Validation::Refused {
                 reason: format!(
-                    "not a complete gpusnap checkpoint: {inner}/{} is missing — the checkpoint \
+                    "not a complete gpusnap checkpoint: {} is missing — the checkpoint \
                      was interrupted or made by another runtime",
-                    bridge::layout::MANIFEST_FILE
+                    shown_manifest.display()
                 ),
             };
             return Ok(insp);
         }
+        Some(Err(e)) if beneath::too_large(&e).is_some() => {
+            insp.validation = Validation::Refused {
+                reason: format!(
+                    "{e} — no gpusnap manifest is that large: this is not a checkpoint gpusnap \
+                     sealed; take a new one"
+                ),
+            };
+            return Ok(insp);
+        }
+        Some(r) => r.map_err(io_err)?,
+    };
+    // Parsed by the same reader restore uses, so kind/format errors read identically.
+    match bridge::validate::parse_manifest(&bytes, &shown_manifest) {
+        Ok(m) => insp.manifest = Some(m),
         Err(r) => {
             insp.validation = refused(&r);
             return Ok(insp);
@@ -276,44 +332,100 @@ pub fn inspect_archive(path: &Path, verify: Verify) -> Result<Inspection, Inspec
     if verify == Verify::None {
         return Ok(insp);
     }
-    // What the manifest lists, plus room for the manifest itself: anything beyond is not
-    // what gpusnap sealed, and a small compressed archive must not fill the disk.
+    let extracted = tempfile::tempdir().map_err(io_err)?;
     let listed = insp.manifest.as_ref().map_or(0, |m| m.images.total_bytes);
+    if let Err(refusal) = extract_checkpoint(path, extracted.path(), &inner, listed)? {
+        insp.validation = refusal;
+        return Ok(insp);
+    }
+    let scratch = extracted.path().join(ARCHIVE_CHECKPOINT_DIR);
+    let mut verified = inspect_dir(&scratch, verify);
+    // Paths in messages should name the archive, not the scratch copy.
+    if let Validation::Refused { reason } = &mut verified.validation {
+        *reason = reason.replace(&scratch.display().to_string(), &inner);
+    }
+    insp.validation = verified.validation;
+    Ok(insp)
+}
+
+/// Writes the archive's `checkpoint/` into `into` (a new private directory), through its
+/// descriptor: directories are made and regular files created new (`O_EXCL | O_NOFOLLOW`)
+/// beneath it; any other entry (a symlink, a hard link, a device) is refused, as restore
+/// refuses it in a directory. At most `listed` bytes (what the manifest lists) plus the
+/// manifest's own cap are written: anything beyond is not what gpusnap sealed, and a small
+/// compressed archive must not fill the disk.
+fn extract_checkpoint(
+    path: &Path,
+    into: &Path,
+    inner: &str,
+    listed: u64,
+) -> Result<Result<(), Validation>, InspectError> {
+    let io_err = |source| InspectError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let limit = listed.saturating_add(MANIFEST_MAX_BYTES);
     let mut written = 0u64;
-    let extracted = tempfile::tempdir().map_err(io_err)?;
+    let root = beneath::open_root(into).map_err(io_err)?;
     let (_, stream) = open_tar(path).map_err(io_err)?;
     let mut archive = tar::Archive::new(stream);
     for entry in archive.entries().map_err(io_err)? {
         let mut entry = entry.map_err(io_err)?;
         let p = normalise(&entry.path().map_err(io_err)?);
-        if p.starts_with(ARCHIVE_CHECKPOINT_DIR) {
-            written = written.saturating_add(entry.size());
-            if written > limit {
-                return Err(InspectError::TooLarge {
-                    path: path.to_path_buf(),
-                    limit,
-                    listed,
-                });
+        let Ok(rel) = p.strip_prefix(ARCHIVE_CHECKPOINT_DIR) else {
+            continue;
+        };
+        let shown = format!("{inner}/{}", rel.display());
+        let kind = entry.header().entry_type();
+        if rel.as_os_str().is_empty() {
+            continue; // checkpoint/ itself
+        }
+        let placed = |e: io::Error| InspectError::Io {
+            path: PathBuf::from(&shown),
+            source: e,
+        };
+        match kind {
+            tar::EntryType::Directory => {
+                let (parent, name) =
+                    beneath::parent_of(root.as_fd(), &p, Some(0o700)).map_err(placed)?;
+                match rustix::fs::mkdirat(&parent, &name, rustix::fs::Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(placed(e.into())),
+                }
             }
-            // unpack_in refuses entries that would land outside the directory.
-            entry.unpack_in(extracted.path()).map_err(io_err)?;
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                written = written.saturating_add(entry.size());
+                if written > limit {
+                    return Err(InspectError::TooLarge {
+                        path: path.to_path_buf(),
+                        limit,
+                        listed,
+                    });
+                }
+                let (parent, name) =
+                    beneath::parent_of(root.as_fd(), &p, Some(0o700)).map_err(placed)?;
+                let mut out = beneath::create_new(parent.as_fd(), &name, 0o600).map_err(placed)?;
+                io::copy(&mut entry, &mut out).map_err(placed)?;
+            }
+            other => {
+                let what = match other {
+                    tar::EntryType::Symlink => "a symlink",
+                    tar::EntryType::Link => "a hard link",
+                    tar::EntryType::Char | tar::EntryType::Block => "a device",
+                    tar::EntryType::Fifo => "a FIFO",
+                    _ => "not a regular file",
+                };
+                return Ok(Err(Validation::Refused {
+                    reason: format!(
+                        "{shown} is {what} — not a regular file nor a directory: runc and CRIU \
+                         open the files of a checkpoint by name, following links — copy the \
+                         checkpoint again from its source"
+                    ),
+                }));
+            }
         }
     }
-    let mut verified = inspect_dir(&extracted.path().join(ARCHIVE_CHECKPOINT_DIR), verify);
-    // Paths in messages should name the archive, not the scratch copy.
-    if let Validation::Refused { reason } = &mut verified.validation {
-        *reason = reason.replace(
-            &extracted
-                .path()
-                .join(ARCHIVE_CHECKPOINT_DIR)
-                .display()
-                .to_string(),
-            &inner,
-        );
-    }
-    insp.validation = verified.validation;
-    Ok(insp)
+    Ok(Ok(()))
 }
 
 /// Human-readable byte count.

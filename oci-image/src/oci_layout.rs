@@ -7,8 +7,11 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+
+use gpusnap_checkpoint::beneath;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -74,17 +77,8 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let Some(path) = self.path.take() else { return };
         let result = if self.contents_only {
-            fs::read_dir(&path).and_then(|entries| {
-                for e in entries {
-                    let p = e?.path();
-                    if p.is_dir() && !p.is_symlink() {
-                        fs::remove_dir_all(&p)?;
-                    } else {
-                        fs::remove_file(&p)?;
-                    }
-                }
-                Ok(())
-            })
+            // Through a descriptor: a symlink inside goes, never what it points at.
+            beneath::open_root(&path).and_then(|fd| beneath::empty_dir(fd.as_fd(), &|_| false))
         } else {
             fs::remove_dir_all(&path)
         };
@@ -178,6 +172,7 @@ impl LayoutWriter {
 
 /// Packs the layout at `layout` into an oci-archive tar at `out` (written beside it, then renamed
 /// into place). `oci-layout` and `index.json` come first so streaming readers see them early.
+/// The layout's files are opened beneath it as regular files, never through a symlink.
 pub(crate) fn write_oci_archive(layout: &Path, out: &Path) -> Result<u64, ImageError> {
     let tmp = out.with_file_name(format!(
         ".{}.tmp-{}",
@@ -186,12 +181,14 @@ pub(crate) fn write_oci_archive(layout: &Path, out: &Path) -> Result<u64, ImageE
         std::process::id()
     ));
     let result = (|| {
+        let root = beneath::open_root(layout).map_err(ImageError::io("opening", layout))?;
         let f = File::create(&tmp).map_err(ImageError::io("creating", &tmp))?;
         let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, f));
         let io = ImageError::io("writing", &tmp);
         let append = |b: &mut tar::Builder<BufWriter<File>>, name: &str| {
             let src = layout.join(name);
-            let mut file = File::open(&src).map_err(ImageError::io("opening", &src))?;
+            let mut file = beneath::open_file(root.as_fd(), Path::new(name))
+                .map_err(ImageError::io("opening", &src))?;
             let len = file
                 .metadata()
                 .map_err(ImageError::io("reading", &src))?
@@ -210,14 +207,11 @@ pub(crate) fn write_oci_archive(layout: &Path, out: &Path) -> Result<u64, ImageE
                 .map_err(ImageError::io("writing", &tmp))?;
         }
         let blobs_dir = layout.join(BLOBS_DIR);
-        let mut names: Vec<String> = fs::read_dir(&blobs_dir)
-            .map_err(ImageError::io("reading", &blobs_dir))?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect::<Result<_, _>>()
+        let blobs = beneath::open_dir(root.as_fd(), Path::new(BLOBS_DIR))
+            .and_then(|fd| beneath::names(fd.as_fd()))
             .map_err(ImageError::io("reading", &blobs_dir))?;
-        names.sort();
-        for n in names {
-            append(&mut b, &format!("{BLOBS_DIR}/{n}"))?;
+        for n in blobs {
+            append(&mut b, &format!("{BLOBS_DIR}/{}", n.to_string_lossy()))?;
         }
         let mut w = b.into_inner().map_err(io)?;
         w.flush().map_err(ImageError::io("writing", &tmp))?;
@@ -249,16 +243,46 @@ fn archive_header(kind: tar::EntryType, mode: u32) -> tar::Header {
 /// A member's reader and size.
 type Member = (Box<dyn Read + Send>, u64);
 
+/// An oci-archive's member name → (offset of its data, size).
+type Members = HashMap<String, (u64, u64)>;
+
 /// An image to read: a layout directory or an oci-archive tar.
 pub(crate) enum ImageSource {
-    Layout {
-        root: PathBuf,
-    },
+    /// Everything in the layout is opened beneath `fd` ([`beneath`]): `index.json`,
+    /// `oci-layout` and `blobs/sha256/*` must be regular files, and no symlink in the layout is
+    /// followed (a layout comes from a pull, an import or a build elsewhere).
+    Layout { root: PathBuf, fd: OwnedFd },
     Archive {
         path: PathBuf,
+        /// The archive, opened once; members are read at their offsets.
+        file: File,
         /// Member name → (offset of its data, size).
         members: HashMap<String, (u64, u64)>,
     },
+}
+
+/// `size` bytes of `file` from `offset`, read with `pread` so that readers of several members
+/// share one descriptor without sharing a file position.
+struct MemberReader {
+    file: File,
+    offset: u64,
+    left: u64,
+}
+
+impl Read for MemberReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.offset)?;
+        self.offset += n as u64;
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// The image an index.json entry leads to.
@@ -279,11 +303,14 @@ impl ImageSource {
         let source = if meta.is_dir() {
             ImageSource::Layout {
                 root: path.to_path_buf(),
+                fd: beneath::open_root(path).map_err(ImageError::io("opening", path))?,
             }
         } else {
+            let (file, members) = index_tar(path)?;
             ImageSource::Archive {
                 path: path.to_path_buf(),
-                members: index_tar(path)?,
+                file,
+                members,
             }
         };
         let layout: OciLayout = match source.open_member(OCI_LAYOUT_FILE)? {
@@ -306,16 +333,16 @@ impl ImageSource {
 
     pub(crate) fn location(&self) -> String {
         match self {
-            ImageSource::Layout { root } => root.display().to_string(),
+            ImageSource::Layout { root, .. } => root.display().to_string(),
             ImageSource::Archive { path, .. } => format!("oci-archive {}", path.display()),
         }
     }
 
     fn open_member(&self, name: &str) -> Result<Option<Member>, ImageError> {
         match self {
-            ImageSource::Layout { root } => {
+            ImageSource::Layout { root, fd } => {
                 let p = root.join(name);
-                match File::open(&p) {
+                match beneath::open_file(fd.as_fd(), Path::new(name)) {
                     Ok(f) => {
                         let len = f.metadata().map_err(ImageError::io("reading", &p))?.len();
                         Ok(Some((
@@ -324,18 +351,25 @@ impl ImageSource {
                         )))
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(ImageError::io("opening", &p)(e)),
+                    Err(e) => Err(refused_member(root, name, e)),
                 }
             }
-            ImageSource::Archive { path, members } => {
+            ImageSource::Archive {
+                path,
+                file,
+                members,
+            } => {
                 let Some(&(offset, size)) = members.get(name) else {
                     return Ok(None);
                 };
-                let mut f = File::open(path).map_err(ImageError::io("opening", path))?;
-                f.seek(SeekFrom::Start(offset))
-                    .map_err(ImageError::io("reading", path))?;
+                let file = file.try_clone().map_err(ImageError::io("opening", path))?;
+                let member = MemberReader {
+                    file,
+                    offset,
+                    left: size,
+                };
                 Ok(Some((
-                    Box::new(io::BufReader::with_capacity(1 << 20, f).take(size)),
+                    Box::new(io::BufReader::with_capacity(1 << 20, member)),
                     size,
                 )))
             }
@@ -524,9 +558,29 @@ fn read_json<T: DeserializeOwned>(
     serde_json::from_slice(&bytes).map_err(|e| ImageError::malformed(what, location, e))
 }
 
-/// One pass over an oci-archive's headers: where each regular member's data lies.
-fn index_tar(path: &Path) -> Result<HashMap<String, (u64, u64)>, ImageError> {
+/// Why a file of a layout could not be opened beneath it: a symlink on the way (`ELOOP`), or
+/// something other than a regular file, is named as such.
+fn refused_member(root: &Path, name: &str, e: io::Error) -> ImageError {
+    let p = root.join(name);
+    if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+        return ImageError::malformed(
+            "image layout",
+            root.display().to_string(),
+            format!(
+                "{name} is a symlink or lies below one; a layout's files are read only as \
+                 regular files inside it, never through a symlink — pull or build the image \
+                 again"
+            ),
+        );
+    }
+    ImageError::io("opening", &p)(e)
+}
+
+/// One pass over an oci-archive's headers: where each regular member's data lies. Returns the
+/// archive opened once, which every member is then read from.
+fn index_tar(path: &Path) -> Result<(File, Members), ImageError> {
     let f = File::open(path).map_err(ImageError::io("opening", path))?;
+    let kept = f.try_clone().map_err(ImageError::io("opening", path))?;
     let mut archive = tar::Archive::new(f);
     let mut members = HashMap::new();
     let not_image = |_| ImageError::NotAnImage {
@@ -547,7 +601,7 @@ fn index_tar(path: &Path) -> Result<HashMap<String, (u64, u64)>, ImageError> {
             .to_owned();
         members.insert(name, (entry.raw_file_position(), entry.size()));
     }
-    Ok(members)
+    Ok((kept, members))
 }
 
 /// A top-level index.json (or nested index) pointing at one manifest.

@@ -15,7 +15,7 @@ use flate2::read::GzDecoder;
 use super::error::ImageError;
 use super::layer::EntryMeta;
 use gpusnap_checkpoint::beneath;
-use gpusnap_checkpoint::layout::CheckpointLayout;
+use gpusnap_checkpoint::layout::MANIFEST_FILE;
 
 /// Name of the CRIU image directory inside a CRI checkpoint archive (checkpointctl
 /// `CheckpointDirectory`).
@@ -38,15 +38,25 @@ pub(crate) enum BuildSource {
 
 impl BuildSource {
     pub(crate) fn detect(path: &Path) -> Result<BuildSource, ImageError> {
+        use rustix::fs::FileType;
+        use std::os::fd::AsFd;
         let meta = fs::metadata(path).map_err(ImageError::io("opening", path))?;
         if meta.is_file() {
             return Ok(BuildSource::ArchiveTar(path.to_path_buf()));
         }
-        let layout = CheckpointLayout::new(path);
-        if layout.manifest_path().is_file() || path.join("inventory.img").is_file() {
+        // What the directory holds, looked at beneath it: a symlink named like a manifest or
+        // like `checkpoint/` is not one.
+        let root = beneath::open_root(path).map_err(ImageError::io("opening", path))?;
+        let is = |name: &str, kind: FileType| {
+            beneath::stat_at(root.as_fd(), std::ffi::OsStr::new(name))
+                .ok()
+                .flatten()
+                .is_some_and(|st| FileType::from_raw_mode(st.st_mode) == kind)
+        };
+        if is(MANIFEST_FILE, FileType::RegularFile) || is("inventory.img", FileType::RegularFile) {
             return Ok(BuildSource::CheckpointDir(path.to_path_buf()));
         }
-        if path.join(CHECKPOINT_DIR).is_dir() {
+        if is(CHECKPOINT_DIR, FileType::Directory) {
             return Ok(BuildSource::ArchiveDir(path.to_path_buf()));
         }
         Err(ImageError::UnknownSource {
@@ -354,6 +364,7 @@ fn walk_tar(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpusnap_checkpoint::layout::CheckpointLayout;
 
     #[test]
     fn member_names() {

@@ -3,8 +3,11 @@
 //! Like runc, a checkpoint without `--leave-running` ends with the container gone (killed and
 //! deleted), but only once the image is sealed: a failure leaves it running.
 
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
     inflight::InFlight, lock::DirLock, runc::Runc, CheckpointRequest, Direct,
@@ -174,7 +177,11 @@ pub fn run(ctx: &Context) -> i32 {
             records: pending.records(),
         })
         .map_err(std::io::Error::other)
-        .and_then(|json| std::fs::write(&path, json));
+        .and_then(|json| {
+            // Created new through a descriptor of runc's state directory, then renamed.
+            let dir = beneath::open_root(&state_dir)?;
+            beneath::write_atomically(dir.as_fd(), OsStr::new(PENDING_CUDA_FILE), &json, 0o600)
+        });
         if let Err(e) = saved {
             ctx.fail(&format!(
                 "checkpoint of {} is sealed, but the CUDA processes it left checkpointed could \
@@ -194,10 +201,16 @@ pub fn global_args(ctx: &Context) -> Vec<std::ffi::OsString> {
     ctx.inv.selection_args()
 }
 
-/// The bundle of a container, from runc's `state.json` in its state directory.
+/// The most of runc's `state.json` read: the container's whole spec is in it, which is
+/// kilobytes.
+const STATE_MAX_BYTES: u64 = 16 << 20;
+
+/// The bundle of a container, from runc's `state.json` in its state directory (a regular file
+/// beneath it, read up to [`STATE_MAX_BYTES`]).
 fn bundle_of(state_dir: &Path) -> Option<PathBuf> {
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(state_dir.join("state.json")).ok()?).ok()?;
+    let dir = beneath::open_root(state_dir).ok()?;
+    let bytes = beneath::read_capped(dir.as_fd(), Path::new("state.json"), STATE_MAX_BYTES).ok()?;
+    let state: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     state
         .pointer("/config/labels")
         .and_then(|l| l.as_array())

@@ -6,6 +6,10 @@
 //! unsealed images are removed and the cgroup is frozen or thawed as the caller had it, so
 //! CRI-O and Podman see the container as it really is.
 
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+
+use gpusnap_checkpoint::beneath;
 use gpusnap_transaction::inflight::{InFlight, INFLIGHT_FILE};
 use gpusnap_transaction::{runc::Runc, Direct};
 
@@ -20,11 +24,16 @@ pub fn interrupted_checkpoints(ctx: &Context) {
             continue;
         }
         let dir = ctx.state_dir(id);
-        if std::fs::symlink_metadata(dir.join(INFLIGHT_FILE)).is_err() {
+        // Looked at and removed through a descriptor of the state directory, never followed.
+        let Ok(fd) = beneath::open_root(&dir) else {
+            continue;
+        };
+        let record_name = OsStr::new(INFLIGHT_FILE);
+        if !matches!(beneath::stat_at(fd.as_fd(), record_name), Ok(Some(_))) {
             continue;
         }
         let Some(record) = InFlight::read(&dir) else {
-            let _ = std::fs::remove_file(dir.join(INFLIGHT_FILE));
+            let _ = beneath::unlink_at(fd.as_fd(), record_name);
             continue;
         };
         if record.writer_alive() || record.container_id != id {

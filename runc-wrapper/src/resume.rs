@@ -1,18 +1,30 @@
 //! `gpusnap-runc resume`: runc's resume, then the CUDA processes a checkpoint of the frozen
 //! container left checkpointed are restored and unlocked (the driver needs them running).
 
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use gpusnap_checkpoint::beneath;
 use gpusnap_transaction::PendingCudaResume;
 
 use crate::checkpoint::PENDING_CUDA_FILE;
 use crate::{exit_code, Context, EXIT_NO_RUNC, EXIT_REFUSED};
+
+/// A pending record lists a few CUDA processes: kilobytes.
+const PENDING_MAX_BYTES: u64 = 16 << 20;
 
 pub fn run(ctx: &Context) -> i32 {
     let parsed = ctx.inv.command_parsed(&[]);
     let [id] = parsed.positionals.as_slice() else {
         return ctx.exec_runc();
     };
-    let pending = ctx.state_dir(id).join(PENDING_CUDA_FILE);
-    if !pending.exists() {
+    // The record the checkpoint left in runc's state directory, looked at beneath it.
+    let Ok(state_dir) = beneath::open_root(&ctx.state_dir(id)) else {
+        return ctx.exec_runc();
+    };
+    let pending = OsStr::new(PENDING_CUDA_FILE);
+    if !matches!(beneath::stat_at(state_dir.as_fd(), pending), Ok(Some(_))) {
         return ctx.exec_runc();
     }
     let status = match ctx.runc_command(&ctx.inv.args).status() {
@@ -30,7 +42,7 @@ pub fn run(ctx: &Context) -> i32 {
         memory_restored: bool,
         records: Vec<gpusnap_cuda::orchestrate::ProcessRecord>,
     }
-    let resumed = std::fs::read(&pending)
+    let resumed = beneath::read_capped(state_dir.as_fd(), Path::new(pending), PENDING_MAX_BYTES)
         .map_err(|e| e.to_string())
         .and_then(|json| serde_json::from_slice::<Pending>(&json).map_err(|e| e.to_string()))
         .and_then(|p| {
@@ -38,7 +50,7 @@ pub fn run(ctx: &Context) -> i32 {
                 .map_err(|e| e.to_string())
         })
         .and_then(PendingCudaResume::resume);
-    let _ = std::fs::remove_file(&pending);
+    let _ = beneath::unlink_at(state_dir.as_fd(), pending);
     match resumed {
         Ok(()) => 0,
         Err(e) => {
