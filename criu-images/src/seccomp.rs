@@ -300,7 +300,7 @@ struct Insn {
 /// kernel checks a seccomp filter before loading it.
 fn decode(bytes: &[u8]) -> Result<Vec<Insn>, String> {
     const BPF_MAXINSNS: usize = 4096;
-    if bytes.is_empty() || bytes.len() % 8 != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(8) {
         return Err(format!("{} bytes is not a BPF program", bytes.len()));
     }
     let n = bytes.len() / 8;
@@ -718,7 +718,7 @@ impl Profile {
                 let mut seen = std::collections::BTreeSet::new();
                 let repeated = args.iter().any(|a| !seen.insert(a.index()));
                 let groups: Vec<Vec<LinuxSeccompArg>> = if repeated {
-                    args.iter().map(|a| vec![a.clone()]).collect()
+                    args.iter().map(|a| vec![*a]).collect()
                 } else {
                     vec![args]
                 };
@@ -997,7 +997,17 @@ fn check_path(path: &Path, profile: &Profile, default: Level) -> Result<Option<S
             }
         }
         // Calls with rules: where the rules (or the default) are stricter than the path.
-        for (nr, (name, rules)) in &p.rules {
+        // A path that fixes the number (libseccomp's are a tree of `jeq nr`) has one
+        // candidate; otherwise every number with rules that the path admits.
+        let fixed = path.c.words[NR].iter().find_map(|l| match l {
+            Lit::Eq(u32::MAX, k) => Some(*k),
+            _ => None,
+        });
+        let candidates: Vec<(&u32, &(String, Vec<Rule>))> = match fixed {
+            Some(k) => p.rules.get_key_value(&k).into_iter().collect(),
+            None => p.rules.iter().collect(),
+        };
+        for (nr, (name, rules)) in candidates {
             if !path.c.words[NR].iter().all(|l| l.holds(*nr)) {
                 continue;
             }
