@@ -18,7 +18,8 @@
 //! - **securebits**: no `SECBIT_NO_SETUID_FIXUP` unless the bounding set has `CAP_SETPCAP`;
 //! - **no_new_privs** set on every thread when the spec sets `noNewPrivileges`;
 //! - **seccomp**: with `linux.seccomp` in the spec every thread is in filter mode with a
-//!   well-formed, non-empty chain in `seccomp.img` (or in strict mode);
+//!   well-formed, non-empty chain in `seccomp.img` (or in strict mode), some filter of which
+//!   stops everything the spec's profile stops ([`crate::seccomp`]);
 //! - **LSM**: on a node running AppArmor (SELinux) every thread's label is the spec's
 //!   `apparmorProfile` (`selinuxLabel`) when it sets one; `apparmor.img` loads no policy;
 //! - **namespaces**: no task is left in CRIU's (the node's) namespace of a type the spec gives
