@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -552,11 +552,37 @@ pub fn open_diff(path: &Path) -> io::Result<File> {
 /// write, known before it writes anything. Reading it inflates the whole stream (CPU only;
 /// nothing is written).
 pub fn content_bytes(file: File, shown: &Path, cap: u64) -> Result<u64, DiffError> {
+    let reader = reader_of(file).map_err(|source| DiffError::Unreadable {
+        diff: shown.to_path_buf(),
+        source,
+    })?;
+    count_content(reader, shown, cap)
+}
+
+/// [`content_bytes`] of a diff read as a stream (gzip or plain tar, told by its first bytes),
+/// e.g. the `rootfs-diff.tar` member of an image layer.
+pub fn content_bytes_in(stream: impl Read, shown: &Path, cap: u64) -> Result<u64, DiffError> {
+    let mut stream = BufReader::new(stream);
+    let gzip = stream
+        .fill_buf()
+        .map_err(|source| DiffError::Unreadable {
+            diff: shown.to_path_buf(),
+            source,
+        })?
+        .starts_with(&[0x1f, 0x8b]);
+    if gzip {
+        count_content(flate2::read::GzDecoder::new(stream), shown, cap)
+    } else {
+        count_content(stream, shown, cap)
+    }
+}
+
+fn count_content(reader: impl Read, shown: &Path, cap: u64) -> Result<u64, DiffError> {
     let unreadable = |source| DiffError::Unreadable {
         diff: shown.to_path_buf(),
         source,
     };
-    let mut archive = tar::Archive::new(reader_of(file).map_err(unreadable)?);
+    let mut archive = tar::Archive::new(reader);
     let mut bytes = 0u64;
     for entry in archive.entries().map_err(unreadable)? {
         let entry = entry.map_err(unreadable)?;

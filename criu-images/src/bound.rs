@@ -18,7 +18,8 @@
 //! - **securebits**: no `SECBIT_NO_SETUID_FIXUP` unless the bounding set has `CAP_SETPCAP`;
 //! - **no_new_privs** set on every thread when the spec sets `noNewPrivileges`;
 //! - **seccomp**: with `linux.seccomp` in the spec every thread is in filter mode with a
-//!   well-formed, non-empty chain in `seccomp.img` (or in strict mode);
+//!   well-formed, non-empty chain in `seccomp.img` (or in strict mode), some filter of which
+//!   stops everything the spec's profile stops ([`crate::seccomp`]);
 //! - **LSM**: on a node running AppArmor (SELinux) every thread's label is the spec's
 //!   `apparmorProfile` (`selinuxLabel`) when it sets one; `apparmor.img` loads no policy;
 //! - **namespaces**: no task is left in CRIU's (the node's) namespace of a type the spec gives
@@ -162,6 +163,7 @@ pub fn bound_by_spec_on(
     let mut check = Check {
         bound: &bound,
         findings: Vec::new(),
+        compared: std::collections::HashMap::new(),
     };
     let (tasks, threads) = check.tasks(&mut dir)?;
     check.apparmor(&mut dir)?;
@@ -254,7 +256,8 @@ struct Bound {
     uid: u32,
     gid: u32,
     gids: BTreeSet<u32>,
-    seccomp: bool,
+    /// The spec's seccomp profile, when it sets one.
+    seccomp: Option<crate::seccomp::Profile>,
     lsm: HostLsm,
     apparmor: Option<String>,
     selinux: Option<String>,
@@ -393,7 +396,9 @@ impl Bound {
             uid: user.uid(),
             gid: user.gid(),
             gids,
-            seccomp: linux.is_some_and(|l| l.seccomp().is_some()),
+            seccomp: linux
+                .and_then(|l| l.seccomp().as_ref())
+                .map(crate::seccomp::Profile::of),
             lsm,
             apparmor: label(process.apparmor_profile()).filter(|p| p != "unconfined"),
             selinux: label(process.selinux_label()),
@@ -426,6 +431,9 @@ impl Bound {
 struct Check<'a> {
     bound: &'a Bound,
     findings: Vec<Finding>,
+    /// Filters of `seccomp.img` already compared with the spec's profile, by index (threads
+    /// share them): `Err` says how the filter is weaker.
+    compared: std::collections::HashMap<u32, Result<(), String>>,
 }
 
 /// Namespace types CRIU creates for the root task when its id differs from CRIU's own, with
@@ -534,7 +542,7 @@ impl Check<'_> {
                     .and_then(|t| t.old_seccomp_filter)
                     .or(thread.seccomp_filter)
                     .unwrap_or(0);
-                if self.bound.seccomp {
+                if self.bound.seccomp.is_some() {
                     if seccomp.is_none() && mode == SECCOMP_MODE_FILTER {
                         seccomp = Some(
                             dir.read_one("seccomp.img", Kind::Seccomp)?
@@ -747,16 +755,28 @@ impl Check<'_> {
     ) {
         match mode {
             SECCOMP_MODE_STRICT => {}
-            SECCOMP_MODE_FILTER => {
-                if let Err(why) = chain(image, filter) {
-                    self.find(
-                        Some(pid),
-                        file,
-                        "seccomp_filter",
-                        format!("does not lead to a usable filter in seccomp.img: {why}"),
-                    );
+            SECCOMP_MODE_FILTER => match chain(image, filter) {
+                Err(why) => self.find(
+                    Some(pid),
+                    file,
+                    "seccomp_filter",
+                    format!("does not lead to a usable filter in seccomp.img: {why}"),
+                ),
+                Ok(indexes) => {
+                    if let Err(why) = self.as_strict(image, &indexes) {
+                        self.find(
+                            Some(pid),
+                            file,
+                            "seccomp_filter",
+                            format!(
+                                "leads to a filter chain in seccomp.img none of whose \
+                                 filters is as strict as the container spec's seccomp profile: \
+                                 {why}"
+                            ),
+                        );
+                    }
                 }
-            }
+            },
             other => self.find(
                 Some(pid),
                 file,
@@ -769,6 +789,45 @@ impl Check<'_> {
                 ),
             ),
         }
+    }
+
+    /// Some filter of the chain (`indexes`, newest first) is, alone, at least as strict as
+    /// the spec's profile. The kernel runs every filter of a chain and takes the strictest
+    /// outcome, so the chain then is too; runc installs the spec's profile as one filter, and
+    /// filters the workload stacked on it only restrict further.
+    fn as_strict(&mut self, image: Option<&SeccompEntry>, indexes: &[u32]) -> Result<(), String> {
+        let Some(profile) = &self.bound.seccomp else {
+            return Ok(());
+        };
+        if !crate::seccomp::supported() {
+            // Documented: filter content is compared on x86-64 and arm64 nodes only.
+            return Ok(());
+        }
+        let filters = image.map_or(&[][..], |e| &e.seccomp_filters[..]);
+        let mut first_why = None;
+        // Oldest first: runc's is the oldest in an honest chain.
+        for &i in indexes.iter().rev() {
+            let result = self
+                .compared
+                .entry(i)
+                .or_insert_with(|| {
+                    crate::seccomp::at_least_as_strict(&filters[i as usize].filter, profile)
+                        .map_err(|w| w.what)
+                })
+                .clone();
+            match result {
+                Ok(()) => return Ok(()),
+                Err(why) => {
+                    first_why.get_or_insert_with(|| {
+                        format!(
+                            "filter {i} (the oldest of {} in the thread's chain): {why}",
+                            indexes.len()
+                        )
+                    });
+                }
+            }
+        }
+        Err(first_why.unwrap_or_else(|| "the chain is empty".into()))
     }
 
     fn namespaces(
@@ -1078,13 +1137,14 @@ fn seccomp_mode_name(mode: i32) -> String {
     }
 }
 
-/// The filter chain from `index` back to the first filter: every filter a non-empty, whole
-/// number of BPF instructions, every `prev` a filter of the image, no loop.
-fn chain(image: Option<&SeccompEntry>, index: u32) -> Result<usize, String> {
+/// The filter chain from `index` back to the first filter (its indexes, newest first): every
+/// filter a non-empty, whole number of BPF instructions, every `prev` a filter of the image,
+/// no loop.
+fn chain(image: Option<&SeccompEntry>, index: u32) -> Result<Vec<u32>, String> {
     const BPF_INSN: usize = 8;
     let filters = image.map_or(&[][..], |e| &e.seccomp_filters[..]);
     let mut at = Some(index);
-    let mut len = 0;
+    let mut indexes = Vec::new();
     while let Some(i) = at {
         let f = filters.get(i as usize).ok_or_else(|| {
             format!(
@@ -1098,13 +1158,13 @@ fn chain(image: Option<&SeccompEntry>, index: u32) -> Result<usize, String> {
                 f.filter.len()
             ));
         }
-        len += 1;
-        if len > filters.len() {
+        indexes.push(i);
+        if indexes.len() > filters.len() {
             return Err("the chain loops".into());
         }
         at = f.prev;
     }
-    Ok(len)
+    Ok(indexes)
 }
 
 fn missing(what: &str) -> Refusal {

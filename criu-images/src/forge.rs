@@ -182,3 +182,20 @@ pub fn creds(uid: u32, gid: u32, caps: u64) -> CredsEntry {
         cap_amb: cap_words(0),
     }
 }
+
+/// Classic BPF instructions (`code`, `jt`, `jf`, `k`) as `seccomp.img` holds a filter
+/// (`struct sock_filter` array, native endianness).
+pub fn bpf(insns: &[(u16, u8, u8, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(insns.len() * 8);
+    for (code, jt, jf, k) in insns {
+        out.extend(code.to_ne_bytes());
+        out.extend([*jt, *jf]);
+        out.extend(k.to_ne_bytes());
+    }
+    out
+}
+
+/// `SECCOMP_RET_ALLOW` for every call: the filter a forger would put in place of the spec's.
+pub fn allow_all_filter() -> Vec<u8> {
+    bpf(&[(0x06, 0, 0, 0x7fff_0000)])
+}

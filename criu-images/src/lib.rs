@@ -27,6 +27,7 @@ pub mod caps;
 pub mod forge;
 pub mod image;
 pub mod proto;
+pub mod seccomp;
 
 pub use bound::{bound_by_spec, bound_by_spec_on, Finding, HostLsm, Refusal, Report};
 pub use image::{ImageDir, ImageError, Kind, Limits};

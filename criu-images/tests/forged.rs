@@ -391,11 +391,26 @@ fn seccomp_spec() -> Spec {
     spec_of(spec)
 }
 
+/// What libseccomp makes of [`seccomp_spec`] on x86-64: kexec_load (246) gets EPERM, other
+/// ABIs (which the profile does not list) are killed, everything else is allowed.
+fn kexec_filter() -> Vec<u8> {
+    forge::bpf(&[
+        (0x20, 0, 0, 4),           // 0: ld arch
+        (0x15, 0, 5, 0xc000_003e), // 1: x86-64 ? 2 : 7
+        (0x20, 0, 0, 0),           // 2: ld nr
+        (0x25, 3, 0, 0x3fff_ffff), // 3: x32 ? 7 : 4
+        (0x15, 1, 0, 246),         // 4: kexec_load ? 6 : 5
+        (0x06, 0, 0, 0x7fff_0000), // 5: allow
+        (0x06, 0, 0, 0x0005_0001), // 6: EPERM
+        (0x06, 0, 0, 0),           // 7: kill
+    ])
+}
+
 fn filtered() -> Fixture {
     let mut f = Fixture::honest();
     f.seccomp.seccomp_filters = vec![
         SeccompFilter {
-            filter: vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f],
+            filter: kexec_filter(),
             prev: None,
             flags: None,
         },
@@ -884,4 +899,41 @@ fn forged_cores_keep_every_field_the_check_does_not_read() {
     let c = core.thread_core.unwrap().creds.unwrap();
     assert_eq!((c.uid, caps::from_words(&c.cap_eff)), (0, caps::ALL));
     assert_eq!(c.euid, 1000);
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_filter_weaker_than_the_spec_profile_is_refused() {
+    // One SECCOMP_RET_ALLOW in place of the spec's filter, on every thread.
+    let mut f = filtered();
+    f.seccomp.seccomp_filters[0].filter = forge::allow_all_filter();
+    refused(
+        f.check(&seccomp_spec()),
+        &[
+            "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none \
+             of whose filters is as strict as the container spec's seccomp profile: filter 0 \
+             (the oldest of 2 in the thread's chain): it returns SECCOMP_RET_ALLOW for kexec_load \
+             (x86_64 nr 246), where the spec's seccomp profile gives SCMP_ACT_ERRNO",
+            "task 16 (core-16.img): seccomp_filter",
+        ],
+    );
+    // A filter that stops kexec_load but lets x32 through: x32 is not in the profile.
+    let mut f = filtered();
+    f.seccomp.seccomp_filters[0].filter = forge::bpf(&[
+        (0x20, 0, 0, 4),
+        (0x15, 0, 3, 0xc000_003e),
+        (0x20, 0, 0, 0),
+        (0x15, 1, 0, 246),
+        (0x06, 0, 0, 0x7fff_0000),
+        (0x06, 0, 0, 0x0005_0001),
+    ]);
+    refused(f.check(&seccomp_spec()), &["x32 nr"]);
+    // The workload stacked a stricter filter on the spec's: still accepted, whichever is
+    // newer; a permissive filter stacked on the spec's restricts nothing and is accepted too.
+    let mut f = filtered();
+    f.seccomp.seccomp_filters[1].filter = forge::bpf(&[(0x06, 0, 0, 0x0005_0001)]);
+    f.check(&seccomp_spec()).unwrap();
+    let mut f = filtered();
+    f.seccomp.seccomp_filters[1].filter = forge::allow_all_filter();
+    f.check(&seccomp_spec()).unwrap();
 }

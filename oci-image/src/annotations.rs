@@ -55,6 +55,9 @@ pub mod keys {
     /// On a compressed layer descriptor: the bytes of its tar once decompressed. Extraction
     /// refuses the layer as soon as it inflates past this (and past the free space).
     pub const GPUSNAP_LAYER_UNCOMPRESSED_SIZE: &str = "io.gpusnap.layer.uncompressed-size";
+    /// On the manifest: the bytes of file content `rootfs-diff.tar` holds once decompressed.
+    /// Extraction refuses the diff as soon as it inflates past this (and past the free space).
+    pub const GPUSNAP_ROOTFS_DIFF_INFLATED_SIZE: &str = "io.gpusnap.rootfs-diff.inflated-size";
     /// On each layer descriptor: which part of the checkpoint it carries.
     pub const GPUSNAP_LAYER_ROLE: &str = "io.gpusnap.layer.role";
     /// On GPU-extent layers: the extent's path relative to the checkpoint directory (as in the

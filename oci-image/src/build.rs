@@ -535,6 +535,7 @@ impl Assembler {
             ..
         } = self;
         let mut layers: Vec<PendingLayer> = Vec::new();
+        let mut rootfs_inflated = None;
         for (role, w) in [
             (LayerRole::Metadata, metadata),
             (LayerRole::CriuImages, criu),
@@ -550,6 +551,10 @@ impl Assembler {
                     content_bytes = l.content_bytes,
                     "layer written"
                 );
+                if role == LayerRole::RootfsDiff {
+                    rootfs_inflated =
+                        Some(super::inflated::of_layer(&layout.blob_path(&l.digest))?);
+                }
                 layers.push((role, l, None));
             }
         }
@@ -574,6 +579,12 @@ impl Assembler {
             layout_kind,
             extents,
         );
+        if let Some(n) = rootfs_inflated {
+            annotations.insert(
+                keys::GPUSNAP_ROOTFS_DIFF_INFLATED_SIZE.into(),
+                n.to_string(),
+            );
+        }
         annotations.extend(opts.annotations.clone());
 
         let infos: Vec<LayerInfo> = layers

@@ -170,6 +170,8 @@ pub(crate) struct ExtractPlan {
     source_layout: SourceLayout,
     manifest_digest: Digest,
     annotations: std::collections::BTreeMap<String, String>,
+    /// The inflated size the manifest claims for the rootfs diff (a hostile claim: a bound).
+    rootfs_inflated: Option<u64>,
     image_name: Option<String>,
     location: String,
 }
@@ -254,6 +256,7 @@ impl ExtractPlan {
             layers,
             source_layout,
             manifest_digest,
+            rootfs_inflated: super::inflated::declared(&manifest.annotations, location)?,
             annotations: manifest.annotations.clone(),
             image_name,
             location: location.to_owned(),
@@ -272,7 +275,9 @@ impl ExtractPlan {
                 _ if l.inflate_limit < u64::MAX => l.inflate_limit.max(l.desc.size),
                 _ => l.desc.size,
             })
-            .fold(0u64, u64::saturating_add);
+            .fold(0u64, u64::saturating_add)
+            // A restore writes the inflated rootfs diff beside the checkpoint.
+            .saturating_add(self.rootfs_inflated.unwrap_or(0));
         let budget = staging.budget();
         if needed > budget.free {
             return Err(ImageError::NoSpace {
@@ -440,7 +445,7 @@ impl Staging {
             read_gpusnap_manifest(cp_fd.as_fd(), &staged_cp, &plan.annotations, &plan.location)?;
         let diff = staging.join(ROOTFS_DIFF_TAR);
         let rootfs_diff = match beneath::open_file(root, Path::new(ROOTFS_DIFF_TAR)) {
-            Ok(file) => Some(self.rootfs_diff_record(file, &diff)?),
+            Ok(file) => Some(self.rootfs_diff_record(file, &diff, plan.rootfs_inflated)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
                 return Err(ImageError::malformed(
@@ -501,7 +506,14 @@ impl Staging {
     /// content it holds once decompressed, counted now and held to the free space left at the
     /// destination (a restore writes that much beside it), so a diff that inflates into a disk
     /// filler is refused here, and a restore writes no more than recorded.
-    fn rootfs_diff_record(&self, file: File, shown: &Path) -> Result<FileDigest, ImageError> {
+    /// `declared` is the image's claim of that size: the diff is refused as soon as it inflates
+    /// past it.
+    fn rootfs_diff_record(
+        &self,
+        file: File,
+        shown: &Path,
+        declared: Option<u64>,
+    ) -> Result<FileDigest, ImageError> {
         let size = file
             .metadata()
             .map_err(ImageError::io("reading", shown))?
@@ -510,8 +522,23 @@ impl Staging {
         let sha256 = gpusnap_checkpoint::rootfs_diff::sha256_of(file)
             .map_err(ImageError::io("reading", shown))?;
         let cap = self.budget.left();
-        let content_bytes = gpusnap_checkpoint::rootfs_diff::content_bytes(again, shown, cap)
+        let bound = declared.map_or(cap, |d| d.min(cap));
+        let content_bytes = gpusnap_checkpoint::rootfs_diff::content_bytes(again, shown, bound)
             .map_err(|e| match e {
+                gpusnap_checkpoint::rootfs_diff::DiffError::TooLarge { .. }
+                    if declared.is_some_and(|d| d < cap) =>
+                {
+                    ImageError::malformed(
+                        "rootfs diff",
+                        shown.display().to_string(),
+                        format!(
+                            "it inflates past the {} bytes the image's {} declares; refused \
+                             (rebuild the image with `gpusnap image build`)",
+                            declared.unwrap_or_default(),
+                            super::annotations::keys::GPUSNAP_ROOTFS_DIFF_INFLATED_SIZE
+                        ),
+                    )
+                }
                 gpusnap_checkpoint::rootfs_diff::DiffError::TooLarge { .. } => {
                     ImageError::NoSpace {
                         what: format!("{ROOTFS_DIFF_TAR}, once decompressed,"),

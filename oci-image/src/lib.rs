@@ -70,6 +70,7 @@ mod build;
 pub mod digest;
 mod error;
 mod extract;
+mod inflated;
 mod inspect;
 pub mod interrupt;
 mod layer;

@@ -36,6 +36,14 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What the attacker edits.
+enum Forge {
+    /// Every `core-<tid>.img`.
+    Cores(fn(u32, &mut ThreadCoreEntry)),
+    /// Any image of the checkpoint directory (returns how many entries it changed).
+    Images(fn(&Path) -> Result<usize>),
+}
+
 /// One forgery and what its refusal must say.
 struct Forgery {
     name: &'static str,
@@ -45,7 +53,7 @@ struct Forgery {
     /// Changes the restore target's spec for the forged restore only (undone before the
     /// honest one).
     retarget: fn(&BusyboxContainer),
-    forge: fn(u32, &mut ThreadCoreEntry),
+    forge: Forge,
     says: &'static [&'static str],
 }
 
@@ -97,7 +105,10 @@ fn through_gpusnap_runc(f: &Forgery) -> Result<()> {
 
     let forged = dir.join("forged");
     copy_dir(&images, &forged)?;
-    forge_and_reseal(&forged, f.forge)?;
+    match f.forge {
+        Forge::Cores(edit) => forge_and_reseal(&forged, edit)?,
+        Forge::Images(edit) => edit(&forged)?,
+    };
     let spec_path = c.bundle.join("config.json");
     let spec = fs::read(&spec_path)?;
     (f.retarget)(&c);
@@ -145,7 +156,7 @@ fn gpusnap_runc_refuses_a_core_claiming_every_capability() {
         name: "caps",
         spec: |_| {},
         retarget: |_| {},
-        forge: all_capabilities,
+        forge: Forge::Cores(all_capabilities),
         says: &[
             "task 1 (core-1.img): cap_eff holds CAP_CHOWN",
             "CAP_SYS_MODULE",
@@ -170,10 +181,10 @@ fn gpusnap_runc_refuses_uid_0_in_a_non_root_container() {
         retarget: |c| {
             c.edit_spec(|s| s["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000}))
         },
-        forge: |_, t| {
+        forge: Forge::Cores(|_, t| {
             let c = t.creds.as_mut().expect("creds in the core");
             (c.uid, c.euid, c.suid, c.fsuid) = (0, 0, 0, 0);
-        },
+        }),
         says: &[
             "task 1 (core-1.img): uid is 0, but the container spec's user is uid 1000 and its \
              bounding set lacks CAP_SETUID (spec 1000, image 0)",
@@ -196,10 +207,37 @@ fn gpusnap_runc_refuses_a_core_that_drops_the_seccomp_filter() {
                 })
             })
         },
-        forge: |_, t| t.seccomp_mode = Some(0),
+        forge: Forge::Cores(|_, t| t.seccomp_mode = Some(0)),
         says: &[
             "task 1 (core-1.img): seccomp_mode is disabled where the container spec sets a \
              seccomp profile (spec filter, image disabled)",
+        ],
+    });
+}
+
+/// The spec's profile as runc compiled it, replaced in `seccomp.img` by one
+/// `SECCOMP_RET_ALLOW`: the cores still say "filter mode", only the filter's content is
+/// weaker than the profile.
+#[test]
+fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
+    run(Forgery {
+        name: "permissive",
+        retarget: |_| {},
+        spec: |c| {
+            c.edit_spec(|s| {
+                s["linux"]["seccomp"] = serde_json::json!({
+                    "defaultAction": "SCMP_ACT_ALLOW",
+                    "architectures": ["SCMP_ARCH_X86_64"],
+                    "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
+                })
+            })
+        },
+        forge: Forge::Images(gpusnap_testkit::seccomp::forge_permissive_and_reseal),
+        says: &[
+            "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
+             whose filters is as strict as the container spec's seccomp profile",
+            "it returns SECCOMP_RET_ALLOW for kexec_load (x86_64 nr 246), where the spec's \
+             seccomp profile gives SCMP_ACT_ERRNO",
         ],
     });
 }
@@ -339,4 +377,66 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
         us < 50_000,
         "the check took {us} µs on a two-task checkpoint"
     );
+}
+
+/// `ctr run --seccomp` (containerd's default profile, compiled by runc): the honest checkpoint
+/// restores under the content comparison, and the same checkpoint with every filter replaced
+/// by one `SECCOMP_RET_ALLOW` is refused before CRIU runs, naming a call the profile stops.
+#[test]
+fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()> {
+    use gpusnap_testkit::checkpoint::{
+        container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
+    };
+    use gpusnap_testkit::rig::RunOpts;
+    let rig = CkRig::start_for(Runtime::Gpusnap)?;
+    let run = run_token();
+    rig.run_detached_with(
+        Runtime::Gpusnap,
+        "src",
+        &["sh", "-c", COUNTER, run.as_str()],
+        &RunOpts {
+            extra_args: vec!["--seccomp".into()],
+            ..RunOpts::default()
+        },
+    )?;
+    let src_pid = rig.task_pid("src")?;
+    let status = fs::read_to_string(format!("/proc/{src_pid}/status"))?;
+    ensure!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Seccomp:") && l.ends_with('2')),
+        "the container runs without a seccomp filter: {status}"
+    );
+    wait_count(&run, "src", WARM, || count_of(src_pid))?;
+    let image = "ck/seccomp:1";
+    container_checkpoint_ok(&rig, "src", image, false)?;
+    let before = count_of(src_pid).context("no count after the checkpoint")?;
+    gpusnap_testkit::checkpoint::kill_and_remove(&rig, "src")?;
+
+    let blob = criu_tar_blob(&rig, image)?;
+    let pristine = fs::read(&blob)?;
+    let dir = tempfile::tempdir()?;
+    tar::Archive::new(&pristine[..]).unpack(dir.path())?;
+    gpusnap_testkit::seccomp::forge_permissive_and_reseal(dir.path())?;
+    write_blob(&blob, &tar_flat_dir(dir.path())?)?;
+    let err = ctr_restore_refused(&rig, "forged", image)?;
+    write_blob(&blob, &pristine)?;
+    for says in [
+        "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
+         whose filters is as strict as the container spec's seccomp profile",
+        "it returns SECCOMP_RET_ALLOW for",
+        "where the spec's seccomp profile gives SCMP_ACT_ERRNO",
+    ] {
+        ensure!(err.contains(says), "{says:?} missing from {err:?}");
+    }
+
+    let started = Instant::now();
+    container_restore_live_ok(&rig, "honest", image, false)?;
+    let pid = rig.task_pid("honest")?;
+    check_continues("honest", &before, || count_of(pid))?;
+    eprintln!(
+        "honest ctr restore with the default seccomp profile took {:?}",
+        started.elapsed()
+    );
+    Ok(())
 }

@@ -516,8 +516,11 @@ fn cri_checkpoint_images_and_restore_from_under_require() {
 
 /// Podman with gpusnap-runc under require: an unsigned zstd export is refused at import, the
 /// same archive signed in place (still zstd) by `gpusnap checkpoint sign` is imported and goes
-/// on. (gpusnap-runc signing at seal is covered under CRI-O below: Podman 4.3 did not hand
-/// the test's non-default `GPUSNAP_CONFIG` to the runtime's `checkpoint`.)
+/// on. Then gpusnap-runc signs at seal with the node's config in its default place
+/// (`/etc/gpusnap/config.toml`, put back as it was afterwards): Podman 4.3 hands the
+/// runtime's `checkpoint` no `GPUSNAP_CONFIG`, so that is where the node's signing key is
+/// read from; the export carries a signature `gpusnap checkpoint verify` accepts, and imports
+/// under require.
 #[test]
 fn podman_import_and_restore_under_require() {
     use gpusnap_testkit::podman::{self as pm, Podman};
@@ -552,7 +555,28 @@ fn podman_import_and_restore_under_require() {
         p.ok(&["container", "restore", "--import", s(&export), "--name", &c])?;
         pm::check_continues(&c, &before, || p.count(&c))?;
 
-        for name in [&a, &b, &c] {
+        // The node's config in its default place, with the signing key: signed at seal.
+        let node = p.dir().join("node-config.toml");
+        fs::copy(&p.gpusnap_config, &node)?;
+        set_policy(&node, &policy(Some(&k.a.private)))?;
+        let _node_config = gpusnap_testkit::can_fail::CriuConfigFile::replace(
+            // gpusnap-runc's default config path (gpusnap_config::DEFAULT_CONFIG_PATH).
+            Path::new("/etc/gpusnap/config.toml"),
+            &fs::read_to_string(&node)?,
+        )?;
+        let before = pm::wait_count(&marker, &c, 0, || p.count(&c))?;
+        let sealed = p.dir().join("c.tar.zst");
+        p.ok(&["container", "checkpoint", "--export", s(&sealed), &c])?;
+        ensure!(
+            archive_checkpoint_file(&sealed, SIGNATURE)?.is_some(),
+            "gpusnap-runc did not sign at seal under Podman"
+        );
+        gpusnap_ok(&["checkpoint", "verify", s(&sealed), "--key", s(&k.a.public)])?;
+        let d = unique("gps-d");
+        p.ok(&["container", "restore", "--import", s(&sealed), "--name", &d])?;
+        pm::check_continues(&d, &before, || p.count(&d))?;
+
+        for name in [&a, &b, &c, &d] {
             let _ = p.run(&["rm", "-f", "-t", "1", name]);
         }
         Ok(())

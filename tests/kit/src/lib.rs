@@ -69,6 +69,7 @@ pub mod pty;
 pub mod registry;
 pub mod rig;
 pub mod scenario;
+pub mod seccomp;
 pub mod signing;
 pub mod wait;
 
