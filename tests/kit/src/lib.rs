@@ -50,6 +50,7 @@
 //! 3. `<workspace>/target/debug/containerd-shim-gpusnap-v2`.
 
 pub mod bundle;
+pub mod busybox_registry;
 pub mod can_fail;
 pub mod checkpoint;
 pub mod cmd;
@@ -65,6 +66,7 @@ pub mod paths;
 pub mod podman;
 pub mod privilege;
 pub mod pty;
+pub mod refused_restore;
 pub mod registry;
 pub mod rig;
 pub mod scenario;
