@@ -5,15 +5,21 @@
 //! ([`InFlight`]); a record whose writer is dead means the checkpoint was interrupted: its
 //! unsealed images are removed and the cgroup is frozen or thawed as the caller had it, so
 //! CRI-O and Podman see the container as it really is.
+//!
+//! A gpusnap-runc killed mid-restore leaves a record in its scratch directory: the orphaned
+//! `runc restore`, its CRIU and what they restored are killed and runc's state of the id is
+//! removed (the caller was never told the restore worked), as after any failed restore.
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use gpusnap_checkpoint::beneath;
-use gpusnap_transaction::inflight::{InFlight, INFLIGHT_FILE};
+use gpusnap_transaction::inflight::{
+    restore_record_name, InFlight, RestoreInFlight, INFLIGHT_FILE,
+};
 use gpusnap_transaction::{runc::Runc, Direct};
 
-use crate::Context;
+use crate::{Context, SCRATCH_DIR};
 
 /// Repairs every container the command line names (any argument that is the id of a container
 /// with a record: a stat each, nothing more for the others).
@@ -22,6 +28,21 @@ pub fn interrupted_checkpoints(ctx: &Context) {
         let Some(id) = arg.to_str() else { continue };
         if id.is_empty() || id.starts_with('-') || id.contains('/') || id.starts_with('.') {
             continue;
+        }
+        let scratch = std::path::Path::new(SCRATCH_DIR);
+        // gpusnap-runc's own scratch directory; looked at through its descriptor, never followed.
+        let has_restore_record = beneath::open_root(scratch).is_ok_and(|fd| {
+            matches!(
+                beneath::stat_at(fd.as_fd(), OsStr::new(&restore_record_name(id))),
+                Ok(Some(_))
+            )
+        });
+        if has_restore_record {
+            if let Some(record) = RestoreInFlight::read(scratch, id) {
+                if !record.writer_alive() {
+                    record.repair(scratch, &Runc::new(ctx.global(), id, &Direct));
+                }
+            }
         }
         let dir = ctx.state_dir(id);
         // Looked at and removed through a descriptor of the state directory, never followed.

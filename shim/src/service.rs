@@ -11,7 +11,8 @@ use containerd_shim::{
     Config, Error, Flags, StartOpts,
 };
 
-use gpusnap_transaction::inflight::InFlight;
+use gpusnap_transaction::inflight::{InFlight, RestoreInFlight};
+use gpusnap_transaction::Direct;
 
 use crate::{events::EventSender, options::RuntimeSettings, task::TaskService};
 
@@ -74,6 +75,21 @@ impl Shim for Service {
             inflight.repair(&bundle, None);
         }
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
+        // A restore this shim was running (Start of a container created from a checkpoint):
+        // its runc and CRIU are orphaned, and a CRIU that stalls is no longer bounded by the
+        // deadline's watch, which died with this shim.
+        if let Some(restore) =
+            RestoreInFlight::read(&bundle, &self.id).filter(|r| !r.writer_alive())
+        {
+            let global = gpusnap_criu_bridge::RuncGlobal {
+                binary: PathBuf::from(&settings.runc_binary),
+                root: Some(settings.runc_root.clone()),
+                systemd_cgroup: settings.systemd_cgroup,
+                ..Default::default()
+            };
+            let runc = gpusnap_transaction::runc::Runc::new(global, &self.id, &Direct);
+            restore.repair(&bundle, &runc);
+        }
         // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
         // runc reports such a container paused, and a frozen process dies only once thawed.
         let cgroups: Vec<PathBuf> = [

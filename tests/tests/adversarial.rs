@@ -37,6 +37,7 @@ use gpusnap_checkpoint::{
 };
 use gpusnap_criu_bridge::CriuFlags;
 use gpusnap_testkit::can_fail::Sentinel;
+use gpusnap_testkit::refused_restore::gpusnap_runc_refuses;
 use gpusnap_testkit::{
     bundle::BusyboxContainer, cri::ContainerSpec, rig::BUSYBOX_IMAGE, CriNode, CriNodeOptions,
 };
@@ -974,35 +975,8 @@ fn corpus_through_gpusnap_runc() -> Result<()> {
         sealed_checkpoint(&ck);
         apply(&ck, &sentinel);
         let ctr = BusyboxContainer::create(work.path(), &id, "sleep 100");
-        let (code, _out, err) = ctr.wrapper(
-            &[
-                "restore",
-                "-d",
-                "--image-path",
-                ck.to_str().unwrap(),
-                "--bundle",
-                ctr.bundle.to_str().unwrap(),
-                &id,
-            ],
-            &[],
-            work.path(),
-        );
-        let lines: Vec<&str> = err
-            .lines()
-            .filter(|l| l.starts_with("gpusnap-runc:"))
-            .collect();
-        let ok = code == 1
-            && lines.len() == 1
-            && lines[0].contains(c.says)
-            && lines[0].contains(&format!("cannot restore {id}"))
-            && ctr.status().is_none()
-            && !ck.join("restore.log").exists();
-        if !ok {
-            failures.push(format!(
-                "{}: exit {code}, runc state {:?}, stderr {err:?}",
-                c.name,
-                ctr.status()
-            ));
+        if let Err(e) = gpusnap_runc_refuses(&ctr, &ck, c.says, work.path()) {
+            failures.push(format!("{}: {e}", c.name));
         }
     }
     watch.check(&cases.iter().collect::<Vec<_>>())?;

@@ -22,11 +22,11 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use gpusnap_fake_libcuda::FakeCuda;
 use gpusnap_oci_image::{self as image, BuildOptions, RegistryOptions};
+use gpusnap_testkit::busybox_registry::{registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::cri::{
     gpusnap_handler, wait_for_state, ConfigVia, ContainerSpec, CriNode, CriNodeOptions, Pod,
     Registry,
 };
-use gpusnap_testkit::paths;
 use k8s_cri::v1::ContainerState;
 
 /// The workload: a random token kept in shell memory and a counter, reported every 100 ms.
@@ -60,7 +60,6 @@ impl Counter {
 /// reaches node B only through the checkpoint's rootfs diff.
 const NOTE: &str = "/tmp/note.txt";
 const NOTE_TEXT: &str = "written on node A before the checkpoint";
-const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
 
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
@@ -72,19 +71,6 @@ fn check(f: impl FnOnce() -> Result<()>) {
     if let Err(e) = f() {
         panic!("{e:#}");
     }
-}
-
-/// A registry holding the busybox test image (pushed with gpusnap's own registry client, which
-/// pushes any OCI image).
-fn registry_with_busybox() -> Result<Registry> {
-    let reg = Registry::start()?;
-    image::push(
-        &paths::busybox_archive(),
-        &reg.url(BUSYBOX_REPO),
-        &RegistryOptions::default(),
-    )
-    .context("pushing busybox to the test registry")?;
-    Ok(reg)
 }
 
 fn node(reg: &Registry, extra_config: &str, via: ConfigVia) -> Result<CriNode> {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use gpusnap_oci_image::{self as image, RegistryOptions};
+use gpusnap_testkit::busybox_registry::{publish_archive, registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::containerd::{default_path_env, Containerd, ContainerdSpec};
 use gpusnap_testkit::cri::{gpusnap_handler, write_plain_http_hosts, CriNode, CriNodeOptions};
 use gpusnap_testkit::crictl::{Crictl, CrictlPod, PidMode};
@@ -47,7 +47,6 @@ const COUNTER: &str = "tok=$(cat /proc/sys/kernel/random/uuid); i=0; exec 3>/tmp
      while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; echo $i >&3; sleep 0.1; done";
 /// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
 const WARM: u64 = 10;
-const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
 
 fn runc_handler() -> &'static str {
     Runtime::RuncV2.cri_handler()
@@ -102,18 +101,6 @@ struct Node {
     /// Held for its lifetime: its containerd serves `crictl`.
     _plain: Option<PlainNode>,
     reg: Registry,
-}
-
-/// A registry holding the busybox test image.
-fn registry_with_busybox() -> Result<Registry> {
-    let reg = Registry::start()?;
-    image::push(
-        &paths::busybox_archive(),
-        &reg.url(BUSYBOX_REPO),
-        &RegistryOptions::default(),
-    )
-    .context("pushing busybox to the test registry")?;
-    Ok(reg)
 }
 
 impl Node {
@@ -348,19 +335,7 @@ impl Node {
     /// `gpusnap image build ARCHIVE -t REF -o OCI` and `gpusnap image push OCI URL`; the
     /// reference CRI pulls.
     fn publish(&self, archive: &Path, repo_tag: &str, work: &Path) -> Result<String> {
-        let oci = work.join(format!("{}.oci.tar", repo_tag.replace(['/', ':'], "_")));
-        let reference = self.reg.image(repo_tag);
-        gpusnap_ok(&[
-            "image",
-            "build",
-            path_str(archive)?,
-            "-t",
-            &reference,
-            "-o",
-            path_str(&oci)?,
-        ])?;
-        gpusnap_ok(&["image", "push", path_str(&oci)?, &self.reg.url(repo_tag)])?;
-        Ok(reference)
+        publish_archive(&self.reg, archive, repo_tag, work)
     }
 }
 

@@ -15,6 +15,7 @@ use std::{fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::bundle::BusyboxContainer;
+use gpusnap_testkit::busybox_registry::{registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::can_fail::{CriuConfigFile, CRIU_DEFAULT_CONF};
 use gpusnap_testkit::counter::{
     check_continues, count_in_file, count_of, counter_command, counter_script, run_token,
@@ -27,7 +28,6 @@ use gpusnap_testkit::{
 use k8s_cri::v1::ContainerState;
 
 /// The busybox test image in the private registry of the CRI tests.
-const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
 
 /// Builds the double as `<dir>/<name>.so`.
 fn build_double(dir: &Path, name: &str) -> Result<()> {
@@ -337,13 +337,7 @@ fn cri_checkpoint_and_restore(node: &CriNode, image: &str, handler: &str) -> Res
 /// A CRI node whose containerd names the doubles' directory, with the busybox image pulled
 /// from a private registry (a restore from a CRI archive pulls its base image by name).
 fn cri_node(doubles: &Doubles) -> Result<(Registry, CriNode, String)> {
-    let reg = Registry::start()?;
-    gpusnap_oci_image::push(
-        &paths::busybox_archive(),
-        &reg.url(BUSYBOX_REPO),
-        &gpusnap_oci_image::RegistryOptions::default(),
-    )
-    .context("pushing busybox to the test registry")?;
+    let reg = registry_with_busybox()?;
     let node = CriNode::start(CriNodeOptions {
         registry_host: Some(reg.host()),
         rig: RigOptions {

@@ -11,8 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use gpusnap_testkit::busybox_registry::{publish_archive, registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::checkpoint::read_in_task;
 use gpusnap_testkit::faults::{self, point, Failpoints, RestoreFault};
+use gpusnap_testkit::signing::CriSigNode;
 use gpusnap_testkit::{
     binary, require_root, rig_bin_dir, unique, wait_some, wait_until, BusyboxContainer, Rig,
     RigOptions, Runtime, Spawned, TaskState,
@@ -68,8 +70,15 @@ fn rig_with(extra_config: &str, criu_dir: Option<&Path>) -> Result<Case> {
     Ok(Case { rig, fp, _dir: dir })
 }
 
+/// A workload with little memory (a dump of a fraction of a second).
+const SMALL: &str = "busybox touch /tmp/ready; while true; do busybox sleep 1; done";
+
 fn start_big(rig: &Rig, id: &str) -> Result<PathBuf> {
-    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", BIG])?;
+    start_workload(rig, id, BIG)
+}
+
+fn start_workload(rig: &Rig, id: &str, script: &str) -> Result<PathBuf> {
+    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", script])?;
     ensure!(
         wait_until(Duration::from_secs(60), || read_in_task(
             rig,
@@ -257,6 +266,123 @@ fn ctr_criu_or_runc_killed_mid_dump_leaves_it_running() -> Result<()> {
     Ok(())
 }
 
+/// runc killed at seal: CRIU has finished the dump (leave-running and `--exit`) and runc is
+/// killed before it returns. Nothing is sealed, the images are removed, and the task runs,
+/// thawed and reported RUNNING.
+#[test]
+fn ctr_runc_killed_at_seal() -> Result<()> {
+    require_root();
+    let wrappers = tempfile::tempdir()?;
+    let bin = faults::criu_wrapper(
+        wrappers.path(),
+        &faults::real_criu(),
+        RestoreFault::StopRuncAfterDump,
+    )?;
+    let c = rig_with("", Some(&bin))?;
+    for exit in [false, true] {
+        let id = unique("fault-runc-seal");
+        let cgroup = start_workload(&c.rig, &id, SMALL)?;
+        let img = c.rig.dir().join(format!("img-{id}"));
+        let ctr = ctr_checkpoint(&c.rig, &id, &img, exit)?;
+        let runc = faults::wait_wrapper_hit(&bin, Duration::from_secs(60))?;
+        ensure!(
+            img.join("inventory.img").is_file(),
+            "runc stopped before the dump finished"
+        );
+        faults::kill9(runc);
+        let out = ctr.wait_timeout(Duration::from_secs(60))?;
+        ensure!(
+            !out.status.success(),
+            "checkpoint succeeded with runc killed at seal"
+        );
+        let state =
+            assert_truth(&c.rig, &id, &cgroup, &img).with_context(|| format!("exit {exit}"))?;
+        ensure!(
+            state == TaskState::Running,
+            "exit {exit}: {id} is {state:?}"
+        );
+        ensure!(!faults::sealed(&img), "exit {exit}: sealed without runc");
+        ensure!(
+            read_in_task(&c.rig, &id, "/tmp/ready").is_some(),
+            "{id} does not answer"
+        );
+    }
+    Ok(())
+}
+
+/// The shim is killed while CRIU restores (stalled once it has forked the tree, so that the
+/// kill lands mid-restore): containerd's `shim delete` kills the orphaned runc, CRIU and
+/// restored tree; the task is reported stopped, with no runc state, process, cgroup or rootfs
+/// mount left.
+#[test]
+fn ctr_shim_killed_mid_restore() -> Result<()> {
+    require_root();
+    let wrappers = tempfile::tempdir()?;
+    let bin = faults::criu_wrapper(wrappers.path(), &faults::real_criu(), RestoreFault::Stall)?;
+    let c = rig_with("", Some(&bin))?;
+    let id = unique("fault-shim-rst");
+    c.rig
+        .run_detached(Runtime::Gpusnap, &id, &["sh", "-c", "sleep 100000"])?;
+    let reference = format!("localhost/faults/{id}:1");
+    gpusnap_testkit::checkpoint::container_checkpoint_ok(&c.rig, &id, &reference, false)?;
+    gpusnap_testkit::checkpoint::kill_and_remove(&c.rig, &id)?;
+    let restored = unique("fault-shim-rsd");
+    let ctr = Spawned::spawn(
+        c.rig
+            .ctr_command(&["containers", "restore", "--live", &restored, &reference]),
+        None,
+    )?;
+    let criu = faults::wait_wrapper_hit(&bin, Duration::from_secs(60))?;
+    let runc = faults::runc_of("restore", &restored).context("runc restore not running")?;
+    faults::kill9(runc.ppid);
+    let out = ctr.wait_timeout(Duration::from_secs(60))?;
+    ensure!(
+        !out.status.success(),
+        "restore succeeded with its shim killed"
+    );
+    wait_stopped(&c.rig, &restored)?;
+    let bundle = c.rig.bundle_dir(&restored);
+    let cg = PathBuf::from("/sys/fs/cgroup/freezer")
+        .join(c.rig.namespace())
+        .join(&restored);
+    wait_until(Duration::from_secs(60), || {
+        !faults::alive(criu)
+            && faults::runc_of("restore", &restored).is_none()
+            && !c.rig.runc_root().join(&restored).exists()
+            && !faults::mounted(&bundle.join("rootfs"))
+    });
+    ensure!(
+        !faults::alive(criu),
+        "the restore's CRIU (pid {criu}) is left; containerd log:\n{}",
+        c.rig.log_tail(40)
+    );
+    ensure!(
+        faults::runc_of("restore", &restored).is_none(),
+        "the orphaned runc restore is left"
+    );
+    ensure!(
+        !c.rig.runc_root().join(&restored).exists(),
+        "runc state of {restored} left: {:?}; containerd log:\n{}",
+        std::fs::read_dir(c.rig.runc_root().join(&restored))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
+        c.rig.log_tail(30)
+    );
+    ensure!(
+        faults::cgroup_pids(&cg).is_empty(),
+        "processes left in {}",
+        cg.display()
+    );
+    ensure!(
+        faults::frozen(&cg) != Some(true),
+        "frozen cgroup of {restored} left"
+    );
+    ensure!(
+        !faults::mounted(&bundle.join("rootfs")),
+        "rootfs of {restored} left mounted"
+    );
+    Ok(())
+}
+
 /// CRIU stalls mid-restore (a real CRIU, stopped once it forked the tree): the restore
 /// returns within its deadline, nothing of the checkpoint runs, and the error says so.
 #[test]
@@ -321,6 +447,85 @@ fn ctr_restore_deadline_and_crash() -> Result<()> {
         ensure!(
             faults::runc_of("restore", &restored).is_none(),
             "{fault:?}: runc restore is left running"
+        );
+    }
+    Ok(())
+}
+
+// ----- CRI: a checkpoint archive, gpusnap.io/restore-from ---------------------------------
+
+/// CRIU stalls restoring through containerd's CRI: `crictl start` of a container created from
+/// a checkpoint archive, and of one in a pod annotated `gpusnap.io/restore-from`, fails within
+/// the node's deadline (5 s) with an error saying what was left; the stalled CRIU is gone and
+/// no process of the checkpoint (its run token) runs anywhere.
+#[test]
+fn cri_restore_deadline_through_the_archive_and_restore_from() -> Result<()> {
+    require_root();
+    let wrappers = tempfile::tempdir()?;
+    let bin = faults::criu_wrapper(wrappers.path(), &faults::real_criu(), RestoreFault::Stall)?;
+    let reg = registry_with_busybox()?;
+    // Appended inside the node config's `[restore]` table.
+    let node = CriSigNode::start_with_config(
+        &reg.host(),
+        &reg.image(BUSYBOX_REPO),
+        &format!(
+            "deadline_seconds = 5\n\n[criu]\nbinary_dir = {:?}\n",
+            bin.display().to_string()
+        ),
+    )?;
+    let work = tempfile::tempdir()?;
+    let w = node.run_counter(&unique("deadline-a"))?;
+    let archive = work.path().join("ck.tar");
+    let count = node.checkpoint(&w, &archive)?;
+    node.crictl.remove_pod(&w.pod)?;
+    let name = "ck-deadline";
+    publish_archive(&reg, &archive, "gpusnap/ck-deadline:1", work.path())?;
+    let pulled = gpusnap_testkit::gpusnap([
+        "--config",
+        node.node.config_path().to_str().unwrap(),
+        "image",
+        "pull",
+        &reg.url("gpusnap/ck-deadline:1"),
+        "--extract",
+        name,
+    ]);
+    ensure!(
+        pulled.status.success(),
+        "gpusnap image pull --extract: {}",
+        gpusnap_testkit::describe(&pulled)
+    );
+    let archive = archive.to_str().unwrap().to_string();
+    for (door, image, annotations) in [
+        ("archive", archive.as_str(), vec![]),
+        (
+            "restore-from",
+            node.busybox.as_str(),
+            vec![("gpusnap.io/restore-from", name)],
+        ),
+    ] {
+        let t = Instant::now();
+        let err = node
+            .restore(&unique(door), image, &annotations, &count)?
+            .refusal()
+            .with_context(|| door.to_string())?;
+        let took = t.elapsed();
+        ensure!(took < Duration::from_secs(60), "{door}: took {took:?}");
+        ensure!(err.contains("did not finish within 5s"), "{door}: {err}");
+        ensure!(
+            err.contains("nothing of the checkpoint is running"),
+            "{door}: the error does not say what was left: {err}"
+        );
+        let criu = faults::wait_wrapper_hit(&bin, Duration::from_secs(5))
+            .with_context(|| format!("{door}: CRIU never stalled"))?;
+        ensure!(!faults::alive(criu), "{door}: the stalled CRIU is left");
+        let runs: Vec<u32> = faults::processes()
+            .into_iter()
+            .filter(|p| p.cmdline.iter().any(|a| a == &node.run))
+            .map(|p| p.pid)
+            .collect();
+        ensure!(
+            runs.is_empty(),
+            "{door}: the checkpoint's processes {runs:?} run"
         );
     }
     Ok(())
@@ -469,6 +674,87 @@ fn gpusnap_runc_criu_killed_mid_dump() -> Result<()> {
         return faults::assert_no_unsealed_images(&img);
     }
     assert_repaired(&c, &env, &cgroup, &img)
+}
+
+/// gpusnap-runc killed while CRIU restores (stalled once it has forked the tree): the next
+/// gpusnap-runc call naming the container (what CRI-O and Podman run next) kills the orphaned
+/// runc, CRIU and restored tree and removes runc's state: the container is stopped and runc
+/// says so.
+#[test]
+fn gpusnap_runc_killed_mid_restore() -> Result<()> {
+    require_root();
+    let dir = tempfile::tempdir()?;
+    let bin = faults::criu_wrapper(
+        &dir.path().join("criu-stall"),
+        &faults::real_criu(),
+        RestoreFault::Stall,
+    )?;
+    let cfg = dir.path().join("cfg.toml");
+    std::fs::write(
+        &cfg,
+        format!("[criu]\nbinary_dir = \"{}\"\n", bin.display()),
+    )?;
+    let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
+    let c = BusyboxContainer::create(dir.path(), &unique("fault-gsr-kr"), "sleep 100000");
+    c.start();
+    let cgroup = runc_cgroup(&c)?;
+    let img = dir.path().join("img");
+    let (code, _, err) = c.wrapper(
+        &["checkpoint", "--image-path", img.to_str().unwrap(), &c.id],
+        &env,
+        dir.path(),
+    );
+    ensure!(code == 0, "checkpoint: {err}");
+    let work = dir.path().join("restore-work");
+    std::fs::create_dir_all(&work)?;
+    let mut restore = Command::new(binary("gpusnap-runc"));
+    restore
+        .args(c.root_args())
+        .args(["restore", "-d", "--image-path"])
+        .arg(&img)
+        .arg("--work-path")
+        .arg(&work)
+        .arg("--bundle")
+        .arg(&c.bundle)
+        .arg(&c.id)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.path().join("restore.out"))?)
+        .stderr(std::fs::File::create(dir.path().join("restore.err"))?);
+    let mut wrapper = restore.spawn()?;
+    let criu = faults::wait_wrapper_hit(&bin, Duration::from_secs(60))?;
+    faults::kill9(wrapper.id());
+    let _ = wrapper.wait();
+    ensure!(
+        faults::alive(criu),
+        "the stalled CRIU went with gpusnap-runc: nothing left to repair"
+    );
+    // What CRI-O and Podman run next names the container.
+    let (code, out, _) = c.wrapper(&["state", &c.id], &env, dir.path());
+    ensure!(code != 0, "runc still reports the container: {out}");
+    ensure!(
+        !faults::alive(criu),
+        "the restore's CRIU (pid {criu}) is left"
+    );
+    ensure!(
+        faults::runc_of("restore", &c.id).is_none(),
+        "the orphaned runc restore is left"
+    );
+    ensure!(c.status().is_none(), "runc still knows the container");
+    // runc killed mid-restore leaves its directory of the id, with a bind mount of the rootfs
+    // (`criu-root`) in it.
+    ensure!(
+        !c.runc_root.join(&c.id).exists(),
+        "runc's directory of the container is left: {:?}",
+        std::fs::read_dir(c.runc_root.join(&c.id))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    ensure!(
+        faults::cgroup_pids(&cgroup).is_empty(),
+        "processes left in {}",
+        cgroup.display()
+    );
+    Ok(())
 }
 
 /// gpusnap-runc restore, detached and in the foreground, with CRIU stalling or crashing

@@ -37,8 +37,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use gpusnap_oci_image::{self as image, RegistryOptions};
 use gpusnap_testkit::bundle::BusyboxContainer;
+use gpusnap_testkit::busybox_registry::{registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::checkpoint::{
     container_checkpoint, container_restore_live_ok, criu_tar_blob, image_refs, kill_and_remove,
     proc_state, task_checkpoint, CkRig,
@@ -53,8 +53,6 @@ use gpusnap_testkit::{
     gpusnap, paths, CriNodeOptions, OutputExt, Registry, RunOpts, Runtime, TaskState,
 };
 use k8s_cri::v1::ContainerState;
-
-const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
 
 /// Failures of a leave-running checkpoint's in-place resume (the CUDA process restored and
 /// unlocked after the dump). They are reported after the restore, so that a cell still shows
@@ -359,13 +357,7 @@ struct CriWorkload {
 impl CriCell {
     fn start(engine: Engine, cuda: Cuda) -> Result<CriCell> {
         let gpu = GpuDouble::new(engine, cuda)?;
-        let reg = Registry::start()?;
-        image::push(
-            &paths::busybox_archive(),
-            &reg.url(BUSYBOX_REPO),
-            &RegistryOptions::default(),
-        )
-        .context("pushing busybox to the test registry")?;
+        let reg = registry_with_busybox()?;
         let node = CriNode::start(CriNodeOptions {
             gpusnap_config: gpu.config(),
             registry_host: Some(reg.host()),

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use gpusnap_oci_image::{self as image, RegistryOptions};
+use gpusnap_testkit::busybox_registry::{publish_archive, registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::checkpoint::{
     container_checkpoint_ok, container_restore, criu_tar_blob, kill_and_remove, parse_tar,
     read_in_task, rewrite_criu_tar, tar_member, CkRig,
@@ -34,7 +34,7 @@ use gpusnap_testkit::signing::{
     MANIFEST, SIGNATURE,
 };
 use gpusnap_testkit::{
-    describe, gpusnap, paths, text, unique, OutputExt, Registry, RigOptions, Runtime, TaskState,
+    describe, gpusnap, text, unique, OutputExt, Registry, RigOptions, Runtime, TaskState,
 };
 
 fn check(f: impl FnOnce() -> Result<()>) {
@@ -262,36 +262,6 @@ fn ctr_checkpoint_images_restore_only_when_signed_by_a_trusted_key() {
 
 // ----- CRI: archives, checkpoint images, restore-from -------------------------------------
 
-const BUSYBOX_REPO: &str = "gpusnap/busybox:test";
-
-fn registry_with_busybox() -> Result<Registry> {
-    let reg = Registry::start()?;
-    image::push(
-        &paths::busybox_archive(),
-        &reg.url(BUSYBOX_REPO),
-        &RegistryOptions::default(),
-    )
-    .context("pushing busybox to the test registry")?;
-    Ok(reg)
-}
-
-/// `gpusnap image build ARCHIVE` + `push`: the reference CRI pulls.
-fn publish(reg: &Registry, archive: &Path, repo_tag: &str, work: &Path) -> Result<String> {
-    let oci = work.join(format!("{}.oci.tar", repo_tag.replace(['/', ':'], "_")));
-    let reference = reg.image(repo_tag);
-    gpusnap_ok(&[
-        "image",
-        "build",
-        s(archive),
-        "-t",
-        &reference,
-        "-o",
-        s(&oci),
-    ])?;
-    gpusnap_ok(&["image", "push", s(&oci), &reg.url(repo_tag)])?;
-    Ok(reference)
-}
-
 /// Node A signs at seal with key a (its own policy off); node B requires a signature by a.
 struct TwoNodes {
     k: Keys,
@@ -426,8 +396,9 @@ fn cri_checkpoint_images_and_restore_from_under_require() {
         let t = two_nodes()?;
         let (signed, s_count) = t.export(&t.a, "img-signed")?;
         let (unsigned, u_count) = t.export(&t.b, "img-unsigned")?;
-        let signed_ref = publish(&t.reg, &signed, "gpusnap/ck:signed", t.work.path())?;
-        let unsigned_ref = publish(&t.reg, &unsigned, "gpusnap/ck:unsigned", t.work.path())?;
+        let signed_ref = publish_archive(&t.reg, &signed, "gpusnap/ck:signed", t.work.path())?;
+        let unsigned_ref =
+            publish_archive(&t.reg, &unsigned, "gpusnap/ck:unsigned", t.work.path())?;
 
         // The checkpoint image as the container image (containerd's CRI restore).
         t.b.crictl.ok(&["pull", &unsigned_ref])?;

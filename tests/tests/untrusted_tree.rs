@@ -18,6 +18,7 @@ use anyhow::{ensure, Result};
 use gpusnap_checkpoint::{seal_checkpoint, Manifest, ProcessRecord};
 use gpusnap_criu_bridge::CriuFlags;
 use gpusnap_testkit::bundle::BusyboxContainer;
+use gpusnap_testkit::refused_restore::gpusnap_runc_refuses;
 
 /// A host tree the crafted entries point at, with a checksum of its files.
 struct Sentinel {
@@ -174,35 +175,8 @@ fn gpusnap_runc_refuses_a_tree_with_links_before_runc() {
         sealed_checkpoint(&ck);
         (m.apply)(&ck, &sentinel);
         let ctr = BusyboxContainer::create(work.path(), &id, "sleep 100");
-        let (code, _out, err) = ctr.wrapper(
-            &[
-                "restore",
-                "-d",
-                "--image-path",
-                ck.to_str().unwrap(),
-                "--bundle",
-                ctr.bundle.to_str().unwrap(),
-                &id,
-            ],
-            &[],
-            work.path(),
-        );
-        let lines: Vec<&str> = err
-            .lines()
-            .filter(|l| l.starts_with("gpusnap-runc:"))
-            .collect();
-        let ok = code == 1
-            && lines.len() == 1
-            && lines[0].contains(m.says)
-            && lines[0].contains(&format!("cannot restore {id}"))
-            && ctr.status().is_none()
-            && !ck.join("restore.log").exists();
-        if !ok {
-            failures.push(format!(
-                "{}: exit {code}, runc state {:?}, stderr {err:?}",
-                m.name,
-                ctr.status()
-            ));
+        if let Err(e) = gpusnap_runc_refuses(&ctr, &ck, m.says, work.path()) {
+            failures.push(format!("{}: {e}", m.name));
         }
     }
     assert_eq!(sentinel.checksum(), before, "the host tree changed");

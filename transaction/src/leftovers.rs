@@ -115,14 +115,70 @@ pub fn clear_failed_restore(runc: &Runc<'_>, bundle: &Path, observed: Option<Pat
     cleared
 }
 
-/// `runc delete --force`; a container runc does not know is already gone.
+/// `runc delete --force`; a container runc does not know is already gone. A runc killed
+/// before it wrote `state.json` (mid-restore) leaves its directory of the id without one, and
+/// in it `criu-root`, a bind mount of the container's rootfs: runc no longer knows the
+/// container but refuses to create another of that id, and the rootfs stays mounted. That
+/// mount is detached and the directory removed (entry by entry, never recursively: nothing
+/// below a mount is deleted).
 fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
+    let root = runc
+        .global
+        .root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNC_ROOT));
+    let dir = root.join(&runc.id);
+    let stateless = || {
+        !runc.id.is_empty()
+            && !runc.id.contains('/')
+            && !runc.id.starts_with('.')
+            && std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+            && std::fs::symlink_metadata(dir.join("state.json")).is_err()
+    };
+    // Before runc sees it: `runc delete` removes a directory without `state.json` recursively,
+    // into the rootfs bind mount, and then fails on the mount point.
+    if stateless() {
+        detach_criu_root(&dir);
+    }
     let cmd = runc.global.helper(&["delete", "--force", runc.id.as_str()]);
     match runc.run(&cmd, None) {
-        Ok(_) => Ok(()),
-        Err(f) if f.message.contains("does not exist") || f.message.contains("not exist") => Ok(()),
-        Err(f) => Err(f.message),
+        Ok(_) => {}
+        Err(f) if f.message.contains("does not exist") || f.message.contains("not exist") => {}
+        Err(f) => return Err(f.message),
     }
+    if stateless() {
+        remove_stateless_dir(&dir)?;
+    }
+    Ok(())
+}
+
+/// Detaches the `criu-root` bind mount runc makes in its directory of a container it restores.
+fn detach_criu_root(dir: &Path) {
+    let criu_root = dir.join("criu-root");
+    if let Ok(c) = std::ffi::CString::new(criu_root.as_os_str().as_encoded_bytes()) {
+        // SAFETY: umount2(2) with a NUL-terminated path; EINVAL (not a mount) is fine.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Removes runc's directory of a container that has no `state.json`: its `criu-root` bind
+/// mount detached first, then each entry with `rmdir`/`unlink` (a non-empty directory is left
+/// and named in the error).
+fn remove_stateless_dir(dir: &Path) -> Result<(), String> {
+    detach_criu_root(dir);
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        let removed = if is_dir {
+            std::fs::remove_dir(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        if let Err(err) = removed {
+            return Err(format!("cannot remove {}: {err}", p.display()));
+        }
+    }
+    std::fs::remove_dir(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))
 }
 
 /// The container's cgroup as runc's `state.json` records it.

@@ -230,7 +230,18 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let t = Instant::now();
     let limit = req.config.restore.deadline(manifest.images.total_bytes);
     let watch = Watchdog::start(limit, foreground.then(|| runc_state_file(&runc)));
-    let status = host.run_restore(cmd.to_command(), &|pid| watch.started(pid));
+    // Durable while runc restores: if this runtime is killed, whoever comes next (the shim's
+    // `delete`, the next gpusnap-runc call) kills the orphaned runc and CRIU (`inflight.rs`).
+    let record = std::cell::RefCell::new(None);
+    let status = host.run_restore(cmd.to_command(), &|pid| {
+        watch.started(pid);
+        let written = crate::inflight::RestoreInFlight::new(&req.container_id, &req.bundle, pid)
+            .write(&req.scratch_dir);
+        match written {
+            Ok(guard) => *record.borrow_mut() = Some(guard),
+            Err(e) => tracing::warn!(dir = %req.scratch_dir.display(), error = %e, "cannot record the restore in progress"),
+        }
+    });
     let watched = watch.finish();
     let status = status.map_err(|e| {
         Error::failed(

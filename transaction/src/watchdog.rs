@@ -129,7 +129,7 @@ fn watch(shared: &(Mutex<Watched>, Condvar), deadline: Instant, restored_when: O
 
 /// SIGKILLs `root` and every process below it, children first found by a full `/proc` scan
 /// (a process CRIU forked may have been re-parented within the tree). Returns how many.
-fn kill_tree(root: u32) -> usize {
+pub fn kill_tree(root: u32) -> usize {
     // Stopped first, so that runc neither reacts to its children's deaths nor exits before it
     // is killed itself.
     // SAFETY: kill(2) on a pid; no memory is involved.

@@ -261,7 +261,7 @@ pub fn sealed(image_dir: &Path) -> bool {
     image_dir.join("gpusnap-manifest.json").is_file()
 }
 
-/// Which way a [`criu_wrapper`] breaks the restore.
+/// Which way a [`criu_wrapper`] breaks runc's CRIU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestoreFault {
     /// The real CRIU runs and is stopped (SIGSTOP) once it has forked the tree: a restore that
@@ -269,39 +269,94 @@ pub enum RestoreFault {
     Stall,
     /// The real CRIU runs and is SIGKILLed once it has forked the tree: a crash mid-restore.
     Crash,
+    /// Checkpoint, not restore: once CRIU has finished the dump (its `inventory.img` is
+    /// written), runc is stopped (SIGSTOP) before it returns, for the test to kill it at seal.
+    StopRuncAfterDump,
 }
 
-/// Writes `<dir>/criu`: for runc's `restore` it runs the real CRIU (`real`) and breaks it as
-/// `fault` says once CRIU has forked; everything else (dumps, runc's version queries before
-/// the tree exists) runs the real CRIU untouched. Put `dir` first on runc's PATH (gpusnap's
-/// `criu.binary_dir`). Returns `dir`.
+/// The file a [`criu_wrapper`] writes once it has broken a run: the pid of the process it
+/// stopped (CRIU for [`RestoreFault::Stall`] and `Crash`, runc for `StopRuncAfterDump`).
+pub const WRAPPER_HIT: &str = "hit";
+
+/// Writes `<dir>/criu`: for runc's `restore` (or, for [`RestoreFault::StopRuncAfterDump`],
+/// `checkpoint`) it runs the real CRIU (`real`) and breaks it as `fault` says; everything else
+/// (runc's version queries before the tree exists, the other direction) runs the real CRIU
+/// untouched. Put `dir` first on runc's PATH (gpusnap's `criu.binary_dir`). Returns `dir`.
 pub fn criu_wrapper(dir: &Path, real: &Path, fault: RestoreFault) -> Result<PathBuf> {
     fs::create_dir_all(dir)?;
-    let action = match fault {
-        RestoreFault::Stall => "kill -STOP $pid; wait $pid; exit 1",
-        RestoreFault::Crash => "kill -KILL $pid; exit 1",
+    let hit = dir.join(WRAPPER_HIT);
+    let mark = |pid: &str| format!("echo {pid} > {h}.tmp; mv {h}.tmp {h}", h = hit.display());
+    let (when, body) = match fault {
+        RestoreFault::Stall | RestoreFault::Crash => {
+            let action = if fault == RestoreFault::Stall {
+                format!("kill -STOP $pid; {}; wait $pid; exit 1", mark("$pid"))
+            } else {
+                format!("kill -KILL $pid; {}; exit 1", mark("$pid"))
+            };
+            (
+                "restore",
+                format!(
+                    "\"$real\" \"$@\" &\n\
+                     pid=$!\n\
+                     while kill -0 $pid 2>/dev/null; do\n\
+                     \x20 if [ -n \"$(cat /proc/$pid/task/*/children 2>/dev/null)\" ]; then {action}; fi\n\
+                     \x20 sleep 0.01\n\
+                     done\n\
+                     wait $pid\n"
+                ),
+            )
+        }
+        RestoreFault::StopRuncAfterDump => (
+            "checkpoint",
+            format!(
+                "img=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n '/^--image-path$/{{n;p;}}')\n\
+                 \"$real\" \"$@\"\n\
+                 rc=$?\n\
+                 if [ $rc = 0 ] && [ -f \"$img/inventory.img\" ]; then kill -STOP $PPID; {}; fi\n\
+                 exit $rc\n",
+                mark("$PPID")
+            ),
+        ),
     };
     let script = format!(
         "#!/bin/sh\n\
-         # gpusnap test double: breaks runc restore's CRIU once it has forked the tree.\n\
+         # gpusnap test double: breaks runc {when}'s CRIU.\n\
          real={real}\n\
          case \" $(tr '\\0' ' ' < /proc/$PPID/cmdline) \" in\n\
-         *' restore '*) ;;\n\
+         *' {when} '*) ;;\n\
          *) exec \"$real\" \"$@\" ;;\n\
          esac\n\
-         \"$real\" \"$@\" &\n\
-         pid=$!\n\
-         while kill -0 $pid 2>/dev/null; do\n\
-         \x20 if [ -n \"$(cat /proc/$pid/task/*/children 2>/dev/null)\" ]; then {action}; fi\n\
-         \x20 sleep 0.01\n\
-         done\n\
-         wait $pid\n",
+         {body}",
         real = real.display()
     );
     let path = dir.join("criu");
     fs::write(&path, script)?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+    let _ = fs::remove_file(&hit);
     Ok(dir.to_path_buf())
+}
+
+/// Waits until the [`criu_wrapper`] in `dir` has broken a run, and returns the pid it wrote
+/// (the marker is removed, for the next case).
+pub fn wait_wrapper_hit(dir: &Path, timeout: Duration) -> Result<u32> {
+    let hit = dir.join(WRAPPER_HIT);
+    let pid = wait_some(timeout, || {
+        fs::read_to_string(&hit)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    })
+    .with_context(|| format!("the CRIU wrapper in {} never broke a run", dir.display()))?;
+    let _ = fs::remove_file(&hit);
+    Ok(pid)
+}
+
+/// Whether process `pid` still exists (a zombie counts as gone).
+pub fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
 }
 
 /// The real CRIU the rig installs.

@@ -51,6 +51,7 @@
 
 pub mod beneath;
 pub mod bundle;
+pub mod busybox_registry;
 pub mod can_fail;
 pub mod checkpoint;
 pub mod cmd;
@@ -66,6 +67,7 @@ pub mod paths;
 pub mod podman;
 pub mod privilege;
 pub mod pty;
+pub mod refused_restore;
 pub mod registry;
 pub mod rig;
 pub mod scenario;

@@ -245,11 +245,23 @@ impl Restored {
 impl CriSigNode {
     /// A node pulling `busybox` from `registry_host` over plain HTTP, with `p`'s settings.
     pub fn start(registry_host: &str, busybox: &str, p: &Policy<'_>) -> Result<CriSigNode> {
+        let n = CriSigNode::start_with_config(registry_host, busybox, "")?;
+        set_policy(n.node.config_path(), p)?;
+        Ok(n)
+    }
+
+    /// A node pulling `busybox` from `registry_host` over plain HTTP, with `gpusnap_config`
+    /// appended to its gpusnap config (as [`CriNodeOptions::gpusnap_config`]).
+    pub fn start_with_config(
+        registry_host: &str,
+        busybox: &str,
+        gpusnap_config: &str,
+    ) -> Result<CriSigNode> {
         let node = CriNode::start(CriNodeOptions {
             registry_host: Some(registry_host.to_string()),
+            gpusnap_config: gpusnap_config.to_string(),
             ..Default::default()
         })?;
-        set_policy(node.config_path(), p)?;
         let crictl = Crictl::for_node(&node)?;
         crictl.ok(&["pull", busybox])?;
         Ok(CriSigNode {
