@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/beneath.rs",
     "checkpoint/src/origin.rs",
+    "checkpoint/src/node_origin.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",
     "oci-image/src/extract.rs",
