@@ -386,6 +386,35 @@ mod tests {
     }
 
     #[test]
+    fn a_node_record_binds_the_manifest_under_every_policy() {
+        let t = tempfile::tempdir().unwrap();
+        let (dir, manifest) = sealed(t.path());
+        let bytes = std::fs::read(dir.join(gpusnap_checkpoint::layout::MANIFEST_FILE)).unwrap();
+        let record = |digest: String| SignatureEvidence::NodeRecord {
+            record: t.path().join("record.json"),
+            manifest_sha256: digest,
+        };
+        let off = config(SignaturePolicy::Off, &[]);
+        let admitted = admit(
+            &off,
+            &dir,
+            &record(gpusnap_checkpoint::node_origin::sha256_hex(&bytes)),
+        )
+        .unwrap();
+        admitted.bind(&manifest).unwrap();
+        let mut other = manifest.clone();
+        other.container_id = "c2".into();
+        let msg = admitted.bind(&other).unwrap_err().to_string();
+        assert!(msg.contains("not the one this node recorded"), "{msg}");
+        let msg = refusal(admit(&off, &dir, &record("00".repeat(32))));
+        assert!(
+            msg.contains("modified after this node sealed or adopted it")
+                && msg.contains("record.json"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn the_node_signer_refuses_a_key_others_can_read() {
         let t = tempfile::tempdir().unwrap();
         let (private, _) = keypair(t.path(), "node");
