@@ -12,6 +12,8 @@
 //!   damaged.
 //! - [`signature`]: `gpusnap-manifest.json.sig`, the directory's own cosign-format signature
 //!   of the manifest, which every restore door can check.
+//! - [`node_origin`]: the node's root-only record of the checkpoints it sealed under
+//!   `restore.checkpoint_root` or root adopted, for restores by pod annotation.
 //! - [`scrub`]: preparing a directory for a new checkpoint and cleaning up after a failed one,
 //!   so nothing partial looks complete.
 //!
@@ -27,6 +29,7 @@ pub mod follow;
 pub mod inventory;
 pub mod layout;
 pub mod manifest;
+pub mod node_origin;
 pub mod origin;
 pub mod rootfs_diff;
 pub mod scrub;

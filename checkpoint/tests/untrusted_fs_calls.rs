@@ -21,6 +21,7 @@ const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/origin.rs",
     "checkpoint/src/scrub.rs",
     "checkpoint/src/signature.rs",
+    "checkpoint/src/node_origin.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",
     "cli/src/checkpoint_cmd.rs",

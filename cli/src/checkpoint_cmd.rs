@@ -33,6 +33,10 @@ pub enum CheckpointCommand {
     Sign(SignArgs),
     /// Check a checkpoint's signature with trusted public keys.
     Verify(VerifyArgs),
+    /// Verify a checkpoint directory under restore.checkpoint_root that this node did not
+    /// seal (manifest, every file's digest, the signature policy) and record it as this
+    /// node's, so that the pod annotation gpusnap.io/restore-from restores it. Root only.
+    Adopt(crate::adopt::AdoptArgs),
 }
 
 #[derive(Args)]
@@ -58,6 +62,7 @@ pub fn run(config: &Path, cmd: CheckpointCommand) -> Result<u8> {
     match cmd {
         CheckpointCommand::Sign(a) => sign(a),
         CheckpointCommand::Verify(a) => verify(config, a),
+        CheckpointCommand::Adopt(a) => crate::adopt::adopt(config, a),
     }
 }
 

@@ -4,8 +4,10 @@
 //! [`doctor`] (what this node can and cannot do), [`inspect`] (what a checkpoint holds and
 //! whether it would be restored), [`image_cmd`] (`gpusnap image build|push|pull`: OCI
 //! checkpoint images in a registry) and [`checkpoint_cmd`] (`gpusnap checkpoint sign|verify`:
-//! a checkpoint's own signature).
+//! a checkpoint's own signature; [`adopt`]: `gpusnap checkpoint adopt`, a checkpoint made
+//! this node's for restores by pod annotation).
 
+pub mod adopt;
 pub mod checkpoint_cmd;
 pub mod doctor;
 pub mod fsutil;

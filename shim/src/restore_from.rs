@@ -9,9 +9,14 @@
 //! container fresh. A name, not a path: a pod must not be able to point the shim, which runs
 //! as root, at arbitrary host files.
 
-use std::{collections::HashMap, os::fd::AsFd, path::Path};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd, BorrowedFd},
+    path::Path,
+};
 
-use gpusnap_checkpoint::{beneath, origin::Origin};
+use gpusnap_checkpoint::origin::{FileDigest, Origin, OriginError};
+use gpusnap_checkpoint::{beneath, node_origin};
 use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION};
 use gpusnap_transaction::{RootfsDiff, SignatureEvidence};
 
@@ -46,14 +51,7 @@ pub fn pending_restore(
         None => return Ok(None),
     };
     let root = &config.restore.checkpoint_root;
-    let valid = !name.is_empty()
-        && name.len() <= 255
-        && name != "."
-        && !name.contains("..")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if !valid {
+    if !node_origin::is_checkpoint_name(name) {
         return Err(format!(
             "annotation {key}: {name:?} is not a checkpoint name (letters, digits, '.', '_', '-'); \
              it names a directory under {}",
@@ -64,7 +62,8 @@ pub fn pending_restore(
     let missing = || {
         format!(
             "annotation {key} asks to restore checkpoint {name:?}, but {} does not exist on this \
-             node; pull it first: `gpusnap image pull <image> --extract {name}`",
+             node; pull it first (`gpusnap image pull <image> --extract {name}`), or checkpoint \
+             into it on this node",
             dir.display()
         )
     };
@@ -85,33 +84,26 @@ pub fn pending_restore(
             ))
         }
     };
-    let origin =
-        Origin::read_at(dir_fd.as_fd(), &dir).map_err(|e| format!("annotation {key}: {e}"))?;
-    // What the pull found of the image's signature; the restore transaction decides the node's
-    // signature policy on it and on the checkpoint's own signature, as for every other door.
-    let signature_evidence = SignatureEvidence::Pulled {
-        source: origin.source.clone(),
-        check: origin.signature.clone(),
-    };
-
     // A CRI checkpoint archive's layout (`checkpoint/` + `rootfs-diff.tar`), or a plain
     // checkpoint directory.
-    let is_archive = beneath::open_dir(dir_fd.as_fd(), Path::new(CHECKPOINT_SUBDIR)).is_ok();
-    if !is_archive {
-        return Ok(Some(PendingRestore {
-            image: dir,
-            parent: None,
-            rootfs_diff: None,
-            signature_evidence,
-        }));
-    }
+    let images = beneath::open_dir(dir_fd.as_fd(), Path::new(CHECKPOINT_SUBDIR)).ok();
+    let image = match images {
+        Some(_) => dir.join(CHECKPOINT_SUBDIR),
+        None => dir.clone(),
+    };
+    let image_fd = images.as_ref().map_or(dir_fd.as_fd(), |fd| fd.as_fd());
+    let vouched = vouch(&key, name, root_fd.as_fd(), &dir, dir_fd.as_fd(), image_fd)?;
+
     let rootfs_diff = match beneath::open_file(dir_fd.as_fd(), Path::new(ROOTFS_DIFF)) {
+        Ok(_) if image == dir => None,
         Ok(_) => {
-            let recorded = origin.rootfs_diff.as_ref().ok_or_else(|| {
+            let recorded = vouched.rootfs_diff.as_ref().ok_or_else(|| {
                 format!(
-                    "annotation {key}: {} has {ROOTFS_DIFF}, but its origin record does not \
-                     list it: it was added after the checkpoint was pulled; pull it again",
-                    dir.display()
+                    "annotation {key}: {} has {ROOTFS_DIFF}, but its {} does not list it: it was \
+                     added afterwards; {}",
+                    dir.display(),
+                    vouched.what,
+                    vouched.again
                 )
             })?;
             Some(RootfsDiff {
@@ -129,11 +121,97 @@ pub fn pending_restore(
         }
     };
     Ok(Some(PendingRestore {
-        image: dir.join(CHECKPOINT_SUBDIR),
+        image,
         parent: None,
         rootfs_diff,
-        signature_evidence,
+        signature_evidence: vouched.evidence,
     }))
+}
+
+/// What vouches for a checkpoint under the root, and what it says.
+struct Vouched {
+    evidence: SignatureEvidence,
+    rootfs_diff: Option<FileDigest>,
+    /// The record's kind, for messages.
+    what: &'static str,
+    /// What to do when the checkpoint does not match it.
+    again: &'static str,
+}
+
+/// The record that makes checkpoint `name` restorable: this node's own (sealed here or
+/// adopted by root) when it matches the manifest now in the checkpoint, else the origin record
+/// of `gpusnap image pull --extract`. A node record that no longer matches (the checkpoint
+/// was modified after sealing) refuses the restore when no pull vouches for the directory.
+fn vouch(
+    key: &str,
+    name: &str,
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    dir_fd: BorrowedFd<'_>,
+    image_fd: BorrowedFd<'_>,
+) -> Result<Vouched, String> {
+    let root_shown = dir.parent().unwrap_or(dir);
+    let node = node_origin::lookup(root, root_shown, name)
+        .map_err(|e| format!("annotation {key}: {e}"))?;
+    let stale = match node {
+        Some((record, path)) => {
+            let now = node_origin::manifest_sha256_at(image_fd).map_err(|e| {
+                format!(
+                    "annotation {key}: the manifest of {} cannot be read ({e}); it is not a \
+                     complete gpusnap checkpoint",
+                    dir.display()
+                )
+            })?;
+            if now == record.manifest_sha256 {
+                return Ok(Vouched {
+                    evidence: SignatureEvidence::NodeRecord {
+                        record: path,
+                        manifest_sha256: record.manifest_sha256,
+                    },
+                    rootfs_diff: record.rootfs_diff,
+                    what: "node record",
+                    again: "adopt it again (`gpusnap checkpoint adopt`)",
+                });
+            }
+            Some((path, record.manifest_sha256, now))
+        }
+        None => None,
+    };
+    match Origin::read_at(dir_fd, dir) {
+        Ok(origin) => Ok(Vouched {
+            // What the pull found of the image's signature; the restore transaction decides
+            // the node's signature policy on it and on the checkpoint's own signature, as for
+            // every other door.
+            evidence: SignatureEvidence::Pulled {
+                source: origin.source.clone(),
+                check: origin.signature.clone(),
+            },
+            rootfs_diff: origin.rootfs_diff,
+            what: "origin record",
+            again: "pull it again",
+        }),
+        Err(OriginError::Missing(_)) => Err(match stale {
+            Some((record, recorded, now)) => format!(
+                "annotation {key}: {} was modified after this node sealed or adopted it: its \
+                 manifest has SHA-256 {now}, {} records {recorded}; take the checkpoint again, \
+                 or verify and adopt it as it is now (`gpusnap checkpoint adopt {}`)",
+                dir.display(),
+                record.display(),
+                dir.display()
+            ),
+            None => format!(
+                "annotation {key}: {} was neither sealed by this node's gpusnap nor put here by \
+                 `gpusnap image pull --extract` ({} is missing, and {} holds no record of it), so \
+                 what it holds was never verified — pull it with gpusnap, or verify and adopt it \
+                 as root (`gpusnap checkpoint adopt {}`)",
+                dir.display(),
+                dir.join(gpusnap_checkpoint::origin::ORIGIN_FILE).display(),
+                root_shown.join(node_origin::RECORDS_DIR).display(),
+                dir.display()
+            ),
+        }),
+        Err(e) => Err(format!("annotation {key}: {e}")),
+    }
 }
 
 #[cfg(test)]
@@ -265,6 +343,58 @@ mod tests {
         std::fs::write(root.path().join("added/rootfs-diff.tar"), b"x").unwrap();
         let err = pending_restore(&ann(&[("gpusnap.io/restore-from", "added")]), &c).unwrap_err();
         assert!(err.contains("does not list it"), "{err}");
+    }
+
+    /// A checkpoint directory with a manifest (its bytes are all the door reads of it).
+    fn sealed_here(root: &Path, name: &str, manifest: &[u8]) -> std::path::PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("gpusnap-manifest.json"), manifest).unwrap();
+        let record = node_origin::NodeRecord::new(
+            name,
+            node_origin::sha256_hex(manifest),
+            node_origin::How::Sealed {
+                writer: "test".into(),
+                container_id: "c".into(),
+            },
+            node_origin::RecordedSignature::NotChecked,
+        );
+        node_origin::record(root, &record).unwrap()
+    }
+
+    #[test]
+    fn the_nodes_own_checkpoints_are_vouched_for_by_its_record_until_modified() {
+        let root = tempfile::tempdir().unwrap();
+        let c = config(root.path());
+        let record = sealed_here(root.path(), "mine", b"{\"kind\":1}");
+        let r = pending_restore(&ann(&[("gpusnap.io/restore-from", "mine")]), &c)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.image, root.path().join("mine"));
+        assert_eq!(
+            r.signature_evidence,
+            SignatureEvidence::NodeRecord {
+                record,
+                manifest_sha256: node_origin::sha256_hex(b"{\"kind\":1}"),
+            }
+        );
+        // Modified after sealing: another manifest.
+        std::fs::write(root.path().join("mine/gpusnap-manifest.json"), b"{}").unwrap();
+        let err = pending_restore(&ann(&[("gpusnap.io/restore-from", "mine")]), &c).unwrap_err();
+        assert!(
+            err.contains("modified after this node sealed or adopted it")
+                && err.contains("gpusnap checkpoint adopt"),
+            "{err}"
+        );
+        // The records' directory is not a checkpoint.
+        let err =
+            pending_restore(&ann(&[("gpusnap.io/restore-from", ".gpusnap-node")]), &c).unwrap_err();
+        assert!(err.contains("is not a checkpoint name"), "{err}");
+        // A record planted inside a checkpoint directory is nobody's record.
+        std::fs::create_dir_all(root.path().join("planted/.gpusnap-node")).unwrap();
+        std::fs::write(root.path().join("planted/gpusnap-manifest.json"), b"{}").unwrap();
+        let err = pending_restore(&ann(&[("gpusnap.io/restore-from", "planted")]), &c).unwrap_err();
+        assert!(err.contains("neither sealed by this node"), "{err}");
     }
 
     #[test]

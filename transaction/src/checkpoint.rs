@@ -292,6 +292,8 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }
     };
 
+    // Sealed into the node's checkpoint root: restorable by pod annotation (`sealed_here.rs`).
+    crate::sealed_here::record(&req.config, image_dir, &req.container_id, signer.as_ref());
     crate::failpoint::reached(crate::failpoint::AFTER_SEAL);
     let cuda_processes = gpu_report.as_ref().map_or(0, |r| r.processes.len());
     let mut pending_cuda = None;

@@ -22,6 +22,7 @@ pub mod lock;
 mod privilege;
 pub mod restore;
 pub mod runc;
+mod sealed_here;
 pub mod signature;
 mod timings;
 pub mod watchdog;

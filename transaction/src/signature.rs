@@ -36,6 +36,14 @@ pub enum SignatureEvidence {
         source: String,
         check: SignatureCheck,
     },
+    /// This node's own record (`gpusnap_checkpoint::node_origin`, root-only): the checkpoint
+    /// was sealed here or adopted by root. The policy is decided on the directory signature,
+    /// as for `ctr`; the manifest restored must be the one recorded (its SHA-256).
+    NodeRecord {
+        /// The record, for messages.
+        record: PathBuf,
+        manifest_sha256: String,
+    },
 }
 
 /// How a restore got past the policy; [`Admission::bind`] ties a verified directory signature
@@ -45,6 +53,8 @@ pub(crate) struct Admission {
     /// The manifest bytes a directory signature verified; `None` when nothing was verified
     /// over the directory itself (policy off, a registry signature, or warn).
     signed_manifest: Option<Vec<u8>>,
+    /// The manifest bytes whose digest the node's record holds (a node-local checkpoint).
+    recorded_manifest: Option<Vec<u8>>,
     dir: PathBuf,
 }
 
@@ -52,17 +62,25 @@ impl Admission {
     /// The validated manifest must be the one the signature verified: otherwise the directory
     /// changed between the two reads, and what is restored is not what was signed.
     pub(crate) fn bind(&self, validated: &Manifest) -> Result<()> {
-        let Some(bytes) = &self.signed_manifest else {
-            return Ok(());
-        };
-        match serde_json::from_slice::<Manifest>(bytes) {
-            Ok(signed) if &signed == validated => Ok(()),
-            _ => Err(Error::precondition(format!(
-                "{} changed while it was being verified: the manifest validated is not the one \
-                 its signature verified; copy the checkpoint again from its source",
-                self.dir.display()
-            ))),
+        for (bytes, what) in [
+            (&self.signed_manifest, "its signature verified"),
+            (&self.recorded_manifest, "this node recorded"),
+        ] {
+            let Some(bytes) = bytes else {
+                continue;
+            };
+            match serde_json::from_slice::<Manifest>(bytes) {
+                Ok(expected) if &expected == validated => {}
+                _ => {
+                    return Err(Error::precondition(format!(
+                        "{} changed while it was being verified: the manifest validated is not \
+                         the one {what}; copy the checkpoint again from its source",
+                        self.dir.display()
+                    )))
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -75,6 +93,7 @@ pub(crate) fn admit(
     let policy = config.restore.signature_policy;
     let mut admission = Admission {
         signed_manifest: None,
+        recorded_manifest: recorded_manifest(dir, evidence)?,
         dir: dir.to_path_buf(),
     };
     if policy == SignaturePolicy::Off {
@@ -118,6 +137,36 @@ pub(crate) fn admit(
     )))
 }
 
+/// For a node-local checkpoint, the manifest bytes now in `dir`, refused unless their
+/// SHA-256 is the one the node recorded when it sealed or adopted the checkpoint.
+fn recorded_manifest(dir: &Path, evidence: &SignatureEvidence) -> Result<Option<Vec<u8>>> {
+    let SignatureEvidence::NodeRecord {
+        record,
+        manifest_sha256,
+    } = evidence
+    else {
+        return Ok(None);
+    };
+    let bytes = gpusnap_checkpoint::beneath::open_root(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|fd| {
+            dirsig::read_manifest_bytes(std::os::fd::AsFd::as_fd(&fd), dir)
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| Error::precondition(format!("the checkpoint cannot be read: {e}")))?;
+    let found = gpusnap_checkpoint::node_origin::sha256_hex(&bytes);
+    if &found != manifest_sha256 {
+        return Err(Error::precondition(format!(
+            "{} was modified after this node sealed or adopted it: its manifest has SHA-256 \
+             {found}, {} records {manifest_sha256}; take the checkpoint again, or verify and \
+             adopt it as it is now (`gpusnap checkpoint adopt`)",
+            dir.display(),
+            record.display()
+        )));
+    }
+    Ok(Some(bytes))
+}
+
 fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence) -> String {
     let own = match dir_sig {
         DirSignature::Missing => format!(
@@ -128,7 +177,7 @@ fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence
         DirSignature::Verified { .. } => unreachable!("a verified signature is admitted"),
     };
     match evidence {
-        SignatureEvidence::DirectoryOnly => own,
+        SignatureEvidence::DirectoryOnly | SignatureEvidence::NodeRecord { .. } => own,
         SignatureEvidence::Pulled { source, check } => {
             let pulled = match check {
                 SignatureCheck::Missing { reason } => reason.clone(),
@@ -332,6 +381,35 @@ mod tests {
         .to_string();
         assert!(
             msg.contains("restore.signature_keys") && msg.contains("/nonexistent.pub"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_node_record_binds_the_manifest_under_every_policy() {
+        let t = tempfile::tempdir().unwrap();
+        let (dir, manifest) = sealed(t.path());
+        let bytes = std::fs::read(dir.join(gpusnap_checkpoint::layout::MANIFEST_FILE)).unwrap();
+        let record = |digest: String| SignatureEvidence::NodeRecord {
+            record: t.path().join("record.json"),
+            manifest_sha256: digest,
+        };
+        let off = config(SignaturePolicy::Off, &[]);
+        let admitted = admit(
+            &off,
+            &dir,
+            &record(gpusnap_checkpoint::node_origin::sha256_hex(&bytes)),
+        )
+        .unwrap();
+        admitted.bind(&manifest).unwrap();
+        let mut other = manifest.clone();
+        other.container_id = "c2".into();
+        let msg = admitted.bind(&other).unwrap_err().to_string();
+        assert!(msg.contains("not the one this node recorded"), "{msg}");
+        let msg = refusal(admit(&off, &dir, &record("00".repeat(32))));
+        assert!(
+            msg.contains("modified after this node sealed or adopted it")
+                && msg.contains("record.json"),
             "{msg}"
         );
     }
