@@ -93,7 +93,7 @@ fn replicas_share_pack_layers_and_extract_to_the_checkpoint() {
     let ca = ia.chunks.clone().expect("chunked by default options");
     // The zero region is one chunk, stored once.
     assert!(ca.distinct_chunks < ca.chunks, "{ca:?}");
-    assert!(ca.stored_bytes + (3 << 20) / 2 < ca.logical_bytes, "{ca:?}");
+    assert!(ca.stored_bytes + (1 << 20) < ca.logical_bytes, "{ca:?}");
     assert!(ca.packs > 1 && ia.layers.len() <= 100, "{ca:?}");
     assert_eq!(
         ia.annotations
@@ -121,8 +121,10 @@ fn replicas_share_pack_layers_and_extract_to_the_checkpoint() {
         ib.chunks.as_ref().unwrap().chunks
     );
     assert!(shared >= 2 << 20, "only {shared} bytes of packs shared");
+    // B's own bytes are 1.5 MiB (state and pages); a pack that mixes them with shared chunks
+    // costs about a pack more. Without chunks B would add all 5 MiB again.
     assert!(
-        total_b - shared < (2 << 20),
+        total_b - shared < (3 << 20),
         "B adds {} bytes",
         total_b - shared
     );
