@@ -13,12 +13,12 @@ pub struct ChunkParams {
 }
 
 impl ChunkParams {
-    /// Chosen by measurement (`cargo run -p gpusnap-checkpoint --release --example
-    /// chunk_sizes`, figures in docs/architecture.md): on replicas sharing seeded weights, with
-    /// a zero region and a changing state, 256 KiB–4 MiB chunks dedup as well as 64 KiB ones
-    /// (changes there are region-sized, not byte-sized) while keeping the chunk count — tar
-    /// headers, list entries, file opens at assembly — 16× lower, and FastCDC's cut search
-    /// stays far above disk speed.
+    /// 256 KiB / 1 MiB / 4 MiB. On the fleet shape (seeded weights shared by replicas, a zero
+    /// region, a changing state; `examples/chunk_sizes.rs`, figures in
+    /// docs/measurements/chunk-sizes.md) changes come in regions, not scattered bytes, so dedup
+    /// is decided at region edges: what a smaller chunk saves there is a few chunks' worth per
+    /// edge, while the chunk count — tar headers, list entries, opens at assembly — grows 4× for
+    /// every halving. 1 MiB keeps an 8 GiB checkpoint at ~8k chunks (a ~600 KiB list).
     pub const DEFAULT: ChunkParams = ChunkParams {
         min: 256 << 10,
         avg: 1 << 20,
