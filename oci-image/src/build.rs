@@ -10,7 +10,7 @@ use super::annotations::{
     default_image_name, image_annotations, keys, CriMetadata, LayerRole, SourceLayout,
 };
 use super::chunked::{
-    chunk_dir_path, read_chunked, write_packs, ChunkSummary, ChunkedSource, Chunking,
+    chunk_dir_path, read_chunked, write_packs, ChunkSummary, ChunkedSource, Chunking, Packs,
     CHUNK_DIR_META,
 };
 use super::digest::{hex, Digest};
@@ -574,8 +574,7 @@ impl Assembler {
                 .count();
         // Chunked: the packs, and the chunk list in a small layer of its own (what a pull
         // reads first to know what to assemble).
-        let mut chunk_layers: Option<(Vec<(FinishedLayer, usize)>, FinishedLayer, ChunkSummary)> =
-            None;
+        let mut chunk_layers: Option<(Packs, FinishedLayer, ChunkSummary)> = None;
         if let Some(c) = chunking {
             // The chunk directory's entry, with the other directories: packs need no parents.
             lazily(&mut criu, layout)?.append_dir(&chunk_dir_path(), &CHUNK_DIR_META)?;

@@ -225,12 +225,15 @@ impl Read for At<'_> {
     }
 }
 
+/// Pack layers with their chunk counts.
+pub(crate) type Packs = Vec<(FinishedLayer, usize)>;
+
 /// Writes the pack layers and returns them with the chunk list's bytes and the summary.
 pub(crate) fn write_packs(
     layout: &mut LayoutWriter,
     mut files: Vec<ChunkedSource>,
     c: &Chunking,
-) -> Result<(Vec<(FinishedLayer, usize)>, Vec<u8>, ChunkSummary), ImageError> {
+) -> Result<(Packs, Vec<u8>, ChunkSummary), ImageError> {
     files.sort_by(|a, b| a.rel.cmp(&b.rel));
     let mut seen = HashSet::new();
     // (digest, len) and where to read it: (file index, offset)
