@@ -14,6 +14,8 @@
 //!   of the manifest, which every restore door can check.
 //! - [`node_origin`]: the node's root-only record of the checkpoints it sealed under
 //!   `restore.checkpoint_root` or root adopted, for restores by pod annotation.
+//! - [`chunks`]: chunked files (content-defined chunks, the chunk list) and their assembly
+//!   back into the flat directory before validation.
 //! - [`scrub`]: preparing a directory for a new checkpoint and cleaning up after a failed one,
 //!   so nothing partial looks complete.
 //!
@@ -25,6 +27,7 @@
 //! ```
 
 pub mod beneath;
+pub mod chunks;
 pub mod follow;
 pub mod inventory;
 pub mod layout;

@@ -18,6 +18,8 @@ const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/inventory.rs",
     "checkpoint/src/layout.rs",
     "checkpoint/src/manifest.rs",
+    "checkpoint/src/chunks/mod.rs",
+    "checkpoint/src/chunks/assemble.rs",
     "checkpoint/src/origin.rs",
     "checkpoint/src/scrub.rs",
     "checkpoint/src/signature.rs",
