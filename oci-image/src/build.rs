@@ -52,6 +52,8 @@ pub struct BuildOptions {
     pub verify_checkpoint: bool,
     /// Extra annotations for the image index and manifest (applied last: they win).
     pub annotations: BTreeMap<String, String>,
+    /// Encrypt every layer for these recipients (ocicrypt format; see [`crate::crypt`]).
+    pub encrypt_to: Option<std::sync::Arc<Vec<gpusnap_image_crypt::Recipient>>>,
 }
 
 impl Default for BuildOptions {
@@ -63,6 +65,7 @@ impl Default for BuildOptions {
             container_name: None,
             verify_checkpoint: true,
             annotations: BTreeMap::new(),
+            encrypt_to: None,
         }
     }
 }
@@ -119,6 +122,22 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
     let (mut built, index_size) = asm.finish(&mut layout, &src, opts)?;
     let index = single_entry_index(index_json_entry(&built, index_size), BTreeMap::new());
     layout.finish(&index)?;
+    if let Some(recipients) = &opts.encrypt_to {
+        // Before the archive is packed: no plain layer leaves this function.
+        let new = crate::crypt::encrypt_layout(&layout_root, recipients)?;
+        let renamed = |d: &mut crate::Digest| {
+            if let Some(n) = new.get(d) {
+                *d = n.digest.clone();
+            }
+        };
+        renamed(&mut built.index_digest);
+        renamed(&mut built.manifest_digest);
+        for l in &mut built.layers {
+            if let Some(n) = new.get(&l.descriptor.digest) {
+                l.descriptor = n.clone();
+            }
+        }
+    }
 
     if let Some(archive) = &opts.archive_path {
         write_oci_archive(&layout_root, archive)?;

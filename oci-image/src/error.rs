@@ -11,6 +11,13 @@ use super::digest::Digest;
 /// Why building, inspecting, extracting, pushing or pulling a checkpoint image failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    /// Layer encryption or decryption (ocicrypt format) refused or failed.
+    #[error("{location}: {source}")]
+    Crypt {
+        location: String,
+        #[source]
+        source: gpusnap_image_crypt::CryptError,
+    },
     #[error("{action} {}: {source}", path.display())]
     Io {
         action: &'static str,

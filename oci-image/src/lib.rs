@@ -67,6 +67,7 @@
 
 pub mod annotations;
 mod build;
+pub mod crypt;
 pub mod digest;
 mod error;
 mod extract;

@@ -101,6 +101,8 @@ pub struct RegistryOptions {
     pub sign_key: Option<PathBuf>,
     /// Blobs uploaded or downloaded (and consumed: hashed, written, unpacked) at once.
     pub parallel_blobs: usize,
+    /// [`pull_extract`]: keys for encrypted layers.
+    pub decryption: crate::crypt::Decryption,
 }
 
 impl Default for RegistryOptions {
@@ -116,6 +118,7 @@ impl Default for RegistryOptions {
             signatures: SignatureOptions::default(),
             sign_key: None,
             parallel_blobs: DEFAULT_PARALLEL_BLOBS,
+            decryption: Default::default(),
         }
     }
 }
@@ -724,6 +727,7 @@ pub fn pull_extract(
     let r = Reference::parse(reference, opts.plain_http)?;
     let limits = ExtractOptions {
         max_layer_bytes: opts.max_blob_bytes,
+        decryption: opts.decryption.clone(),
     };
     // Created (and, on failure, removed) outside the runtime: the runtime waits for every
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory

@@ -61,6 +61,7 @@ pub mod crio;
 pub mod faults;
 pub mod fixtures;
 pub mod gpu;
+pub mod ocicrypt;
 pub mod paths;
 pub mod podman;
 pub mod privilege;
