@@ -265,3 +265,19 @@ fn unsupported_recipient_schemes_are_named() {
         .to_string();
     assert!(err.contains("pgp scheme is not supported"), "{err}");
 }
+
+#[test]
+fn a_known_plain_digest_is_recorded_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let (private, public) = ec(dir.path(), "k", "prime256v1");
+    let recipients = recipients_from_specs(&[format!("jwe:{}", public.display())]).unwrap();
+    let plain = plain_data(5000);
+    let (_, computed) = encrypt(&plain, &recipients, false);
+    let mut r = EncryptingReader::with_plain_digest(&plain[..], &computed.plain_digest).unwrap();
+    let mut cipher = Vec::new();
+    r.read_to_end(&mut cipher).unwrap();
+    let layer = r.finish(&recipients).unwrap();
+    assert_eq!(layer.plain_digest, computed.plain_digest);
+    let keys = load_private_keys(&[private]).unwrap();
+    assert_eq!(decrypt(&cipher, &layer.annotations, &keys).unwrap(), plain);
+}

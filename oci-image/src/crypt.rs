@@ -34,7 +34,7 @@ impl Decryption {
         let keys =
             gpusnap_image_crypt::load_private_keys(paths).map_err(|source| ImageError::Crypt {
                 location: "decryption keys".into(),
-                source,
+                reason: source,
             })?;
         Ok(Decryption {
             keys: Arc::new(keys),
@@ -55,7 +55,7 @@ impl Decryption {
             .map(|k| Some(Arc::new(k)))
             .map_err(|source| ImageError::Crypt {
                 location: location.to_owned(),
-                source,
+                reason: source,
             })
     }
 }
@@ -66,7 +66,7 @@ pub fn recipients(specs: &[String]) -> Result<Arc<Vec<Recipient>>, ImageError> {
         .map(Arc::new)
         .map_err(|source| ImageError::Crypt {
             location: "--encrypt-recipient".into(),
-            source,
+            reason: source,
         })
 }
 
@@ -166,11 +166,15 @@ impl Rewriter<'_> {
         let location = format!("{} layer {}", self.root.display(), desc.digest);
         let crypt = |source| ImageError::Crypt {
             location: location.clone(),
-            source,
+            reason: source,
         };
         let file = File::open(&src).map_err(ImageError::io("opening", &src))?;
-        let mut reader =
-            EncryptingReader::new(BufReader::with_capacity(1 << 20, file)).map_err(crypt)?;
+        // The blob was just written under its digest: not hashed again.
+        let mut reader = EncryptingReader::with_plain_digest(
+            BufReader::with_capacity(1 << 20, file),
+            desc.digest.as_str(),
+        )
+        .map_err(crypt)?;
         self.seq += 1;
         let tmp = self.root.join(BLOBS_DIR).join(format!(
             ".encrypting-{}-{}",
@@ -209,12 +213,13 @@ impl Rewriter<'_> {
                 return Err(crypt(e));
             }
         };
-        if enc.plain_digest != desc.digest.as_str() || enc.plain_size != desc.size {
+        if enc.plain_size != desc.size {
             let _ = fs::remove_file(&tmp);
-            return Err(ImageError::DigestMismatch {
+            return Err(ImageError::SizeMismatch {
                 what: "layer (while encrypting)".into(),
-                expected: desc.digest.clone(),
-                actual: Digest::parse(&enc.plain_digest)?,
+                digest: desc.digest.clone(),
+                expected: desc.size,
+                actual: enc.plain_size,
                 location,
             });
         }
@@ -326,7 +331,7 @@ pub(crate) fn decrypting<'a, R: Read + 'a>(
         Some(k) => Ok(Box::new(k.reader(inner).map_err(|source| {
             ImageError::Crypt {
                 location: location.to_owned(),
-                source,
+                reason: source,
             }
         })?)),
     }
@@ -357,7 +362,7 @@ impl<R: Read> FinishRead for gpusnap_image_crypt::DecryptingReader<R> {
     fn finish_read(&mut self, location: &str) -> Result<Option<Digest>, ImageError> {
         let digest = self.finish().map_err(|source| ImageError::Crypt {
             location: location.to_owned(),
-            source,
+            reason: source,
         })?;
         Digest::parse(&digest).map(Some)
     }

@@ -11,12 +11,12 @@ use super::digest::Digest;
 /// Why building, inspecting, extracting, pushing or pulling a checkpoint image failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    /// Layer encryption or decryption (ocicrypt format) refused or failed.
-    #[error("{location}: {source}")]
+    /// Layer encryption or decryption (ocicrypt format) refused or failed. The reason is part
+    /// of the message (not a `source`), so the one-line refusal is not repeated by error chains.
+    #[error("{location}: {reason}")]
     Crypt {
         location: String,
-        #[source]
-        source: gpusnap_image_crypt::CryptError,
+        reason: gpusnap_image_crypt::CryptError,
     },
     #[error("{action} {}: {source}", path.display())]
     Io {
