@@ -114,6 +114,7 @@ refuse() {
 }
 refuse "require without keys" --set config.restore.signature_policy=require
 refuse "keys without a Secret" --set 'signatureKeys.keys={a.pub}'
+refuse "decryption keys without a Secret" --set 'decryptionKeys.keys={node.key}'
 refuse "unknown runtime" --set 'installer.runtimes={docker}'
 refuse "unknown config setting" --set config.storage.directory=/x
 refuse "buffer count out of range" --set config.storage.transfer_buffer_count=9

@@ -129,6 +129,10 @@ pub struct BuildArgs {
     /// extent, no chunks [default: chunked, which every gpusnap restore door assembles].
     #[arg(long)]
     pub classic: bool,
+    /// Encrypt every layer (ocicrypt format, as skopeo/buildah/imgcrypt read it) for this
+    /// recipient: jwe:PUBLIC-KEY.pem, RSA or EC (repeatable: any one recipient's key opens it).
+    #[arg(long = "encrypt-recipient", value_name = "jwe:PUBKEY.pem")]
+    pub encrypt_recipients: Vec<String>,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -148,6 +152,10 @@ pub struct PushArgs {
     /// Which image to push when the layout holds several (its name in index.json).
     #[arg(long, value_name = "NAME")]
     pub image_name: Option<String>,
+    /// Push the image with every layer encrypted for this recipient (jwe:PUBKEY.pem,
+    /// repeatable); IMAGE must be a layout directory, which is left unencrypted.
+    #[arg(long = "encrypt-recipient", value_name = "jwe:PUBKEY.pem")]
+    pub encrypt_recipients: Vec<String>,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -169,6 +177,10 @@ pub struct PullArgs {
     /// where the pod annotation `gpusnap.io/restore-from: NAME` finds it.
     #[arg(long, value_name = "DIR|NAME")]
     pub extract: Option<String>,
+    /// Private key (PEM, root-owned 0600) for encrypted images, in addition to the config's
+    /// restore.decryption_keys (repeatable).
+    #[arg(long = "decryption-key", value_name = "KEY.pem")]
+    pub decryption_keys: Vec<PathBuf>,
     #[command(flatten)]
     pub registry: RegistryArgs,
     /// One JSON document instead of the summary.
@@ -237,6 +249,11 @@ fn cmd_build(a: BuildArgs) -> Result<u8> {
         verify_checkpoint: !a.no_verify,
         annotations: a.annotations.iter().cloned().collect(),
         chunking: (!a.classic).then(image::Chunking::default),
+        encrypt_to: if a.encrypt_recipients.is_empty() {
+            None
+        } else {
+            Some(image::crypt::recipients(&a.encrypt_recipients)?)
+        },
     };
     let built = image::build(&a.source, &opts)
         .with_context(|| format!("gpusnap image build {}", a.source.display()))?;
@@ -319,7 +336,27 @@ fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
         progress,
         ..a.registry.options()
     };
-    let report = image::push(&a.image, &a.reference, &opts)
+    // Encrypting on push: an encrypted copy of the layout beside it, pushed, then removed.
+    let scratch;
+    let source = if a.encrypt_recipients.is_empty() {
+        a.image.clone()
+    } else {
+        let recipients = image::crypt::recipients(&a.encrypt_recipients)?;
+        let parent = a
+            .image
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        scratch = tempfile::Builder::new()
+            .prefix(".gpusnap-encrypt-")
+            .tempdir_in(parent)
+            .with_context(|| format!("creating a scratch directory in {}", parent.display()))?;
+        let dest = scratch.path().join("layout");
+        image::crypt::encrypt_copy(&a.image, &dest, &recipients)
+            .with_context(|| format!("encrypting {}", a.image.display()))?;
+        dest
+    };
+    let report = image::push(&source, &a.reference, &opts)
         .with_context(|| format!("gpusnap image push {} {}", a.image.display(), a.reference))?;
     drop(line);
     if a.json {
@@ -500,6 +537,13 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
         },
         store: crate::store_cmd::node_store(cfg)?,
         progress,
+        decryption: if extract.is_some() {
+            let mut keys = cfg.restore.decryption_keys.clone();
+            keys.extend(a.decryption_keys.iter().cloned());
+            image::crypt::Decryption::load(&keys)?
+        } else {
+            Default::default()
+        },
         ..a.registry.options()
     };
     if let (Some((dest, root)), None, None) = (&extract, &a.output, &a.layout) {
@@ -585,6 +629,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
             };
             let limits = image::ExtractOptions {
                 max_layer_bytes: opts.max_blob_bytes,
+                decryption: opts.decryption.clone(),
             };
             let ex = image::extract_with(&layout_dir, None, dest, &seed, &limits)
                 .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;

@@ -75,6 +75,9 @@ pub struct RestoreConfig {
     pub signature_policy: SignaturePolicy,
     /// Public keys (PEM files, ECDSA P-256 as cosign makes them) trusted for signatures.
     pub signature_keys: Vec<PathBuf>,
+    /// Private keys (PEM files, root-owned, mode 0600) that open encrypted checkpoint images
+    /// (ocicrypt's JWE format) on pull and extract; an encrypted image none opens is refused.
+    pub decryption_keys: Vec<PathBuf>,
     /// The most file content a rootfs diff may write into a container's rootfs on restore
     /// (after decompression); accepts `68719476736` or `"64GiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
@@ -113,6 +116,7 @@ impl Default for RestoreConfig {
             criu_flags: Vec::new(),
             signature_policy: SignaturePolicy::Off,
             signature_keys: Vec::new(),
+            decryption_keys: Vec::new(),
             max_rootfs_diff_bytes: 64 << 30,
             deadline_seconds: 0,
         }

@@ -431,6 +431,20 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "restore.decryption_keys",
+        annotation: None,
+        set: |c, v| {
+            c.restore.decryption_keys = v.string_list()?.into_iter().map(PathBuf::from).collect();
+            Ok(())
+        },
+        check: |c| {
+            for k in &c.restore.decryption_keys {
+                check_abs("restore.decryption_keys", Some(k))?;
+            }
+            Ok(())
+        },
+    },
+    Setting {
         key: "checkpoint.signing_key",
         annotation: None,
         set: |c, v| {

@@ -61,6 +61,8 @@ pub struct BuildOptions {
     /// chunks in pack layers, assembled at every restore door. `None`: the classic layout, each
     /// GPU extent a layer of its own and the page images inside the CRIU-images layer.
     pub chunking: Option<Chunking>,
+    /// Encrypt every layer for these recipients (ocicrypt format; see [`crate::crypt`]).
+    pub encrypt_to: Option<std::sync::Arc<Vec<gpusnap_image_crypt::Recipient>>>,
 }
 
 impl Default for BuildOptions {
@@ -73,6 +75,7 @@ impl Default for BuildOptions {
             verify_checkpoint: true,
             annotations: BTreeMap::new(),
             chunking: Some(Chunking::default()),
+            encrypt_to: None,
         }
     }
 }
@@ -134,6 +137,22 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
     let (mut built, index_size) = asm.finish(&mut layout, &src, opts)?;
     let index = single_entry_index(index_json_entry(&built, index_size), BTreeMap::new());
     layout.finish(&index)?;
+    if let Some(recipients) = &opts.encrypt_to {
+        // Before the archive is packed: no plain layer leaves this function.
+        let new = crate::crypt::encrypt_layout(&layout_root, recipients)?;
+        let renamed = |d: &mut crate::Digest| {
+            if let Some(n) = new.get(d) {
+                *d = n.digest.clone();
+            }
+        };
+        renamed(&mut built.index_digest);
+        renamed(&mut built.manifest_digest);
+        for l in &mut built.layers {
+            if let Some(n) = new.get(&l.descriptor.digest) {
+                l.descriptor = n.clone();
+            }
+        }
+    }
 
     if let Some(archive) = &opts.archive_path {
         write_oci_archive(&layout_root, archive)?;

@@ -11,6 +11,13 @@ use super::digest::Digest;
 /// Why building, inspecting, extracting, pushing or pulling a checkpoint image failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    /// Layer encryption or decryption (ocicrypt format) refused or failed. The reason is part
+    /// of the message (not a `source`), so the one-line refusal is not repeated by error chains.
+    #[error("{location}: {reason}")]
+    Crypt {
+        location: String,
+        reason: gpusnap_image_crypt::CryptError,
+    },
     #[error("{action} {}: {source}", path.display())]
     Io {
         action: &'static str,

@@ -63,12 +63,15 @@ pub struct ExtractOptions {
     /// Largest layer accepted, compressed (its descriptor) or decompressed (a gzip layer is
     /// refused as soon as it inflates past this).
     pub max_layer_bytes: u64,
+    /// Keys for encrypted layers (ocicrypt format); none: an encrypted layer is refused.
+    pub decryption: crate::crypt::Decryption,
 }
 
 impl Default for ExtractOptions {
     fn default() -> Self {
         ExtractOptions {
             max_layer_bytes: crate::registry::DEFAULT_MAX_BLOB_BYTES,
+            decryption: Default::default(),
         }
     }
 }
@@ -160,6 +163,8 @@ pub(crate) struct PlannedLayer {
     inflate_limit: u64,
     /// `<image> layer <i> (<digest>)`, for errors.
     pub(crate) location: String,
+    /// An encrypted layer's unwrapped key.
+    key: Option<std::sync::Arc<gpusnap_image_crypt::LayerKey>>,
 }
 
 /// What an extraction will do, and what the result is checked against: every refusal that
@@ -205,14 +210,21 @@ impl ExtractPlan {
         let mut layers = Vec::with_capacity(manifest.layers.len());
         for (index, (desc, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
             let location = format!("{location} layer {index} ({})", desc.digest);
-            let Some(compression) = layer_compression(&desc.media_type) else {
+            // Encrypted layers: the key is unwrapped here, so a missing key is refused before
+            // any layer is fetched.
+            let key = opts.decryption.open(desc, &location)?;
+            let plain_type = gpusnap_image_crypt::plain_media_type(&desc.media_type);
+            let Some(compression) = layer_compression(plain_type.unwrap_or(&desc.media_type))
+            else {
                 return Err(ImageError::UnsupportedMediaType {
                     what: "layer",
                     media_type: desc.media_type.clone(),
                     location,
                 });
             };
-            if compression == Compression::None && desc.digest != *diff_id {
+            // An encrypted uncompressed layer's plain stream is checked against the diff_id
+            // once decrypted (unpack_layer).
+            if key.is_none() && compression == Compression::None && desc.digest != *diff_id {
                 // For an uncompressed layer the blob *is* the diff: the two digests must agree.
                 return Err(ImageError::malformed(
                     "image config",
@@ -250,6 +262,7 @@ impl ExtractPlan {
                 inflate_limit: declared
                     .map_or(opts.max_layer_bytes, |d| d.min(opts.max_layer_bytes)),
                 location,
+                key,
             });
         }
         Ok(ExtractPlan {
@@ -632,14 +645,15 @@ pub(crate) fn unpack_layer<R: Read>(
 ) -> Result<(), ImageError> {
     let _ = opts; // the layer's own limits were planned from it
     let location = &layer.location;
+    let mut source = crate::crypt::decrypting(layer.key.as_deref(), &mut blob, location)?;
     let diff_digest = {
         // Gzip layers: the decompressed stream is hashed too, against the config's diff_id,
         // and capped.
         let mut decoded: Option<HashingReader<CappedReader<GzDecoder<&mut dyn Read>>>> = None;
         let reader: &mut dyn Read = match layer.compression {
-            Compression::None => &mut blob,
+            Compression::None => &mut source,
             Compression::Gzip => decoded.insert(HashingReader::new(CappedReader {
-                inner: GzDecoder::new(&mut blob as &mut dyn Read),
+                inner: GzDecoder::new(&mut source as &mut dyn Read),
                 limit: layer.inflate_limit,
                 read: 0,
                 location: location.clone(),
@@ -651,6 +665,11 @@ pub(crate) fn unpack_layer<R: Read>(
             // digest is wrong, that is the error. (Draining is bounded by the blob's size.)
             Err(e) if !matches!(e, ImageError::Interrupted) => {
                 drop(decoded);
+                // Likewise a failed HMAC explains the garbage a tampered encrypted layer
+                // decrypts to (draining is bounded by the blob's size).
+                let tampered = source.finish_read(location).err();
+                drop(source);
+                let e = tampered.unwrap_or(e);
                 return Err(match blob.finish() {
                     Err(
                         digest @ (ImageError::DigestMismatch { .. }
@@ -661,14 +680,32 @@ pub(crate) fn unpack_layer<R: Read>(
             }
             Err(e) => return Err(e),
         }
-        match decoded {
+        let diff = match decoded {
             Some(h) => Some(
                 h.drain_and_finish()
                     .map_err(|e| io_to_image(e, location))?
                     .0,
             ),
             None => None,
-        }
+        };
+        // An encrypted layer: the rest of the ciphertext, then its HMAC and plain digest. A
+        // refusal here fails the extraction, which removes everything unpacked.
+        let decrypted = match source.finish_read(location) {
+            Ok(d) => d,
+            Err(e) => {
+                drop(source);
+                return Err(match blob.finish() {
+                    Err(
+                        digest @ (ImageError::DigestMismatch { .. }
+                        | ImageError::SizeMismatch { .. }),
+                    ) => digest,
+                    _ => e,
+                });
+            }
+        };
+        drop(source);
+        // Uncompressed: the decrypted stream is the diff.
+        diff.or(decrypted)
     };
     // The blob digest first: a corrupted blob explains a diff_id mismatch, not the reverse.
     blob.finish()?;

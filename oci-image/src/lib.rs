@@ -110,6 +110,7 @@
 pub mod annotations;
 mod build;
 mod chunked;
+pub mod crypt;
 pub mod digest;
 mod error;
 mod extract;

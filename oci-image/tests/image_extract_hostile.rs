@@ -323,6 +323,7 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         };
         let limits = ExtractOptions {
             max_layer_bytes: 8 << 20,
+            ..Default::default()
         };
         let err = image::extract_with(&layout, None, &dest, &seed, &limits)
             .err()

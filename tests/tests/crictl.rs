@@ -848,3 +848,53 @@ fn crictl_checkpoint_and_archive_restore_with_the_shim_only_at_runtime_path() {
         Ok(())
     })
 }
+
+/// An encrypted checkpoint image (`gpusnap image build --encrypt-recipient`, every layer in
+/// ocicrypt's format) pushed to the registry restores through `gpusnap image pull --extract
+/// NAME`, which decrypts with the node's `restore.decryption_keys`, and the
+/// `gpusnap.io/restore-from: NAME` annotation; the workload continues.
+#[test]
+fn crictl_restores_an_encrypted_image_by_restore_from() {
+    use gpusnap_testkit::ocicrypt::{key_pair, recipient, KeyKind};
+    check(|| {
+        let keys = tempfile::tempdir()?;
+        let (key, public) = key_pair(keys.path(), "node", KeyKind::EcP256)?;
+        let n = Node::start(format!("decryption_keys = [{:?}]\n", path_str(&key)?))?;
+        let work = tempfile::tempdir()?;
+        let w = n.run_counter("enc-a", gpusnap_handler(), PidMode::Container, &[])?;
+        let (archive, count) = n.checkpoint(&w, work.path(), "enc")?;
+        n.crictl.remove_pod(&w.pod)?;
+        let layout = work.path().join("enc-layout");
+        gpusnap_ok(&[
+            "image",
+            "build",
+            path_str(&archive)?,
+            "--layout",
+            path_str(&layout)?,
+            "--encrypt-recipient",
+            &recipient(&public),
+        ])?;
+        let url = n.reg.url("gpusnap/ck-enc:crictl");
+        gpusnap_ok(&["image", "push", path_str(&layout)?, &url])?;
+        let name = "ck-enc";
+        gpusnap_ok(&[
+            "--config",
+            path_str(n.cri_node()?.config_path())?,
+            "image",
+            "pull",
+            &url,
+            "--extract",
+            name,
+        ])?;
+        let restored = n.run(
+            "enc-restored",
+            gpusnap_handler(),
+            PidMode::Container,
+            &[("gpusnap.io/restore-from", name)],
+            &n.busybox(),
+            &[],
+        )?;
+        n.check_restored(&restored, &count, w.pid, false)?;
+        Ok(())
+    })
+}

@@ -239,6 +239,9 @@ pub fn config_text(found: &FoundTools) -> String {
          # are pulled onto the node or restored through any door: off, warn, require.\n\
          signature_policy = \"off\"\n\
          signature_keys = []\n\
+         # Private keys (PEM, root-owned, 0600) that open encrypted checkpoint images on\n\
+         # `gpusnap image pull --extract`.\n\
+         decryption_keys = []\n\
          # The most file content a rootfs diff may write on restore.\n\
          max_rootfs_diff_bytes = \"64GiB\"\n\
          # How long CRIU may take to restore before it and what it restored are killed;\n\

@@ -113,6 +113,8 @@ pub struct RegistryOptions {
     pub store: Option<NodeStore>,
     /// Counters updated as bytes move, for a progress line.
     pub progress: Option<std::sync::Arc<Progress>>,
+    /// [`pull_extract`]: keys for encrypted layers.
+    pub decryption: crate::crypt::Decryption,
 }
 
 impl Default for RegistryOptions {
@@ -130,6 +132,7 @@ impl Default for RegistryOptions {
             parallel_blobs: DEFAULT_PARALLEL_BLOBS,
             store: None,
             progress: None,
+            decryption: Default::default(),
         }
     }
 }
@@ -962,6 +965,7 @@ pub fn pull_extract(
     let r = Reference::parse(reference, opts.plain_http)?;
     let limits = ExtractOptions {
         max_layer_bytes: opts.max_blob_bytes,
+        decryption: opts.decryption.clone(),
     };
     // Created (and, on failure, removed) outside the runtime: the runtime waits for every
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory

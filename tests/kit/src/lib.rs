@@ -63,6 +63,7 @@ pub mod crio;
 pub mod faults;
 pub mod fixtures;
 pub mod gpu;
+pub mod ocicrypt;
 pub mod paths;
 pub mod podman;
 pub mod privilege;

@@ -40,6 +40,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpusnap.hostKeysDir" -}}/etc/gpusnap/keys{{- end -}}
 {{- define "gpusnap.hostSigningKey" -}}/etc/gpusnap/signing.key{{- end -}}
 {{- define "gpusnap.hostRegistryDir" -}}/etc/gpusnap/registry{{- end -}}
+{{- define "gpusnap.hostDecryptionKeysDir" -}}/etc/gpusnap/decryption-keys{{- end -}}
 
 {{/* Refuses values that would install a config the node then refuses, with the reason. */}}
 {{- define "gpusnap.validate" -}}
@@ -49,6 +50,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- if and $sk.keys (not $sk.secretName) -}}
 {{- fail "signatureKeys.keys is set: name the Secret holding them in signatureKeys.secretName" -}}
+{{- end -}}
+{{- $dk := .Values.decryptionKeys -}}
+{{- if and $dk.secretName (not $dk.keys) -}}
+{{- fail "decryptionKeys.secretName is set: list the Secret's private-key entries in decryptionKeys.keys" -}}
+{{- end -}}
+{{- if and $dk.keys (not $dk.secretName) -}}
+{{- fail "decryptionKeys.keys is set: name the Secret holding them in decryptionKeys.secretName" -}}
 {{- end -}}
 {{- if and (ne (toString .Values.config.restore.signature_policy) "off") (not $sk.keys) -}}
 {{- fail (printf "config.restore.signature_policy is %q: give the trusted public keys in signatureKeys (secretName, keys)" (toString .Values.config.restore.signature_policy)) -}}
@@ -99,6 +107,14 @@ signature_policy = {{ include "gpusnap.tomlString" $c.restore.signature_policy }
 {{- end }}
 signature_keys = {{ toJson $keys }}
 max_rootfs_diff_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_rootfs_diff_bytes }}
+{{- $dkeys := list }}
+{{- range .Values.decryptionKeys.keys }}
+{{- $dkeys = append $dkeys (printf "%s/%s" (include "gpusnap.hostDecryptionKeysDir" $) .) }}
+{{- end }}
+{{- with .Values.decryptionKeys.secretName }}
+# From Secret {{ . }}, installed by the installer (root, 0600).
+{{- end }}
+decryption_keys = {{ toJson $dkeys }}
 {{- if $c.store }}
 
 [store]

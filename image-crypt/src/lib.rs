@@ -1,0 +1,41 @@
+//! Encrypted image layers in the format of containers/ocicrypt (what skopeo, buildah, Podman
+//! and containerd's imgcrypt read and write), with JWE key wrapping.
+//!
+//! - [`EncryptingReader`]: plain layer in, ciphertext out, one fresh key per layer;
+//!   [`EncryptingReader::finish`] wraps that key for every [`Recipient`] and returns the
+//!   descriptor annotations.
+//! - [`LayerKey::unwrap`]: opens a layer's wrapped key with the node's [`PrivateKey`]s;
+//!   [`LayerKey::reader`] gives a [`DecryptingReader`] over the ciphertext, which verifies the
+//!   HMAC and the plain digest before it reports end of stream.
+//!
+//! The format itself is described in [`format`]. Memory use is constant: the caller's read
+//! buffer and a few hashing contexts, whatever the layer's size.
+
+mod error;
+pub mod format;
+pub mod jwe;
+mod keys;
+mod stream;
+
+pub use error::CryptError;
+pub use format::{encrypted_media_type, plain_media_type};
+pub use keys::{PrivateKey, Recipient};
+pub use stream::{DecryptingReader, EncryptedLayer, EncryptingReader, LayerKey};
+
+use std::path::PathBuf;
+
+/// Parses `--encrypt-recipient` values.
+pub fn recipients_from_specs<S: AsRef<str>>(specs: &[S]) -> Result<Vec<Recipient>, CryptError> {
+    specs
+        .iter()
+        .map(|s| Recipient::from_spec(s.as_ref()))
+        .collect()
+}
+
+/// Loads the node's decryption keys (each file root-owned, not group/other accessible).
+pub fn load_private_keys(paths: &[PathBuf]) -> Result<Vec<PrivateKey>, CryptError> {
+    paths.iter().map(|p| PrivateKey::load(p)).collect()
+}
+
+#[cfg(test)]
+mod tests;
