@@ -12,6 +12,8 @@
 //!   damaged.
 //! - [`signature`]: `gpusnap-manifest.json.sig`, the directory's own cosign-format signature
 //!   of the manifest, which every restore door can check.
+//! - [`chunks`]: chunked files (content-defined chunks, the chunk list) and their assembly
+//!   back into the flat directory before validation.
 //! - [`scrub`]: preparing a directory for a new checkpoint and cleaning up after a failed one,
 //!   so nothing partial looks complete.
 //!
@@ -23,6 +25,7 @@
 //! ```
 
 pub mod beneath;
+pub mod chunks;
 pub mod follow;
 pub mod inventory;
 pub mod layout;

@@ -196,6 +196,7 @@ fn sealed_checkpoint_survives_containerd_cri_unpacking() {
         &archive,
         &BuildOptions {
             layout_dir: Some(work.path().join("layout")),
+            chunking: None,
             ..Default::default()
         },
     )

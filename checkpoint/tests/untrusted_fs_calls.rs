@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 /// Modules (relative to the workspace root) that handle untrusted trees.
 const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/beneath.rs",
+    "checkpoint/src/chunks/mod.rs",
+    "checkpoint/src/chunks/assemble.rs",
     "checkpoint/src/origin.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",

@@ -125,6 +125,10 @@ pub struct BuildArgs {
     /// Do not re-hash the checkpoint against its sealed gpusnap manifest while building.
     #[arg(long)]
     pub no_verify: bool,
+    /// The classic layout: page images whole in the CRIU-images layer, one layer per GPU
+    /// extent, no chunks [default: chunked, which every gpusnap restore door assembles].
+    #[arg(long)]
+    pub classic: bool,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -232,6 +236,7 @@ fn cmd_build(a: BuildArgs) -> Result<u8> {
         container_name: a.container_name.clone(),
         verify_checkpoint: !a.no_verify,
         annotations: a.annotations.iter().cloned().collect(),
+        chunking: (!a.classic).then(image::Chunking::default),
     };
     let built = image::build(&a.source, &opts)
         .with_context(|| format!("gpusnap image build {}", a.source.display()))?;
@@ -271,6 +276,20 @@ fn render_built(b: &BuiltImage, source: &Path, verified: bool) -> String {
             ),
         ),
     ];
+    if let Some(c) = &b.chunks {
+        r.push((
+            "Chunks",
+            format!(
+                "{} files, {} chunks ({} distinct): {} stored for {} in {} packs",
+                c.files,
+                c.chunks,
+                c.distinct_chunks,
+                human_bytes(c.stored_bytes),
+                human_bytes(c.logical_bytes),
+                c.packs
+            ),
+        ));
+    }
     if let Some(p) = &b.archive_path {
         r.push(("Archive", p.display().to_string()));
     }

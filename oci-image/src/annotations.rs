@@ -62,6 +62,10 @@ pub mod keys {
     pub const GPUSNAP_GPU_EXTENT_PATH: &str = "io.gpusnap.gpu.extent.path";
     /// On GPU-extent layers: size of the extent file itself.
     pub const GPUSNAP_GPU_EXTENT_SIZE: &str = "io.gpusnap.gpu.extent.size";
+    /// On the image index and manifest of a chunked image: `true`.
+    pub const GPUSNAP_CHUNKED: &str = "io.gpusnap.chunked";
+    /// On chunk-pack layers: how many chunk files the pack holds.
+    pub const GPUSNAP_CHUNK_COUNT: &str = "io.gpusnap.chunk.count";
 }
 
 /// What one layer of a gpusnap checkpoint image carries.
@@ -79,6 +83,10 @@ pub enum LayerRole {
     GpuExtent,
     /// `checkpoint/gpusnap-manifest.json`, last so it is applied last.
     GpusnapManifest,
+    /// `checkpoint/gpusnap-chunks.json`: how the chunked files are assembled.
+    ChunkList,
+    /// Chunk files `checkpoint/.gpusnap-chunks/<sha256>`, each distinct chunk once.
+    ChunkPack,
     /// A layer without (or with an unknown) role annotation: not built by gpusnap.
     Unknown,
 }
@@ -91,6 +99,8 @@ impl LayerRole {
             LayerRole::RootfsDiff => "rootfs-diff",
             LayerRole::GpuExtent => "gpu-extent",
             LayerRole::GpusnapManifest => "gpusnap-manifest",
+            LayerRole::ChunkList => "chunk-list",
+            LayerRole::ChunkPack => "chunk-pack",
             LayerRole::Unknown => "unknown",
         }
     }
@@ -102,6 +112,8 @@ impl LayerRole {
             "rootfs-diff" => LayerRole::RootfsDiff,
             "gpu-extent" => LayerRole::GpuExtent,
             "gpusnap-manifest" => LayerRole::GpusnapManifest,
+            "chunk-list" => LayerRole::ChunkList,
+            "chunk-pack" => LayerRole::ChunkPack,
             _ => LayerRole::Unknown,
         }
     }
@@ -350,6 +362,8 @@ mod tests {
             LayerRole::RootfsDiff,
             LayerRole::GpuExtent,
             LayerRole::GpusnapManifest,
+            LayerRole::ChunkList,
+            LayerRole::ChunkPack,
         ] {
             assert_eq!(LayerRole::parse(r.as_str()), r);
         }

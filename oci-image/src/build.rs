@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use super::annotations::{
     default_image_name, image_annotations, keys, CriMetadata, LayerRole, SourceLayout,
 };
+use super::chunked::{
+    chunk_dir_path, read_chunked, write_packs, ChunkSummary, ChunkedSource, Chunking,
+    CHUNK_DIR_META,
+};
 use super::digest::{hex, Digest};
 use super::error::ImageError;
 use super::layer::{EntryMeta, FinishedLayer, LayerWriter};
@@ -24,6 +28,7 @@ use super::spec::{
     MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_TAR, MEDIA_TYPE_MANIFEST,
 };
 use super::LayerInfo;
+use gpusnap_checkpoint::chunks::{chunkable_name, CHUNK_LIST_FILE};
 use gpusnap_checkpoint::inventory::CHUNK_BYTES;
 use gpusnap_checkpoint::layout::{classify, is_gpu_file, EntryKind, MANIFEST_FILE};
 use gpusnap_checkpoint::manifest::{Manifest, MANIFEST_FORMAT_VERSION, MANIFEST_KIND};
@@ -52,6 +57,10 @@ pub struct BuildOptions {
     pub verify_checkpoint: bool,
     /// Extra annotations for the image index and manifest (applied last: they win).
     pub annotations: BTreeMap<String, String>,
+    /// Chunked image (the default): CRIU page images and GPU state files as content-defined
+    /// chunks in pack layers, assembled at every restore door. `None`: the classic layout, each
+    /// GPU extent a layer of its own and the page images inside the CRIU-images layer.
+    pub chunking: Option<Chunking>,
 }
 
 impl Default for BuildOptions {
@@ -63,6 +72,7 @@ impl Default for BuildOptions {
             container_name: None,
             verify_checkpoint: true,
             annotations: BTreeMap::new(),
+            chunking: Some(Chunking::default()),
         }
     }
 }
@@ -86,6 +96,8 @@ pub struct BuiltImage {
     pub layers: Vec<LayerInfo>,
     /// Sum of all layer blob sizes.
     pub total_layer_bytes: u64,
+    /// For a chunked image: chunks, distinct chunks, bytes before and after dedup, packs.
+    pub chunks: Option<ChunkSummary>,
 }
 
 /// Builds a combined checkpoint image from `source`: a CRI checkpoint archive (tar file, or a
@@ -95,6 +107,9 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
         return Err(ImageError::NoOutput);
     }
     let started = std::time::Instant::now();
+    if let Some(c) = &opts.chunking {
+        c.check()?;
+    }
     let src = BuildSource::detect(source)?;
     // Without a requested layout, stage one beside the archive (same filesystem: renames).
     let (layout_root, keep_layout) = match (&opts.layout_dir, &opts.archive_path) {
@@ -114,7 +129,7 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
     let mut cleanup = RemoveOnDrop::new(&layout_root, created);
     let mut layout = LayoutWriter::create(&layout_root)?;
 
-    let mut asm = Assembler::new(&src, opts.verify_checkpoint);
+    let mut asm = Assembler::new(&src, opts.verify_checkpoint, opts.chunking);
     for_each_entry(&src, &mut |e| asm.add(&mut layout, e))?;
     let (mut built, index_size) = asm.finish(&mut layout, &src, opts)?;
     let index = single_entry_index(index_json_entry(&built, index_size), BTreeMap::new());
@@ -136,6 +151,8 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
         image = %built.image_name,
         index_digest = %built.index_digest,
         layers = built.layers.len(),
+        chunked = built.chunks.is_some(),
+        stored_bytes = built.chunks.as_ref().map_or(built.total_layer_bytes, |c| c.stored_bytes),
         gpu_extents = built.layers.iter().filter(|l| l.role == LayerRole::GpuExtent).count(),
         total_layer_bytes = built.total_layer_bytes,
         elapsed_ms = started.elapsed().as_millis() as u64,
@@ -217,8 +234,14 @@ impl Read for TeeHash<'_> {
     }
 }
 
-/// A finished layer, its role, and (for GPU extents) the extent's path and size.
-type PendingLayer = (LayerRole, FinishedLayer, Option<(String, u64)>);
+/// A finished layer, its role, (for GPU extents) the extent's path and size, and (for
+/// packs) its chunk count.
+type PendingLayer = (
+    LayerRole,
+    FinishedLayer,
+    Option<(String, u64)>,
+    Option<usize>,
+);
 
 struct GpuExtent {
     rel: String,
@@ -239,6 +262,8 @@ struct Assembler {
     /// checkpoint-relative path → (size, chunk digests), for files the inventory covers.
     observed: BTreeMap<String, (u64, Vec<String>)>,
     layout_kind: SourceLayout,
+    chunking: Option<Chunking>,
+    chunked: Vec<ChunkedSource>,
 }
 
 fn lazily<'a>(
@@ -255,7 +280,7 @@ fn append(w: &mut LayerWriter, e: SourceEntry<'_>) -> Result<(), ImageError> {
     match e.body {
         Body::Dir => w.append_dir(&e.path, &e.meta),
         Body::Symlink(t) => w.append_symlink(&e.path, &t, &e.meta),
-        Body::File { size, data } => w.append_file(&e.path, size, data, &e.meta),
+        Body::File { size, data, .. } => w.append_file(&e.path, size, data, &e.meta),
     }
 }
 
@@ -287,7 +312,7 @@ fn read_small(
 }
 
 impl Assembler {
-    fn new(src: &BuildSource, verify: bool) -> Self {
+    fn new(src: &BuildSource, verify: bool, chunking: Option<Chunking>) -> Self {
         Assembler {
             source_path: src.path().to_path_buf(),
             verify,
@@ -302,6 +327,8 @@ impl Assembler {
                 BuildSource::CheckpointDir(_) => SourceLayout::CheckpointDir,
                 _ => SourceLayout::CriArchive,
             },
+            chunking,
+            chunked: Vec::new(),
         }
     }
 
@@ -329,7 +356,7 @@ impl Assembler {
     ) -> Result<(), ImageError> {
         let is_json = e.path == CONFIG_DUMP || e.path == SPEC_DUMP;
         match e.body {
-            Body::File { size, data } if is_json && size <= MAX_METADATA_JSON => {
+            Body::File { size, data, .. } if is_json && size <= MAX_METADATA_JSON => {
                 let bytes = read_small(data, size, MAX_METADATA_JSON, &e.path, &self.source_path)?;
                 match serde_json::from_slice(&bytes) {
                     Ok(v) if e.path == CONFIG_DUMP => self.cri.config_dump = Some(v),
@@ -363,7 +390,7 @@ impl Assembler {
         rel: String,
         e: SourceEntry<'_>,
     ) -> Result<(), ImageError> {
-        let Body::File { size, data } = e.body else {
+        let Body::File { size, data, reread } = e.body else {
             // Directories (checkpoint/ itself; gpusnap writes none below it) and symlinks
             // (pre-dump's `parent`) go with the CRIU images, so extent layers never need parents
             // of their own.
@@ -389,7 +416,11 @@ impl Assembler {
             inner: data,
             hasher: hasher.as_mut(),
         };
-        if is_gpu_file(Path::new(&rel)) {
+        if let Some(c) = self.chunking.filter(|_| chunkable_name(&rel)) {
+            let shown = self.source_path.join(&e.path);
+            let f = read_chunked(layout, c.chunk, &rel, size, &mut tee, reread, shown)?;
+            self.chunked.push(f);
+        } else if is_gpu_file(Path::new(&rel)) {
             let mut w = LayerWriter::create(layout)?;
             w.append_file(&e.path, size, &mut tee, &e.meta)?;
             let layer = w.finish(layout)?;
@@ -527,19 +558,55 @@ impl Assembler {
 
         let Assembler {
             metadata,
-            criu,
+            mut criu,
             rootfs,
             gpu,
             cri,
             layout_kind,
+            chunking,
+            chunked,
             ..
         } = self;
+        let gpu_files = gpu.len()
+            + chunked
+                .iter()
+                .filter(|f| is_gpu_file(Path::new(f.rel())))
+                .count();
+        // Chunked: the packs, and the chunk list in a small layer of its own (what a pull
+        // reads first to know what to assemble).
+        let mut chunk_layers: Option<(Vec<(FinishedLayer, usize)>, FinishedLayer, ChunkSummary)> =
+            None;
+        if let Some(c) = chunking {
+            // The chunk directory's entry, with the other directories: packs need no parents.
+            lazily(&mut criu, layout)?.append_dir(&chunk_dir_path(), &CHUNK_DIR_META)?;
+            let (packs, list, summary) = write_packs(layout, chunked, &c)?;
+            let mut lw = LayerWriter::create(layout)?;
+            lw.append_file(
+                &format!("{CHECKPOINT_DIR}/{CHUNK_LIST_FILE}"),
+                list.len() as u64,
+                &mut list.as_slice(),
+                &manifest_meta,
+            )?;
+            chunk_layers = Some((packs, lw.finish(layout)?, summary));
+        }
         let mut layers: Vec<PendingLayer> = Vec::new();
+        let (packs, list_layer, summary) = match chunk_layers {
+            Some((p, l, s)) => (p, Some(l), Some(s)),
+            None => (Vec::new(), None, None),
+        };
         for (role, w) in [
             (LayerRole::Metadata, metadata),
             (LayerRole::CriuImages, criu),
-            (LayerRole::RootfsDiff, rootfs),
         ] {
+            if let Some(w) = w {
+                let l = w.finish(layout)?;
+                layers.push((role, l, None, None));
+            }
+        }
+        if let Some(l) = list_layer {
+            layers.push((LayerRole::ChunkList, l, None, None));
+        }
+        for (role, w) in [(LayerRole::RootfsDiff, rootfs)] {
             if let Some(w) = w {
                 let l = w.finish(layout)?;
                 tracing::debug!(
@@ -550,12 +617,15 @@ impl Assembler {
                     content_bytes = l.content_bytes,
                     "layer written"
                 );
-                layers.push((role, l, None));
+                layers.push((role, l, None, None));
             }
         }
-        let extents = gpu.len();
+        for (l, n) in packs {
+            layers.push((LayerRole::ChunkPack, l, None, Some(n)));
+        }
+        let extents = gpu_files;
         for g in gpu {
-            layers.push((LayerRole::GpuExtent, g.layer, Some((g.rel, g.size))));
+            layers.push((LayerRole::GpuExtent, g.layer, Some((g.rel, g.size)), None));
         }
         let mut mw = LayerWriter::create(layout)?;
         mw.append_file(
@@ -564,7 +634,7 @@ impl Assembler {
             &mut manifest_bytes.as_slice(),
             &manifest_meta,
         )?;
-        layers.push((LayerRole::GpusnapManifest, mw.finish(layout)?, None));
+        layers.push((LayerRole::GpusnapManifest, mw.finish(layout)?, None, None));
 
         let mut annotations = image_annotations(
             &cri,
@@ -574,18 +644,30 @@ impl Assembler {
             layout_kind,
             extents,
         );
+        if summary.is_some() {
+            annotations.insert(keys::GPUSNAP_CHUNKED.into(), "true".into());
+        }
         annotations.extend(opts.annotations.clone());
 
+        let mut pack_no = 0usize;
         let infos: Vec<LayerInfo> = layers
             .into_iter()
-            .map(|(role, l, extent)| {
+            .map(|(role, l, extent, chunk_count)| {
                 let mut d = Descriptor::new(MEDIA_TYPE_LAYER_TAR, l.digest.clone(), l.size);
                 d.annotations
                     .insert(keys::GPUSNAP_LAYER_ROLE.into(), role.as_str().into());
                 let title = match (&extent, role) {
                     (Some((rel, _)), _) => rel.rsplit('/').next().unwrap_or(rel).to_owned(),
+                    (None, LayerRole::ChunkPack) => {
+                        pack_no += 1;
+                        format!("chunk-pack-{pack_no}")
+                    }
                     (None, r) => r.as_str().to_owned(),
                 };
+                if let Some(n) = chunk_count {
+                    d.annotations
+                        .insert(keys::GPUSNAP_CHUNK_COUNT.into(), n.to_string());
+                }
                 d.annotations.insert(keys::OCI_TITLE.into(), title);
                 if let Some((rel, size)) = &extent {
                     d.annotations
@@ -668,6 +750,7 @@ impl Assembler {
             annotations,
             layers: infos,
             total_layer_bytes,
+            chunks: summary,
         };
         Ok((built, index_size))
     }

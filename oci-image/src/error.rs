@@ -97,6 +97,9 @@ pub enum ImageError {
     },
     #[error("blob {digest} referenced by the image is missing from {location}")]
     BlobMissing { digest: Digest, location: String },
+    /// A chunked image's files could not be assembled (the message says why and what to do).
+    #[error(transparent)]
+    Chunks(#[from] gpusnap_checkpoint::chunks::ChunkError),
     #[error("malformed {what} in {location}: {reason}")]
     Malformed {
         what: &'static str,

@@ -438,6 +438,17 @@ impl Staging {
         };
         let gpusnap_manifest =
             read_gpusnap_manifest(cp_fd.as_fd(), &staged_cp, &plan.annotations, &plan.location)?;
+        // A chunked image: its files assembled from the chunks and checked against the manifest
+        // just verified; the chunks go, so the result is the classic checkpoint directory.
+        if let Some(done) = gpusnap_checkpoint::chunks::assemble_opened(cp_fd.as_fd(), &staged_cp)?
+        {
+            tracing::debug!(
+                files = done.files,
+                bytes = done.bytes,
+                distinct_chunks = done.distinct_chunks,
+                "chunked files assembled"
+            );
+        }
         let diff = staging.join(ROOTFS_DIFF_TAR);
         let rootfs_diff = match beneath::open_file(root, Path::new(ROOTFS_DIFF_TAR)) {
             Ok(file) => Some(self.rootfs_diff_record(file, &diff)?),
@@ -673,6 +684,30 @@ impl<R: Read> Read for CappedReader<R> {
     }
 }
 
+/// Whether `name` is an entry of the chunk directory (`true`), nothing to do with it
+/// (`false`), or a refused one (why).
+fn chunk_entry(name: &str, kind: tar::EntryType) -> Result<bool, &'static str> {
+    use gpusnap_checkpoint::chunks::{ChunkDigest, CHUNK_DIR};
+    let Some(rest) = name
+        .strip_prefix(CHECKPOINT_DIR)
+        .and_then(|r| r.strip_prefix('/'))
+        .and_then(|r| r.strip_prefix(CHUNK_DIR))
+    else {
+        return Ok(false);
+    };
+    match rest.strip_prefix('/') {
+        None if rest.is_empty() && kind.is_dir() => Ok(true),
+        Some(hex)
+            if ChunkDigest::parse(hex).is_some()
+                && (kind.is_file() || kind == tar::EntryType::Continuous) =>
+        {
+            Ok(true)
+        }
+        None if !rest.is_empty() => Ok(false), // `.gpusnap-chunksX`: the general rule refuses it
+        _ => Err("only regular files named by their SHA-256 belong in the chunk directory;                   refused"),
+    }
+}
+
 /// Names a symlink entry may not take: what gpusnap and the runtimes open in the checkpoint.
 fn reserved_for_files(name: &str) -> bool {
     let last = name.rsplit('/').next().unwrap_or(name);
@@ -771,12 +806,17 @@ fn unpack_tar(
                 format!("whiteout entry {name:?}"),
             ));
         }
+        // A chunked image's chunk files: only regular files named by their SHA-256, directly
+        // in `checkpoint/.gpusnap-chunks/` (assembled and removed in `Staging::finish`).
+        let chunk_entry = chunk_entry(&name, kind).map_err(|r| refuse(location, &name, r))?;
         // The origin record and gpusnap's temporary files are written by gpusnap alone.
-        if name.rsplit('/').next().is_some_and(|n| {
-            n == ORIGIN_FILE
-                || n.starts_with(".gpusnap-")
-                || n.starts_with(&format!(".{ORIGIN_FILE}"))
-        }) {
+        if !chunk_entry
+            && name.rsplit('/').next().is_some_and(|n| {
+                n == ORIGIN_FILE
+                    || n.starts_with(".gpusnap-")
+                    || n.starts_with(&format!(".{ORIGIN_FILE}"))
+            })
+        {
             return Err(refuse(
                 location,
                 &name,

@@ -52,6 +52,48 @@
 //! bottleneck, and an uncompressed layer's digest is its `diff_id` (hashed once). Extract also
 //! accepts gzip layers, in case a mirror recompressed the image.
 //!
+//! # Chunked images (the default)
+//!
+//! Built without `--classic`, an image carries CRIU page images (`pages-*.img`) and GPU state
+//! files (`gpusnap-gpu-*`) as content-defined chunks (FastCDC, 256 KiB / 1 MiB / 4 MiB, see
+//! [`gpusnap_checkpoint::chunks`]), so identical bytes — a zero region, the same weights in
+//! two replicas or in two checkpoints of one model — are stored and moved once. Chunks stay
+//! ordinary filesystem layers, so containerd and CRI-O still mount the image as before:
+//!
+//! | role | content |
+//! |---|---|
+//! | `metadata` | as above |
+//! | `criu-images` | as above, without the chunked files, plus the directory `checkpoint/.gpusnap-chunks/` |
+//! | `chunk-list` | `checkpoint/gpusnap-chunks.json`: for each chunked file its size and ordered `(sha256, length)` chunks |
+//! | `rootfs-diff` | as above |
+//! | `chunk-pack` | chunk files `checkpoint/.gpusnap-chunks/<sha256 hex>`, each distinct chunk of the image once; annotated `io.gpusnap.chunk.count` |
+//! | `gpusnap-manifest` | as above, last |
+//!
+//! **Packs.** The distinct chunks, in order of first appearance (files sorted by name), are
+//! grouped into packs: a pack closes after a chunk whose digest has its low
+//! `log2(pack_bytes / avg chunk)` bits zero (128 MiB of new chunks on average), or at four
+//! times that. Boundaries therefore follow content, and chunk entries have fixed headers
+//! (mode 0600, owner 0:0, mtime 0), so the same run of chunks makes the same pack blob — the
+//! same layer digest — in another replica's image and on another node; a zero region is one
+//! chunk in one pack. Lower layers are bounded (overlayfs stacks at most 500, Docker uses
+//! 125): an image has at most [`Chunking::max_packs`] (64) packs plus five other layers; past
+//! that the pack size doubles, which merges packs along the same boundaries.
+//!
+//! **Assembly.** Every door turns the chunks back into the flat checkpoint directory before
+//! anything reads it, with [`gpusnap_checkpoint::chunks::assemble`]: [`extract`] and `gpusnap
+//! image pull --extract` on their staging tree (the result is byte for byte what the classic
+//! layout gives, with no chunk left); the restore transaction on the directory a runtime hands
+//! it — containerd's CRI restore from the image (it copies the mounted union), CRI-O's, and
+//! Podman's import through gpusnap-runc — under an exclusive lock on the directory. Every
+//! assembled file is checked against the sealed gpusnap manifest before it is renamed into
+//! place; a hostile list or chunk is refused with nothing assembled left behind.
+//!
+//! **Which door takes which.** Every gpusnap door takes both layouts: `pull --extract` +
+//! `restore-from`, CRI restore from the image through containerd or CRI-O with gpusnap as the
+//! runtime, Podman/CRI-O through gpusnap-runc, `ctr`. A runtime *without* gpusnap (plain runc
+//! restoring a gpusnap image, or `checkpointctl` inspecting CRIU pages) would see chunk files
+//! instead of `pages-*.img`: build with `gpusnap image build --classic` for those.
+//!
 //! **Annotations.** containerd's `org.criu.checkpoint.container.name`, CRI-O's
 //! `io.kubernetes.cri-o.annotations.checkpoint.name` and Podman's
 //! `io.podman.annotations.checkpoint.name`, plus the `org.criu.checkpoint.*` keys checkpointctl
@@ -67,6 +109,7 @@
 
 pub mod annotations;
 mod build;
+mod chunked;
 pub mod digest;
 mod error;
 mod extract;
@@ -80,6 +123,7 @@ pub mod spec;
 
 pub use annotations::{keys, LayerRole, SourceLayout};
 pub use build::{build, BuildOptions, BuiltImage};
+pub use chunked::{ChunkSummary, Chunking};
 pub use digest::Digest;
 pub use error::ImageError;
 pub use extract::{

@@ -67,7 +67,19 @@ impl BuildSource {
 pub(crate) enum Body<'a> {
     Dir,
     Symlink(String),
-    File { size: u64, data: &'a mut dyn Read },
+    File {
+        size: u64,
+        data: &'a mut dyn Read,
+        /// Where the same bytes can be read again by offset (a chunked image writes its
+        /// chunks after it has seen them all); `None` for a compressed archive.
+        reread: Option<Reread>,
+    },
+}
+
+/// A file's bytes, readable again at `base..base + size` of `file`.
+pub(crate) struct Reread {
+    pub file: File,
+    pub base: u64,
 }
 
 /// One entry, in archive shape.
@@ -184,11 +196,16 @@ fn walk_dir(
                     .metadata()
                     .map_err(ImageError::io("reading", &full))?
                     .len();
+                let reread = file.try_clone().ok().map(|file| Reread { file, base: 0 });
                 let mut r = BufReader::with_capacity(1 << 20, &mut file);
                 f(SourceEntry {
                     path,
                     meta,
-                    body: Body::File { size, data: &mut r },
+                    body: Body::File {
+                        size,
+                        data: &mut r,
+                        reread,
+                    },
                 })?;
             }
             _ => {
@@ -267,6 +284,13 @@ fn walk_tar(
     };
     file.seek(SeekFrom::Start(0))
         .map_err(ImageError::io("reading", path))?;
+    // An uncompressed archive holds each member's bytes contiguously: they can be read again
+    // by offset.
+    let raw_archive = if gz {
+        None
+    } else {
+        Some(file.try_clone().map_err(ImageError::io("reading", path))?)
+    };
     let buffered = BufReader::with_capacity(1 << 20, file);
     // CRI writes the archive uncompressed; Podman can gzip it. Accept both.
     let reader: Box<dyn Read> = if gz {
@@ -317,12 +341,20 @@ fn walk_tar(
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let size = entry.size();
+                let reread = match &raw_archive {
+                    Some(file) => Some(Reread {
+                        file: file.try_clone().map_err(ImageError::io("reading", path))?,
+                        base: entry.raw_file_position(),
+                    }),
+                    None => None,
+                };
                 f(SourceEntry {
                     path: name,
                     meta,
                     body: Body::File {
                         size,
                         data: &mut entry,
+                        reread,
                     },
                 })?
             }

@@ -53,6 +53,7 @@ fn build_from_cri_archive_writes_a_valid_annotated_layout_and_archive() {
         &BuildOptions {
             layout_dir: Some(layout.clone()),
             archive_path: Some(archive.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -350,6 +351,7 @@ fn extract_round_trips_the_archive_byte_for_byte_from_layout_and_archive() {
         &BuildOptions {
             layout_dir: Some(layout.clone()),
             archive_path: Some(archive.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -384,6 +386,7 @@ fn rebuilding_from_the_extracted_tree_reproduces_the_same_image() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(fx.work.path().join("a")),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -395,6 +398,7 @@ fn rebuilding_from_the_extracted_tree_reproduces_the_same_image() {
         &dest,
         &BuildOptions {
             layout_dir: Some(fx.work.path().join("b")),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -416,6 +420,7 @@ fn build_from_checkpoint_dir_round_trips_and_names_by_container_id() {
         &cp,
         &BuildOptions {
             archive_path: Some(archive.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -465,6 +470,7 @@ fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -545,6 +551,7 @@ fn build_refuses_damaged_foreign_or_incomplete_checkpoints() {
     let opts = BuildOptions {
         layout_dir: Some(layout.clone()),
         archive_path: Some(archive.clone()),
+        chunking: None,
         ..Default::default()
     };
     let err = image::build(&bad_archive, &opts).unwrap_err();
@@ -570,6 +577,7 @@ fn build_refuses_damaged_foreign_or_incomplete_checkpoints() {
         &fx.checkpoint_dir,
         &BuildOptions {
             layout_dir: Some(fx.work.path().join("l2")),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -586,6 +594,7 @@ fn build_refuses_damaged_foreign_or_incomplete_checkpoints() {
         &fx.archive_root,
         &BuildOptions {
             layout_dir: Some(fx.work.path().join("l3")),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -602,6 +611,7 @@ fn build_refuses_damaged_foreign_or_incomplete_checkpoints() {
         &fx.checkpoint_dir,
         &BuildOptions {
             layout_dir: Some(fx.archive_root.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -620,6 +630,7 @@ fn options_override_names_and_add_annotations() {
             image_name: Some("registry.example:5000/ml/trainer-ckpt:epoch-7".into()),
             container_name: Some("trainer-v2".into()),
             annotations: [("io.example.run".to_owned(), "42".to_owned())].into(),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -637,6 +648,7 @@ fn options_override_names_and_add_annotations() {
         &BuildOptions {
             layout_dir: Some(fx.work.path().join("l2")),
             image_name: Some("Not A Name".into()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -657,6 +669,7 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
         &BuildOptions {
             layout_dir: Some(layout.clone()),
             archive_path: Some(archive.clone()),
+            chunking: None,
             ..Default::default()
         },
     )

@@ -35,6 +35,7 @@ fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -78,6 +79,7 @@ fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
         &fx.checkpoint_dir,
         &BuildOptions {
             layout_dir: Some(cp_layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -102,6 +104,7 @@ fn failed_pull_extracts_leave_nothing() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )

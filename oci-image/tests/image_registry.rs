@@ -41,6 +41,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
         &fx.archive,
         &BuildOptions {
             archive_path: Some(archive.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -104,6 +105,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
         &fx.checkpoint_dir,
         &BuildOptions {
             archive_path: Some(cp_image.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -145,6 +147,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -207,6 +210,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
         &fx.checkpoint_dir,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -314,6 +318,7 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -461,6 +466,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -582,6 +588,7 @@ fn signatures_require_warn_off() {
         &fx.checkpoint_dir,
         &BuildOptions {
             layout_dir: Some(layout.clone()),
+            chunking: None,
             ..Default::default()
         },
     )
@@ -724,6 +731,7 @@ fn signatures_require_warn_off() {
         &fx.archive,
         &BuildOptions {
             layout_dir: Some(cri.clone()),
+            chunking: None,
             ..Default::default()
         },
     )

@@ -65,6 +65,9 @@ const CHECKPOINT_DOORS: &[Door] = &[Runc, RestoreFrom, Ctr, Cri];
 /// The doors where the directory reaches gpusnap as files of their own (containerd unpacks a
 /// CRI archive itself first and keeps regular files only: symlink cases do not apply there).
 const FILE_DOORS: &[Door] = &[Runc, RestoreFrom, Ctr];
+/// The doors where gpusnap receives a chunked checkpoint directory as it is (CRI's archive
+/// import makes no subdirectories; chunked images reach CRI through image restore instead).
+const CHUNK_DOORS: &[Door] = &[Runc, RestoreFrom];
 
 /// An image's layers: tar bytes, gzip-compressed when true.
 type Layers = Vec<(Vec<u8>, bool)>;
@@ -134,6 +137,35 @@ fn sealed_checkpoint(dir: &Path) -> Manifest {
         command: Some(vec!["sh".into()]),
     });
     seal_checkpoint(dir, m).unwrap()
+}
+
+/// Turns the sealed checkpoint's `pages-1.img` into chunks (the layout a chunked image puts in
+/// the directory a runtime hands gpusnap), with `edit` applied to the chunk list.
+fn chunkify(dir: &Path, edit: impl FnOnce(&Path, &mut gpusnap_checkpoint::chunks::ChunkList)) {
+    use gpusnap_checkpoint::chunks::*;
+    let bytes = fs::read(dir.join("pages-1.img")).unwrap();
+    fs::create_dir_all(dir.join(CHUNK_DIR)).unwrap();
+    let mut chunks = Vec::new();
+    let p = ChunkParams {
+        min: 4096,
+        avg: 8192,
+        max: 16384,
+    };
+    split(&mut bytes.as_slice(), p, &mut |c| {
+        let d = ChunkDigest::of(c);
+        fs::write(dir.join(CHUNK_DIR).join(d.hex()), c)?;
+        chunks.push(ChunkRef(d, c.len() as u64));
+        Ok(())
+    })
+    .unwrap();
+    fs::remove_file(dir.join("pages-1.img")).unwrap();
+    let mut list = ChunkList::new(vec![ChunkedFile {
+        path: "pages-1.img".into(),
+        size: bytes.len() as u64,
+        chunks,
+    }]);
+    edit(dir, &mut list);
+    fs::write(dir.join(CHUNK_LIST_FILE), list.to_bytes()).unwrap();
 }
 
 fn manifest_path(dir: &Path) -> PathBuf {
@@ -230,6 +262,42 @@ fn layer(entries: &[(&str, tar::EntryType, &[u8], Option<&str>)]) -> Vec<u8> {
 fn corpus() -> Vec<Case> {
     use Hostile::{Diff, Dir, Image, Name, Node};
     vec![
+        // --- a chunked checkpoint directory ---
+        case(
+            "chunk-file-symlinked-to-the-sentinel",
+            Dir(|d, s| {
+                let target = abs(s, "etc/shadow");
+                chunkify(d, |d, l| {
+                    let hex = l.files[0].chunks[0].0.hex();
+                    symlink(&target, d.join(".gpusnap-chunks").join(hex));
+                })
+            }),
+            CHUNK_DOORS,
+            "etc/shadow",
+            "a symlink",
+        ),
+        case(
+            "chunk-list-names-a-path-climbing-to-the-sentinel",
+            Dir(|d, s| {
+                let climb = s.climb_to("etc/passwd");
+                chunkify(d, |_, l| l.files[0].path = climb)
+            }),
+            CHUNK_DOORS,
+            "etc/passwd",
+            "not a CRIU page image",
+        ),
+        case(
+            "chunk-missing",
+            Dir(|d, _| {
+                chunkify(d, |d, l| {
+                    let hex = l.files[0].chunks[0].0.hex();
+                    fs::remove_file(d.join(".gpusnap-chunks").join(hex)).unwrap();
+                })
+            }),
+            CHUNK_DOORS,
+            "secret",
+            "is missing from",
+        ),
         // --- the checkpoint directory: manifest ---
         case(
             "manifest-missing",

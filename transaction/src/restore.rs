@@ -1,6 +1,7 @@
 //! The restore transaction.
 //!
 //! ```text
+//! [chunked image: files assembled from their chunks, beneath the directory, locked exclusively]
 //! directory locked (shared) → signature policy → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
@@ -118,6 +119,15 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let started = Instant::now();
     let mut timings = Timings::default();
     let ckpt = &req.checkpoint_dir;
+    // A chunked image as a runtime copied it (containerd's or CRI-O's restore from image,
+    // Podman's import): its files are assembled in place and checked against the manifest,
+    // under the exclusive lock so that no other restore reads them half-written.
+    if dir::chunks::is_chunked(ckpt).unwrap_or(false) {
+        let t = Instant::now();
+        let _assembling = DirLock::exclusive(ckpt)?;
+        dir::chunks::assemble(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
+        timings.add("assemble", t.elapsed());
+    }
     let _lock = DirLock::shared(ckpt)?;
     let admitted = crate::signature::admit(&req.config, ckpt, &req.signature_evidence)?;
 
