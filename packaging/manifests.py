@@ -21,7 +21,8 @@ RBAC = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBind
 HOST_MOUNTS = ["/etc/containerd", "/usr/local/bin", "/run/containerd", "/etc/gpusnap", "/var/lib/gpusnap"]
 INSTALLER_KEYS = ["GPUSNAP_RUNTIMES", "GPUSNAP_CONTAINERD_MODE", "GPUSNAP_CRIU_NETWORK_LOCK",
                   "GPUSNAP_RESTART_RUNTIME", "GPUSNAP_RECHECK_SECONDS"]
-BYTE_SETTINGS = {("storage", "transfer_chunk_bytes"), ("restore", "max_rootfs_diff_bytes")}
+BYTE_SETTINGS = {("storage", "transfer_chunk_bytes"), ("restore", "max_rootfs_diff_bytes"),
+                 ("store", "max_bytes")}
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": 1 << 20, "Mi": 1 << 20,
          "GiB": 1 << 30, "Gi": 1 << 30}
 

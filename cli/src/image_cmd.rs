@@ -188,7 +188,7 @@ fn parse_annotation(s: &str) -> Result<(String, String), String> {
 pub fn run(config: &Path, cmd: ImageCommand) -> Result<u8> {
     match cmd {
         ImageCommand::Build(a) => cmd_build(a),
-        ImageCommand::Push(a) => cmd_push(a),
+        ImageCommand::Push(a) => cmd_push(config, a),
         ImageCommand::Pull(a) => cmd_pull(config, a),
         ImageCommand::Sign(a) => cmd_sign(a),
     }
@@ -308,14 +308,20 @@ fn render_built(b: &BuiltImage, source: &Path, verified: bool) -> String {
     out
 }
 
-fn cmd_push(a: PushArgs) -> Result<u8> {
+fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
+    let cfg = gpusnap_config::Config::load(config)
+        .with_context(|| format!("reading {}", config.display()))?;
+    let (progress, line) = crate::progress::ProgressLine::start("uploaded");
     let opts = RegistryOptions {
         image_name: a.image_name.clone(),
         sign_key: a.sign_key.clone(),
+        store: crate::store_cmd::node_store(&cfg)?,
+        progress,
         ..a.registry.options()
     };
     let report = image::push(&a.image, &a.reference, &opts)
         .with_context(|| format!("gpusnap image push {} {}", a.image.display(), a.reference))?;
+    drop(line);
     if a.json {
         print_json(&report)?;
     } else {
@@ -330,12 +336,7 @@ fn render_push(p: &PushReport) -> String {
         ("Digest", format!("{} ({})", p.digest, p.media_type)),
         (
             "Blobs",
-            format!(
-                "{} uploaded ({}), {} already in the registry",
-                p.uploaded.len(),
-                human_bytes(p.bytes_uploaded),
-                p.skipped.len()
-            ),
+            crate::progress::transfer_line("uploaded", &p.transfer),
         ),
     ]);
     if let Some(sig) = &p.signature {
@@ -491,11 +492,14 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
                 .with_context(|| format!("creating checkpoint root {}", root.display()))?;
         }
     }
+    let (progress, line) = crate::progress::ProgressLine::start("downloaded");
     let opts = RegistryOptions {
         signatures: SignatureOptions {
             policy: cfg.restore.signature_policy,
             keys: cfg.restore.signature_keys.clone(),
         },
+        store: crate::store_cmd::node_store(cfg)?,
+        progress,
         ..a.registry.options()
     };
     if let (Some((dest, root)), None, None) = (&extract, &a.output, &a.layout) {
@@ -508,6 +512,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
                 dest.display()
             )
         })?;
+        drop(line);
         let restore_from = if dest.parent() == Some(root.as_path()) {
             dest.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -557,6 +562,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
     };
     let report = image::pull(&a.reference, &layout_dir, &opts)
         .with_context(|| format!("gpusnap image pull {}", a.reference))?;
+    drop(line);
     let mut out = PullOutput {
         verification: report.verification(),
         pull: report,
@@ -619,7 +625,12 @@ fn render_pull(o: &PullOutput) -> String {
         ),
         (
             "Blobs",
-            format!("{} ({})", o.pull.blobs, human_bytes(o.pull.bytes)),
+            format!(
+                "{} ({}); {}",
+                o.pull.blobs,
+                human_bytes(o.pull.bytes),
+                crate::progress::transfer_line("downloaded", &o.pull.transfer)
+            ),
         ),
         ("Verified", o.verification.clone()),
         (

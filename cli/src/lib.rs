@@ -14,6 +14,8 @@ pub mod image_cmd;
 pub mod inspect;
 pub mod install;
 pub mod logging;
+pub mod progress;
+pub mod store_cmd;
 pub mod term;
 
 /// gpusnap's version, shown by `--version` and recorded in install state.

@@ -56,12 +56,16 @@ fn assert_same_tree_with_origin(got: &Path, want: &Path) {
     assert_eq!(g, tree(want), "{} vs {}", got.display(), want.display());
 }
 
-/// Config whose `restore.checkpoint_root` is `root`.
+/// Config whose `restore.checkpoint_root` is `root`, with a node store of its own in `dir`.
 fn config_with_root(dir: &Path, root: &Path) -> PathBuf {
     let p = dir.join("gpusnap.toml");
     fs::write(
         &p,
-        format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+        format!(
+            "[restore]\ncheckpoint_root = \"{}\"\n\n[store]\nroot = \"{}\"\n",
+            root.display(),
+            dir.join("store").display()
+        ),
     )
     .unwrap();
     p
@@ -138,7 +142,7 @@ fn build_push_pull_extract_round_trip() {
         &["image", "push", s(&image), &reference, "--plain-http"],
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("0 uploaded"), "{text}");
+    assert!(text.contains("uploaded 0 B of"), "{text}");
 
     // pull --extract NAME → <restore.checkpoint_root>/NAME, from the config
     let root = w.join("checkpoints");
@@ -212,8 +216,13 @@ fn build_push_pull_extract_round_trip() {
     data[mid] ^= 0xff;
     fs::write(&blob, data).unwrap();
     let bad_dest = root.join("tampered");
+    // A node store of its own: the first config's store holds the blob, verified, from the
+    // pulls above, and would serve it without asking the registry.
+    let fresh = w.join("fresh-node");
+    fs::create_dir(&fresh).unwrap();
+    let fresh_config = config_with_root(&fresh, &root);
     let out = gpusnap(
-        Some(&config),
+        Some(&fresh_config),
         &[
             "image",
             "pull",

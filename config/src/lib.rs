@@ -41,7 +41,7 @@ pub use bytes::{parse_bytes, GIB, KIB, MIB};
 pub use error::ConfigError;
 pub use model::{
     CheckpointConfig, Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig,
-    SignaturePolicy, StorageConfig, StorageEngine,
+    SignaturePolicy, StorageConfig, StorageEngine, StoreConfig,
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,

@@ -20,6 +20,29 @@ pub struct Config {
     pub criu: CriuConfig,
     pub restore: RestoreConfig,
     pub checkpoint: CheckpointConfig,
+    pub store: StoreConfig,
+}
+
+/// The node's content-addressed blob store, shared by every pull (gpusnap-node-store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Where blobs pulled onto this node are kept (root-owned, mode 0700).
+    pub root: PathBuf,
+    /// Garbage collection removes unreferenced blobs, least recently used first, until the
+    /// store holds at most this much; accepts `107374182400` or `"100GiB"`. Referenced blobs
+    /// (of images and checkpoints still on the node) are never removed.
+    #[serde(deserialize_with = "crate::bytes::deserialize")]
+    pub max_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            root: PathBuf::from("/var/lib/gpusnap/store"),
+            max_bytes: 100 * crate::bytes::GIB,
+        }
+    }
 }
 
 /// What this node does to the checkpoints it takes.

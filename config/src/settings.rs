@@ -444,6 +444,24 @@ pub(crate) static SETTINGS: &[Setting] = &[
             )
         },
     },
+    Setting {
+        key: "store.root",
+        annotation: None,
+        set: |c, v| {
+            c.store.root = v.path()?;
+            Ok(())
+        },
+        check: |c| check_abs("store.root", Some(&c.store.root)),
+    },
+    Setting {
+        key: "store.max_bytes",
+        annotation: None,
+        set: |c, v| {
+            c.store.max_bytes = v.bytes()?;
+            Ok(())
+        },
+        check: |_| Ok(()),
+    },
 ];
 
 pub(crate) fn find(key: &str) -> Option<&'static Setting> {
@@ -552,7 +570,15 @@ mod tests {
     fn tables_and_keys() {
         assert_eq!(
             tables(),
-            ["storage", "cuda", "runc", "criu", "restore", "checkpoint"]
+            [
+                "storage",
+                "cuda",
+                "runc",
+                "criu",
+                "restore",
+                "checkpoint",
+                "store"
+            ]
         );
         assert_eq!(
             keys_in("criu"),

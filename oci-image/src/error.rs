@@ -183,6 +183,9 @@ pub enum ImageError {
         url: String,
         reason: String,
     },
+    /// The node's blob store (`store.root`).
+    #[error("node store: {0}")]
+    Store(#[from] gpusnap_node_store::StoreError),
 }
 
 impl ImageError {

@@ -131,8 +131,8 @@ pub use extract::{
 };
 pub use inspect::{inspect, inspect_named, ImageInfo};
 pub use registry::{
-    pull, pull_extract, push, sign, Credentials, PullReport, PushReport, Reference,
-    RegistryOptions, SignReport, SignatureOptions,
+    pull, pull_extract, push, sign, Credentials, NodeStore, Progress, ProgressSnapshot, PullReport,
+    PushReport, Reference, RegistryOptions, SignReport, SignatureOptions, Transfer,
 };
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 

@@ -46,6 +46,9 @@ enum Command {
     /// Combined OCI checkpoint images: build, push to and pull from a registry.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// The node's blob store (shared by every pull): list, usage, garbage collection.
+    #[command(subcommand)]
+    Store(gpusnap_cli::store_cmd::StoreCommand),
     /// The gpusnap config file: print the defaults, or check a file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -178,6 +181,7 @@ fn main() -> ExitCode {
         Command::Doctor(a) => cmd_doctor(&cli.config, a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Image(c) => image_cmd::run(&cli.config, c),
+        Command::Store(c) => gpusnap_cli::store_cmd::run(&cli.config, c),
         Command::Checkpoint(c) => checkpoint_cmd::run(&cli.config, c),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", install::default_config_text());

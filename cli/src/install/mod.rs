@@ -248,7 +248,14 @@ pub fn config_text(found: &FoundTools) -> String {
          [checkpoint]\n\
          # Sign every checkpoint this node takes (gpusnap-manifest.json.sig) with this private\n\
          # key: PKCS#8 PEM, ECDSA P-256, root-owned, mode 0600.\n\
-         # signing_key = \"/etc/gpusnap/signing.key\"\n",
+         # signing_key = \"/etc/gpusnap/signing.key\"\n\
+         \n\
+         [store]\n\
+         # The node's blob store, shared by every `gpusnap image pull` run as root (0700): a\n\
+         # pull downloads only the blobs the node lacks.\n\
+         root = {store_root}\n\
+         # Garbage collection removes unreferenced blobs, least recently used first, down to this.\n\
+         max_bytes = \"100GiB\"\n",
         version = crate::VERSION,
         engine = q(d.storage.engine.as_str()),
         count = d.storage.transfer_buffer_count,
@@ -269,6 +276,7 @@ pub fn config_text(found: &FoundTools) -> String {
         root = q(&d.runc.root.to_string_lossy()),
         systemd = d.runc.systemd_cgroup,
         checkpoint_root = q(&d.restore.checkpoint_root.to_string_lossy()),
+        store_root = q(&d.store.root.to_string_lossy()),
     )
 }
 

@@ -66,6 +66,16 @@ pub(crate) struct Session {
     /// Token from the last [`Session::authenticate`] (Bearer registries).
     token: Option<String>,
     pub(crate) max_manifest_bytes: u64,
+    /// Counts bytes as they cross the network, for a progress line.
+    progress: Option<std::sync::Arc<super::transfer::Progress>>,
+}
+
+/// What a cross-repository mount request came back with.
+pub(crate) enum Mount {
+    /// The registry linked the blob into this repository: nothing to upload.
+    Mounted,
+    /// It did not (it lacks the blob there, or does not mount): an upload session it opened.
+    Upload(String),
 }
 
 /// A fetched manifest (or index) document, at most `max_manifest_bytes`.
@@ -163,6 +173,7 @@ impl Session {
             auth_hint,
             token: None,
             max_manifest_bytes: opts.max_manifest_bytes,
+            progress: opts.progress.clone(),
         })
     }
 
@@ -449,6 +460,9 @@ impl Session {
             if n > size {
                 return Err(size_error(n));
             }
+            if let Some(p) = &self.progress {
+                p.moved(chunk.len() as u64);
+            }
             piece.extend_from_slice(&chunk);
             if piece.len() >= PIECE_BYTES {
                 let full =
@@ -496,25 +510,34 @@ impl Session {
     /// session, one `PATCH` carrying the whole body as it is read, then `PUT ?digest=`, which
     /// the registry verifies too. One `PATCH` rather than `oci-client`'s 4 MiB chunks, each a
     /// request the registry answers (and records the hash state of) before the next is sent.
+    /// `session`: an upload session already opened (by a mount request the registry answered
+    /// with one), else a new one is opened.
     pub(crate) async fn upload_blob(
         &self,
         digest: &Digest,
         size: u64,
         body: VerifyingReader<Box<dyn Read + Send>>,
+        session: Option<String>,
     ) -> Result<(), ImageError> {
         let start_url = self.url("blobs/uploads/");
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, io::Error>>(4);
         let local = start_url.clone();
+        let progress = self.progress.clone();
         // Reading and hashing the file happen on a blocking thread, off the network task.
-        let producer = tokio::task::spawn_blocking(move || produce(body, size, &local, &tx));
+        let producer =
+            tokio::task::spawn_blocking(move || produce(body, size, &local, &tx, progress));
 
-        let location = self
-            .upload_location("POST", &start_url, || {
-                self.http
-                    .post(&start_url)
-                    .header(reqwest::header::CONTENT_LENGTH, "0")
-            })
-            .await?;
+        let location = match session {
+            Some(l) => l,
+            None => {
+                self.upload_location("POST", &start_url, || {
+                    self.http
+                        .post(&start_url)
+                        .header(reqwest::header::CONTENT_LENGTH, "0")
+                })
+                .await?
+            }
+        };
         let body =
             reqwest::Body::wrap_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
         let patched = self
@@ -553,6 +576,69 @@ impl Session {
             return Err(self.status_error("PUT", &put, status, resp).await);
         }
         Ok(())
+    }
+
+    /// `POST /blobs/uploads/?mount=<digest>&from=<repository>`: asks the registry to link a
+    /// blob it holds in another repository into this one. 201 is a mount; 202 is an upload
+    /// session instead (the registry lacks the blob there, or does not mount); a refusal
+    /// (401/403/404: no pull access to `from`) is treated as "not mounted", so the caller
+    /// uploads as it would have.
+    pub(crate) async fn mount_blob(
+        &self,
+        digest: &Digest,
+        from: &str,
+    ) -> Result<Mount, ImageError> {
+        let mut url = reqwest::Url::parse(&self.url("blobs/uploads/")).map_err(|e| {
+            ImageError::Transport {
+                method: "POST",
+                url: self.url("blobs/uploads/"),
+                reason: e.to_string(),
+            }
+        })?;
+        url.query_pairs_mut()
+            .append_pair("mount", digest.as_str())
+            .append_pair("from", from);
+        let shown = url.to_string();
+        let resp = self
+            .with_auth(
+                self.http
+                    .post(url)
+                    .header(reqwest::header::CONTENT_LENGTH, "0"),
+            )
+            .send()
+            .await
+            .map_err(|e| transport("POST", &shown, &e))?;
+        match resp.status().as_u16() {
+            201 => Ok(Mount::Mounted),
+            202 => {
+                let location = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|l| resp.url().join(l).ok());
+                match location {
+                    Some(l) => Ok(Mount::Upload(l.to_string())),
+                    None => Err(ImageError::Registry {
+                        method: "POST",
+                        url: shown,
+                        status: 202,
+                        code: None,
+                        message: "no Location header in the upload response".into(),
+                    }),
+                }
+            }
+            401 | 403 | 404 => {
+                tracing::debug!(digest = %digest, from, "registry refused the mount; uploading");
+                self.upload_location("POST", &self.url("blobs/uploads/"), || {
+                    self.http
+                        .post(self.url("blobs/uploads/"))
+                        .header(reqwest::header::CONTENT_LENGTH, "0")
+                })
+                .await
+                .map(Mount::Upload)
+            }
+            status => Err(self.status_error("POST", &shown, status, resp).await),
+        }
     }
 
     /// Sends one upload request and returns the absolute `Location` it answered with.
@@ -694,6 +780,7 @@ fn produce(
     size: u64,
     location: &str,
     tx: &tokio::sync::mpsc::Sender<Result<bytes::Bytes, io::Error>>,
+    progress: Option<std::sync::Arc<super::transfer::Progress>>,
 ) -> Result<u64, ImageError> {
     let fail = |err: ImageError| {
         let _ = tx.blocking_send(Err(io::Error::other(err.to_string())));
@@ -720,6 +807,9 @@ fn produce(
         }
         buf.truncate(filled);
         sent += filled as u64;
+        if let Some(p) = &progress {
+            p.moved(filled as u64);
+        }
         if tx.blocking_send(Ok(buf.freeze())).is_err() {
             // The upload stopped; its error says why.
             return Ok(sent);

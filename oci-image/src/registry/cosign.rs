@@ -367,6 +367,7 @@ pub(crate) async fn sign_digest(
                     d,
                     size,
                     VerifyingReader::new(body, d, size, "signature blob", "memory"),
+                    None,
                 )
                 .await?;
         }

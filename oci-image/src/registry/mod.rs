@@ -20,10 +20,15 @@
 //! [`pull_extract`] does the same checks in the same order but unpacks each layer beneath its
 //! staging directory while the layer downloads (see there).
 //!
-//! **Push.** Blobs the registry lacks are uploaded, each as one streamed upload (the local
-//! file's digest checked as it is read, the registry checking the digest on commit), child
-//! manifests by digest, then the top document under the tag, as the exact bytes whose digest
-//! we computed.
+//! **Push.** Blobs the registry lacks (`HEAD`) are mounted from another repository of the same
+//! registry when the node store ([`RegistryOptions::store`]) knows one that holds them, else
+//! uploaded, each as one streamed upload straight from the layout's blob file (its digest
+//! checked as it is read, the registry checking the digest on commit); then child manifests by
+//! digest, then the top document under the tag, as the exact bytes whose digest we computed.
+//!
+//! **The node store.** With [`RegistryOptions::store`], a pull takes every config and layer the
+//! node already holds from the store and downloads only the others, into the store (see
+//! [`transfer`]); [`PullReport::transfer`] and [`PushReport::transfer`] say what moved.
 //!
 //! **In parallel.** Up to [`RegistryOptions::parallel_blobs`] blobs move at once. The network
 //! side of all of them runs on one thread; each blob's bytes are read or consumed (hashed,
@@ -35,6 +40,7 @@ mod channel;
 mod client;
 pub mod cosign;
 pub mod reference;
+mod transfer;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -65,6 +71,7 @@ pub use auth::{default_docker_config, Credentials};
 use client::Session;
 pub use cosign::{sign, SignReport, SignatureOptions};
 pub use reference::Reference;
+pub use transfer::{NodeStore, Progress, ProgressSnapshot, Transfer};
 
 /// Default number of blobs moved at once: enough to keep a loopback or LAN link and a local
 /// disk busy while one blob's consumer waits on the other, few enough not to thrash one disk.
@@ -101,6 +108,11 @@ pub struct RegistryOptions {
     pub sign_key: Option<PathBuf>,
     /// Blobs uploaded or downloaded (and consumed: hashed, written, unpacked) at once.
     pub parallel_blobs: usize,
+    /// The node's blob store: a pull takes the blobs it holds from it and keeps the ones it
+    /// fetches in it; a push learns from it where a blob can be mounted from ([`transfer`]).
+    pub store: Option<NodeStore>,
+    /// Counters updated as bytes move, for a progress line.
+    pub progress: Option<std::sync::Arc<Progress>>,
 }
 
 impl Default for RegistryOptions {
@@ -116,6 +128,8 @@ impl Default for RegistryOptions {
             signatures: SignatureOptions::default(),
             sign_key: None,
             parallel_blobs: DEFAULT_PARALLEL_BLOBS,
+            store: None,
+            progress: None,
         }
     }
 }
@@ -131,6 +145,8 @@ pub struct PushReport {
     /// Blobs the registry already had (`HEAD` answered 200).
     pub skipped: Vec<Digest>,
     pub bytes_uploaded: u64,
+    /// Blobs of the image, and of them those uploaded, mounted, or already there.
+    pub transfer: Transfer,
     /// The signature pushed with [`RegistryOptions::sign_key`].
     pub signature: Option<SignReport>,
 }
@@ -153,6 +169,8 @@ pub struct PullReport {
     /// digest and size.
     pub blobs: usize,
     pub bytes: u64,
+    /// Configs and layers: how many were downloaded, and how many the node store already held.
+    pub transfer: Transfer,
     pub signature: SignatureCheck,
 }
 
@@ -274,6 +292,7 @@ async fn push_async(
         uploaded: Vec::new(),
         skipped: Vec::new(),
         bytes_uploaded: 0,
+        transfer: Transfer::default(),
         signature: None,
     };
     let mut manifests = Vec::new();
@@ -295,31 +314,105 @@ async fn push_async(
         manifests.push((child.clone(), bytes));
     }
     // Blobs in parallel (bounded): each file is read and hashed on a blocking thread while
-    // the others' requests proceed on this one.
-    let outcomes: Vec<(Digest, bool)> = futures_util::stream::iter(blobs.iter())
+    // the others' requests proceed on this one. First what the registry lacks (HEAD), so the
+    // progress line knows what will move.
+    let missing: Vec<bool> = futures_util::stream::iter(blobs.iter())
         .map(|blob| {
             let session = &session;
-            let src = &src;
-            async move {
-                if session.blob_exists(&blob.digest).await? {
-                    tracing::debug!(digest = %blob.digest, "blob already in registry");
-                    return Ok((blob.digest.clone(), false));
-                }
-                let body = src.blob(blob, "blob")?;
-                session.upload_blob(&blob.digest, blob.size, body).await?;
-                tracing::debug!(digest = %blob.digest, size = blob.size, "blob uploaded");
-                Ok::<_, ImageError>((blob.digest.clone(), true))
-            }
+            async move { Ok::<_, ImageError>(!session.blob_exists(&blob.digest).await?) }
         })
-        .buffer_unordered(opts.parallel_blobs.max(1))
+        .buffered(opts.parallel_blobs.max(1) * 4)
         .try_collect()
         .await?;
+    if let Some(p) = &opts.progress {
+        let (n, bytes) = blobs
+            .iter()
+            .zip(&missing)
+            .filter(|(_, m)| **m)
+            .fold((0, 0), |(n, b), (blob, _)| (n + 1, b + blob.size));
+        p.expect(n, bytes);
+    }
+    // Repositories of this registry the node store says hold a blob: mount sources.
+    let mount_sources = |d: &Digest| -> Vec<String> {
+        let Some(ns) = &opts.store else {
+            return Vec::new();
+        };
+        let own = format!("{}/{}", r.registry, r.repository);
+        transfer::blob_id(d)
+            .ok()
+            .and_then(|id| ns.store.sources_of(&id, &r.registry).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| *s != own)
+            .filter_map(|s| s.split_once('/').map(|(_, repo)| repo.to_owned()))
+            .collect()
+    };
+    let outcomes: Vec<(Digest, BlobOutcome)> =
+        futures_util::stream::iter(blobs.iter().zip(&missing))
+            .map(|(blob, missing)| {
+                let session = &session;
+                let src = &src;
+                let sources = if *missing {
+                    mount_sources(&blob.digest)
+                } else {
+                    Vec::new()
+                };
+                async move {
+                    if !*missing {
+                        tracing::debug!(digest = %blob.digest, "blob already in registry");
+                        return Ok((blob.digest.clone(), BlobOutcome::Present));
+                    }
+                    // One mount attempt (from the first repository the store names): a registry
+                    // that does not mount from it answers with an upload session, used below.
+                    let mut upload_session = None;
+                    if let Some(from) = sources.first() {
+                        match session.mount_blob(&blob.digest, from).await? {
+                            client::Mount::Mounted => {
+                                tracing::debug!(digest = %blob.digest, from, "blob mounted");
+                                if let Some(p) = &opts.progress {
+                                    p.moved(blob.size);
+                                    p.blob_done();
+                                }
+                                return Ok((blob.digest.clone(), BlobOutcome::Mounted));
+                            }
+                            client::Mount::Upload(l) => upload_session = Some(l),
+                        }
+                    }
+                    let body = src.blob(blob, "blob")?;
+                    session
+                        .upload_blob(&blob.digest, blob.size, body, upload_session)
+                        .await?;
+                    if let Some(p) = &opts.progress {
+                        p.blob_done();
+                    }
+                    tracing::debug!(digest = %blob.digest, size = blob.size, "blob uploaded");
+                    Ok::<_, ImageError>((blob.digest.clone(), BlobOutcome::Uploaded))
+                }
+            })
+            .buffer_unordered(opts.parallel_blobs.max(1))
+            .try_collect()
+            .await?;
     for blob in &blobs {
-        if outcomes.contains(&(blob.digest.clone(), true)) {
-            report.bytes_uploaded += blob.size;
-            report.uploaded.push(blob.digest.clone());
-        } else {
-            report.skipped.push(blob.digest.clone());
+        let outcome = outcomes
+            .iter()
+            .find(|(d, _)| *d == blob.digest)
+            .map_or(BlobOutcome::Present, |(_, o)| *o);
+        match outcome {
+            BlobOutcome::Uploaded => {
+                report.bytes_uploaded += blob.size;
+                report.uploaded.push(blob.digest.clone());
+                report.transfer.count(blob.size, true);
+            }
+            BlobOutcome::Mounted => {
+                report.skipped.push(blob.digest.clone());
+                report.transfer.count(blob.size, false);
+                report.transfer.present_blobs -= 1;
+                report.transfer.mounted_blobs += 1;
+            }
+            BlobOutcome::Present => {
+                report.skipped.push(blob.digest.clone());
+                report.transfer.count(blob.size, false);
+            }
         }
     }
     if resolved.index.is_some() {
@@ -350,6 +443,32 @@ async fn push_async(
     if let (Some(kp), Some(key)) = (keypair, &opts.sign_key) {
         report.signature = Some(cosign::sign_digest(&session, r, &top.digest, kp, key).await?);
     }
+    if let Some(ns) = &opts.store {
+        // Where these blobs now are, so a push of them to another repository of this registry
+        // mounts them. Best effort: the push itself succeeded.
+        let recorded = (|| -> Result<(), ImageError> {
+            let ids = blobs
+                .iter()
+                .map(|b| transfer::blob_id(&b.digest))
+                .collect::<Result<Vec<_>, _>>()?;
+            let lease = ns.store.lease()?;
+            let holder =
+                gpusnap_node_store::Holder::of(image).map_err(ImageError::io("stat", image))?;
+            ns.store.record(
+                &lease,
+                &gpusnap_node_store::RefRecord {
+                    name: format!("push {}@{} from {}", r.name(), top.digest, image.display()),
+                    source: Some(format!("{}/{}", r.registry, r.repository)),
+                    holder: Some(holder),
+                    blobs: ids,
+                },
+            )?;
+            Ok(())
+        })();
+        if let Err(e) = recorded {
+            tracing::warn!(error = %e, "store: could not record the pushed blobs' repository");
+        }
+    }
     tracing::info!(
         image = %src.location(),
         reference = %report.reference,
@@ -362,6 +481,13 @@ async fn push_async(
         "checkpoint image pushed"
     );
     Ok(report)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlobOutcome {
+    Uploaded,
+    Mounted,
+    Present,
 }
 
 /// A staging directory beside `dest`, unique to this process and call.
@@ -422,10 +548,24 @@ pub fn pull(
     }
     std::fs::create_dir(&staging).map_err(ImageError::io("creating", &staging))?;
     let mut cleanup = RemoveOnDrop::new(&staging, true);
-    let report = block_on(pull_async(&r, &staging, opts))?;
+    let lease = match &opts.store {
+        Some(ns) => Some(std::sync::Arc::new(ns.store.lease()?)),
+        None => None,
+    };
+    let (report, stored) = block_on(pull_async(&r, &staging, opts, lease.as_ref()))?;
     interrupt::check()?;
     std::fs::rename(&staging, dest).map_err(ImageError::io("renaming into place", dest))?;
     cleanup.disarm();
+    if let (Some(ns), Some(lease)) = (&opts.store, lease) {
+        transfer::record_and_collect(
+            ns,
+            lease,
+            format!("{}@{} in {}", r.name(), report.digest, dest.display()),
+            format!("{}/{}", r.registry, r.repository),
+            dest,
+            stored,
+        )?;
+    }
     Ok(PullReport {
         layout_dir: dest.to_path_buf(),
         ..report
@@ -547,6 +687,7 @@ impl Documents {
             manifests: self.manifests.iter().map(|(d, _)| d.clone()).collect(),
             blobs,
             bytes,
+            transfer: Transfer::default(),
             signature: self.signature.clone(),
         }
     }
@@ -593,7 +734,8 @@ async fn pull_async(
     r: &Reference,
     staging: &Path,
     opts: &RegistryOptions,
-) -> Result<PullReport, ImageError> {
+    lease: Option<&std::sync::Arc<gpusnap_node_store::Lease>>,
+) -> Result<(PullReport, Vec<gpusnap_node_store::BlobId>), ImageError> {
     let started = std::time::Instant::now();
     let mut session = Session::new(r, opts)?;
     session.authenticate(RegistryOperation::Pull).await?;
@@ -638,25 +780,51 @@ async fn pull_async(
     for _ in &wanted {
         scratch.push(layout.tmp_file()?);
     }
+    let store = opts.store.as_ref().zip(lease);
+    let (n, b) = transfer::missing(store.map(|s| s.0), wanted.iter().map(|w| (&w.0, w.1)));
+    if let Some((ns, _)) = store {
+        transfer::check_store_space(ns, n, b)?;
+    }
+    if let Some(p) = &opts.progress {
+        p.expect(n as u64, b);
+    }
     let session = &session;
-    let fetched: Vec<(PathBuf, Digest)> =
+    let fetched: Vec<(PathBuf, Digest, u64, bool)> =
         futures_util::stream::iter(wanted.iter().cloned().zip(scratch))
             .map(|((digest, size, what), (tmp, file))| async move {
                 let location = session.url(&format!("blobs/{digest}"));
-                let d = digest.clone();
-                let path = tmp.clone();
-                channel::fetch_with(session, &digest, size, what, move |reader| {
-                    let blob = VerifyingReader::new(reader, &d, size, what, location);
-                    copy_verified(blob, file, &path)
-                })
-                .await?;
-                Ok::<_, ImageError>((tmp, digest))
+                let moved = match store {
+                    Some((ns, lease)) => {
+                        pull_blob_via_store(
+                            session, ns, lease, &digest, size, what, file, &location,
+                        )
+                        .await?
+                    }
+                    None => {
+                        let d = digest.clone();
+                        let path = tmp.clone();
+                        channel::fetch_with(session, &digest, size, what, move |reader| {
+                            let blob = VerifyingReader::new(reader, &d, size, what, location);
+                            copy_verified(blob, file, &path)
+                        })
+                        .await?;
+                        true
+                    }
+                };
+                if let (Some(p), true) = (&opts.progress, moved) {
+                    p.blob_done();
+                }
+                Ok::<_, ImageError>((tmp, digest, size, moved))
             })
             .buffer_unordered(opts.parallel_blobs.max(1))
             .try_collect()
             .await?;
-    for (tmp, digest) in &fetched {
+    let mut transfer = Transfer::default();
+    let mut stored = Vec::new();
+    for (tmp, digest, size, moved) in &fetched {
         layout.commit(tmp, digest)?;
+        transfer.count(*size, *moved);
+        stored.push(transfer::blob_id(digest)?);
     }
     for (_, size, _) in &wanted {
         blobs += 1;
@@ -669,10 +837,80 @@ async fn pull_async(
         pinned = r.digest.is_some(),
         blobs,
         bytes,
+        downloaded_blobs = transfer.moved_blobs,
+        downloaded_bytes = transfer.moved_bytes,
+        from_store = transfer.present_blobs,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "checkpoint image pulled"
     );
-    Ok(docs.report(r, staging, blobs, bytes))
+    let mut report = docs.report(r, staging, blobs, bytes);
+    report.transfer = transfer;
+    Ok((report, stored))
+}
+
+/// One blob of a pull into a layout, through the node store: taken from the store when it is
+/// there, else downloaded into the store (which verifies it) first; then copied (reflinked
+/// where the file system can) into the layout's scratch `file`. Returns whether it was
+/// downloaded.
+#[allow(clippy::too_many_arguments)]
+async fn pull_blob_via_store(
+    session: &Session,
+    ns: &NodeStore,
+    lease: &std::sync::Arc<gpusnap_node_store::Lease>,
+    digest: &Digest,
+    size: u64,
+    what: &'static str,
+    file: std::fs::File,
+    location: &str,
+) -> Result<bool, ImageError> {
+    let id = transfer::blob_id(digest)?;
+    // `begin` may wait for another pull writing the same blob: off the network thread.
+    let slot = {
+        let (store, lease, id) = (ns.store.clone(), lease.clone(), id.clone());
+        tokio::task::spawn_blocking(move || store.begin(&lease, &id, size))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?
+    };
+    let moved = match slot {
+        gpusnap_node_store::Slot::Present(_, len) => {
+            if len != size {
+                return Err(ImageError::SizeMismatch {
+                    what: what.to_owned(),
+                    digest: digest.clone(),
+                    expected: size,
+                    actual: len,
+                    location: format!("node store {}", ns.store.root().display()),
+                });
+            }
+            false
+        }
+        gpusnap_node_store::Slot::Absent(mut writer) => {
+            let loc = location.to_owned();
+            channel::fetch_with(session, digest, size, what, move |reader| {
+                transfer::fill(reader, &mut writer, &loc)?;
+                writer
+                    .commit()
+                    .map(drop)
+                    .map_err(|e| transfer::store_error(e, what, &loc))
+            })
+            .await?;
+            true
+        }
+    };
+    let store = ns.store.clone();
+    let id2 = id.clone();
+    let copied = tokio::task::spawn_blocking(move || store.copy_to(&id2, &file))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    if !copied {
+        // The lease keeps collection away; only someone removing files by hand gets here.
+        return Err(ImageError::invalid(
+            "node store",
+            ns.store.root().display().to_string(),
+            format!("blob {digest} disappeared from it during the pull"),
+        ));
+    }
+    Ok(moved)
 }
 
 /// Copies a verifying reader into `file` with large writes, then checks size and digest.
@@ -729,7 +967,17 @@ pub fn pull_extract(
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory
     // while it is removed.
     let staging = Staging::create(dest)?;
-    let (report, plan, dir_times) = block_on(pull_extract_async(&r, &staging, opts, &limits))?;
+    let lease = match &opts.store {
+        Some(ns) => Some(std::sync::Arc::new(ns.store.lease()?)),
+        None => None,
+    };
+    let (report, plan, dir_times) = block_on(pull_extract_async(
+        &r,
+        &staging,
+        opts,
+        &limits,
+        lease.as_ref(),
+    ))?;
     interrupt::check()?;
     let seed = OriginSeed {
         source: report.reference.clone(),
@@ -737,6 +985,21 @@ pub fn pull_extract(
         signature: report.signature.clone(),
     };
     let extracted = staging.finish(&plan, dir_times, &seed)?;
+    if let (Some(ns), Some(lease)) = (&opts.store, lease) {
+        let layers = plan
+            .layers
+            .iter()
+            .map(|l| transfer::blob_id(&l.desc.digest))
+            .collect::<Result<Vec<_>, _>>()?;
+        transfer::record_and_collect(
+            ns,
+            lease,
+            format!("{}@{} in {}", r.name(), report.digest, dest.display()),
+            format!("{}/{}", r.registry, r.repository),
+            dest,
+            layers,
+        )?;
+    }
     tracing::info!(
         reference = %r,
         digest = %report.digest,
@@ -756,6 +1019,7 @@ async fn pull_extract_async(
     staging: &Staging,
     opts: &RegistryOptions,
     limits: &ExtractOptions,
+    lease: Option<&std::sync::Arc<gpusnap_node_store::Lease>>,
 ) -> Result<(PullReport, ExtractPlan, DirTimes), ImageError> {
     let mut session = Session::new(r, opts)?;
     session.authenticate(RegistryOperation::Pull).await?;
@@ -817,28 +1081,124 @@ async fn pull_extract_async(
     // Before any layer is fetched: the image fits where it goes.
     plan.check_space(staging)?;
 
-    // Every layer downloads straight into its unpacker, `parallel_blobs` at a time.
+    // Every layer downloads straight into its unpacker, `parallel_blobs` at a time; with a
+    // node store, a layer the store holds is unpacked from it (and verified again as it is
+    // read), and one it lacks is written into it in the same pass as it is unpacked.
+    let store = opts.store.as_ref().zip(lease);
+    let (n, b) = transfer::missing(
+        store.map(|s| s.0),
+        plan.layers.iter().map(|l| (&l.desc.digest, l.desc.size)),
+    );
+    if let Some((ns, _)) = store {
+        transfer::check_store_space(ns, n, b)?;
+    }
+    if let Some(p) = &opts.progress {
+        p.expect(n as u64, b);
+    }
     let session = &session;
-    let times: Vec<DirTimes> = futures_util::stream::iter(plan.layers.iter().cloned())
+    let times: Vec<(DirTimes, u64, bool)> = futures_util::stream::iter(plan.layers.iter().cloned())
         .map(|layer| {
             let root = staging.shared_root();
             let budget = staging.shared_budget();
             let limits = limits.clone();
             async move {
                 let (digest, size) = (layer.desc.digest.clone(), layer.desc.size);
-                channel::fetch_with(session, &digest, size, "layer", move |reader| {
-                    let blob = VerifyingReader::new(
-                        reader,
-                        &layer.desc.digest,
-                        layer.desc.size,
-                        "layer",
-                        layer.location.clone(),
-                    );
-                    let mut times = Vec::new();
-                    unpack_layer(blob, &layer, root.as_fd(), &limits, &budget, &mut times)?;
-                    Ok(times)
-                })
-                .await
+                let slot = match store {
+                    Some((ns, lease)) => {
+                        let (st, lease) = (ns.store.clone(), lease.clone());
+                        let id = transfer::blob_id(&digest)?;
+                        Some(
+                            tokio::task::spawn_blocking(move || st.begin(&lease, &id, size))
+                                .await
+                                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?,
+                        )
+                    }
+                    None => None,
+                };
+                let done = match slot {
+                    Some(gpusnap_node_store::Slot::Present(file, _)) => {
+                        let from = format!(
+                            "node store {}",
+                            store
+                                .map(|(ns, _)| ns.store.root().display().to_string())
+                                .unwrap_or_default()
+                        );
+                        let t = tokio::task::spawn_blocking(move || {
+                            let blob = VerifyingReader::new(file, &digest, size, "layer", from);
+                            let mut times = Vec::new();
+                            unpack_layer(blob, &layer, root.as_fd(), &limits, &budget, &mut times)?;
+                            Ok::<_, ImageError>(times)
+                        })
+                        .await
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+                        (t, size, false)
+                    }
+                    Some(gpusnap_node_store::Slot::Absent(writer)) => {
+                        let writer = std::sync::Arc::new(std::sync::Mutex::new(Some(writer)));
+                        let t =
+                            channel::fetch_with(session, &digest, size, "layer", move |reader| {
+                                let tee = transfer::Tee {
+                                    inner: reader,
+                                    writer: writer.clone(),
+                                };
+                                let blob = VerifyingReader::new(
+                                    tee,
+                                    &layer.desc.digest,
+                                    layer.desc.size,
+                                    "layer",
+                                    layer.location.clone(),
+                                );
+                                let mut times = Vec::new();
+                                unpack_layer(
+                                    blob,
+                                    &layer,
+                                    root.as_fd(),
+                                    &limits,
+                                    &budget,
+                                    &mut times,
+                                )?;
+                                let w = writer
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .take()
+                                    .expect("the writer is taken once");
+                                w.commit().map_err(|e| {
+                                    transfer::store_error(e, "layer", &layer.location)
+                                })?;
+                                Ok(times)
+                            })
+                            .await?;
+                        (t, size, true)
+                    }
+                    None => {
+                        let t =
+                            channel::fetch_with(session, &digest, size, "layer", move |reader| {
+                                let blob = VerifyingReader::new(
+                                    reader,
+                                    &layer.desc.digest,
+                                    layer.desc.size,
+                                    "layer",
+                                    layer.location.clone(),
+                                );
+                                let mut times = Vec::new();
+                                unpack_layer(
+                                    blob,
+                                    &layer,
+                                    root.as_fd(),
+                                    &limits,
+                                    &budget,
+                                    &mut times,
+                                )?;
+                                Ok(times)
+                            })
+                            .await?;
+                        (t, size, true)
+                    }
+                };
+                if let (Some(p), true) = (&opts.progress, done.2) {
+                    p.blob_done();
+                }
+                Ok::<_, ImageError>(done)
             }
         })
         .buffer_unordered(opts.parallel_blobs.max(1))
@@ -847,7 +1207,13 @@ async fn pull_extract_async(
     let (mut blobs, mut bytes) = docs.counts();
     blobs += 1 + plan.layers.len();
     bytes += config_bytes.len() as u64 + plan.layers.iter().map(|l| l.desc.size).sum::<u64>();
-    let report = docs.report(r, staging.dest(), blobs, bytes);
+    let mut report = docs.report(r, staging.dest(), blobs, bytes);
+    // The config is always fetched (it is small, and read before any layer).
+    report.transfer.count(config_bytes.len() as u64, true);
+    for (_, size, moved) in &times {
+        report.transfer.count(*size, *moved);
+    }
+    let times: Vec<DirTimes> = times.into_iter().map(|(t, ..)| t).collect();
     Ok((report, plan, times.into_iter().flatten().collect()))
 }
 

@@ -398,10 +398,12 @@ impl CriNode {
         let config_path = dir.path().join("gpusnap.toml");
         fs::write(
             &config_path,
+            // The node's own blob store, removed with it (not the machine's).
             format!(
-                "[restore]\ncheckpoint_root = \"{}\"\n\n{}",
+                "[restore]\ncheckpoint_root = \"{}\"\n\n{}\n\n[store]\nroot = \"{}\"\n",
                 checkpoint_root.display(),
-                opts.gpusnap_config
+                opts.gpusnap_config,
+                dir.path().join("store").display()
             ),
         )?;
         let mut rig_opts = RigOptions {

@@ -99,6 +99,12 @@ signature_policy = {{ include "gpusnap.tomlString" $c.restore.signature_policy }
 {{- end }}
 signature_keys = {{ toJson $keys }}
 max_rootfs_diff_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_rootfs_diff_bytes }}
+{{- if $c.store }}
+
+[store]
+root = {{ include "gpusnap.tomlString" $c.store.root }}
+max_bytes = {{ include "gpusnap.tomlBytes" $c.store.max_bytes }}
+{{- end }}
 {{- if .Values.signingKey.secretName }}
 
 [checkpoint]
