@@ -97,6 +97,14 @@ say() { echo "== $*" >&2; }
 
 # --- a private containerd and the CUDA process ----------------------------------------------
 CTRD_PID="" REG_PID="" REG_DIR=""
+stop_registry() {
+    if [[ -n $REG_PID ]]; then
+        kill "$REG_PID" 2>/dev/null || true
+        wait "$REG_PID" 2>/dev/null || true
+        REG_PID=""
+        rm -rf "$REG_DIR"
+    fi
+}
 cleanup() {
     set +e
     stop_registry
@@ -143,15 +151,16 @@ ctr() { command ctr -a "$WORK/containerd.sock" -n fleet "$@"; }
 fill_regions() {
     local f=$1 state_key=$2
     {
-        openssl enc -aes-128-ctr -nosalt -K "$WEIGHTS_KEY" -iv 00000000000000000000000000000000 \
-            -in /dev/zero 2>/dev/null | head -c $((W_MIB << 20))
+        keystream "$WEIGHTS_KEY" $((W_MIB << 20))
         head -c $((Z_MIB << 20)) /dev/zero
         state_bytes "$state_key"
     } >"$f"
 }
-state_bytes() {
-    openssl enc -aes-128-ctr -nosalt -K "$1" -iv 00000000000000000000000000000000 \
-        -in /dev/zero 2>/dev/null | head -c $((S_MIB << 20))
+state_bytes() { keystream "$1" $((S_MIB << 20)); }
+# keystream KEY BYTES: AES-128-CTR of zeros (openssl ends on SIGPIPE: not a pipeline's status).
+keystream() {
+    head -c "$2" < <(openssl enc -aes-128-ctr -nosalt -K "$1" \
+        -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null)
 }
 rand_key() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
 
@@ -346,14 +355,6 @@ EOF
     echo "registry did not start:" >&2
     cat "$REG_DIR/registry.log" >&2
     exit 1
-}
-stop_registry() {
-    if [[ -n $REG_PID ]]; then
-        kill "$REG_PID" 2>/dev/null || true
-        wait "$REG_PID" 2>/dev/null || true
-        REG_PID=""
-        rm -rf "$REG_DIR"
-    fi
 }
 
 # --- push ------------------------------------------------------------------------------------
