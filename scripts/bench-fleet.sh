@@ -35,12 +35,14 @@
 # every step (not counted), then ROUNDS rounds alternating which side (gpusnap, skopeo) goes
 # first; medians. Every push round goes to a freshly started, empty registry. Each pulled
 # checkpoint of the warm-up is checked with `gpusnap inspect` (every file re-hashed against the
-# sealed manifest). "plain write" is `cat` of the image's layer bytes into one file.
+# sealed manifest). "plain write" is `cat` of as many bytes as the checkpoint holds (from the
+# image's layers, in the page cache) into one file.
 #
 # Environment: BENCH_DIR (default /var/tmp/gpusnap-bench-fleet.PID), BIN_DIR (gpusnap and
 # containerd-shim-gpusnap-v2; default target/release, built first unless PREBUILT=1),
 # RIG (containerd, ctr, criu; default /opt/gpusnap-rig), REGISTRY_BIN (default
 # /usr/bin/docker-registry), SKOPEO (default: skopeo on PATH; none: gpusnap only), KEEP=1 keeps BENCH_DIR,
+# BUILD_ARGS (extra `gpusnap image build` arguments, e.g. --classic: whole-file layers),
 # DRY_RUN=1 takes the checkpoints and prints the plan without pushing or pulling.
 # Disk: about 12 × TOTAL_MIB in BENCH_DIR.
 set -euo pipefail
@@ -249,6 +251,7 @@ timed() {
     echo "   $label: $(tail -1 "$RESULTS" | cut -d' ' -f2-3) s" >&2
 }
 record() { echo "$1 $2 $3" >>"$BYTES"; } # LABEL KIND BYTES
+one() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3; exit}' "$BYTES"; }
 dbytes() { du -sb "$1" 2>/dev/null | cut -f1 || echo 0; }
 
 # --- the checkpoints --------------------------------------------------------------------------
@@ -299,7 +302,8 @@ layer_files() { # LAYOUT: layer blob paths in manifest order (for the plain writ
 say "gpusnap image build"
 mkdir -p "$WORK/layouts"
 for c in a1 b1 a2; do
-    timed "build-$c" "$GPUSNAP" image build "$WORK/ckpt/$c" --layout "$WORK/layouts/$c" \
+    # shellcheck disable=SC2086 # BUILD_ARGS: e.g. --classic for whole-file layers
+    timed "build-$c" "$GPUSNAP" image build ${BUILD_ARGS:-} "$WORK/ckpt/$c" --layout "$WORK/layouts/$c" \
         -t "localhost/fleet/model:$c" --json
     mapfile -t blobs < <(layout_blobs "$WORK/layouts/$c")
     sum=0
@@ -457,9 +461,10 @@ pull_all() { # SIDE PREFIX
     pull_one "$s" 3 b1 "${p}pull-$s-b1-cold"
     rm -rf "${WORK:?}/node-3"
 }
-plain_write() { # IMAGE: its layer bytes (page cache) into one file on the same disk
+plain_write() { # IMAGE: as many bytes as its checkpoint holds, from its layers (page cache),
+    # into one file on the same disk (a chunked image's layers are smaller than the checkpoint)
     mapfile -t files < <(layer_files "$WORK/layouts/$1")
-    cat "${files[@]}" >"$WORK/plain"
+    head -c "$(one "ckpt-$1" dir)" < <(cat "${files[@]}" "${files[@]}" "${files[@]}") >"$WORK/plain"
 }
 plain_round() {
     timed "$1plain-write-a1" plain_write a1
@@ -484,7 +489,6 @@ stop_registry
 median_of() { sort -n | awk '{v[NR]=$1} END{if(NR==0){print "nan"} else if(NR%2){print v[(NR+1)/2]} else {printf "%.3f", (v[NR/2]+v[NR/2+1])/2}}'; }
 t_med() { awk -v l="$1" '$1==l{print $3}' "$RESULTS" | median_of; }       # seconds until synced
 b_med() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3}' "$BYTES" | median_of; } # bytes
-one() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3; exit}' "$BYTES"; }
 mib() { awk -v b="$1" 'BEGIN{if(b=="nan"||b==""){print "—"} else printf "%.1f MiB", b/1048576}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a=="nan"||b=="nan"||b==0||a==""||b==""){print "—"} else printf "%.2f×", a/b}'; }
 frac8() { awk -v a="$1" -v t="$TOTAL_MIB" 'BEGIN{if(a=="nan"||a==""){print "—"} else printf "%.2f/8", a/(t*1048576)*8}'; }
@@ -521,7 +525,7 @@ for p in a1-cold b1-warm a2-warm b1-cold; do
         "$(t_med "pull-gpusnap-$p")" "$(mib "$(b_med "pull-skopeo-$p" node-growth)")" \
         "$(t_med "pull-skopeo-$p")" "$(ratio "$(t_med "pull-gpusnap-$p")" "$(t_med "pull-skopeo-$p")")"
 done
-printf '| plain write of a1'"'"'s layer bytes | | | %s s | | | |\n' "$(t_med plain-write-a1)"
+printf '| plain write of a1'"'"'s checkpoint size | | | %s s | | | |\n' "$(t_med plain-write-a1)"
 echo
 up1=$(b_med push-gpusnap-a1 reported)
 up2=$(b_med push-gpusnap-b1 reported)
