@@ -521,7 +521,7 @@ echo "| pull | gpusnap: reported downloaded | gpusnap: node store growth | gpusn
 echo "|---|---:|---:|---:|---:|---:|---:|"
 for p in a1-cold b1-warm a2-warm b1-cold; do
     printf '| %s | %s | %s | %s s | %s | %s s | %s |\n' "$p" \
-        "$(mib "$(b_med "pull-gpusnap-$p" reported)")" "$(mib "$(b_med "pull-gpusnap-$p" node-growth)")" \
+        "$(mib "$(b_med "pull-gpusnap-$p" reported)")" "$( ((HAVE_STORE)) && mib "$(b_med "pull-gpusnap-$p" node-growth)" || echo 'no store')" \
         "$(t_med "pull-gpusnap-$p")" "$(mib "$(b_med "pull-skopeo-$p" node-growth)")" \
         "$(t_med "pull-skopeo-$p")" "$(ratio "$(t_med "pull-gpusnap-$p")" "$(t_med "pull-skopeo-$p")")"
 done
@@ -537,7 +537,7 @@ echo "- b1 pulled onto the node holding a1: $(mib "$dn_w") = $(frac8 "$dn_w") (t
 echo "- push time / skopeo copy (a1): $(ratio "$(t_med push-gpusnap-a1)" "$(t_med push-skopeo-a1)") (target ≤ 1.1×); with image build: $(ratio "$(awk -v a="$(t_med build-a1)" -v b="$(t_med push-gpusnap-a1)" 'BEGIN{print a+b}')" "$(t_med push-skopeo-a1)")"
 echo "- pull + verify + assemble (a1 cold) / plain write of the same bytes: $(ratio "$(t_med pull-gpusnap-a1-cold)" "$(t_med plain-write-a1)") (target ≤ 1.3×)"
 echo
-echo "versions: $("$GPUSNAP" --version 2>/dev/null || echo gpusnap ?), $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'); $( ((HAVE_SKOPEO)) && "$SKOPEO" --version)"
+echo "versions: $("$GPUSNAP" --version 2>/dev/null || echo gpusnap ?) from $BIN_DIR (script at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')); $( ((HAVE_SKOPEO)) && "$SKOPEO" --version)"
 echo
 echo "raw times (label, seconds before sync, seconds until synced):"
 sed 's/^/  /' "$RESULTS"
