@@ -263,6 +263,20 @@ if [[ -n $CUDA_PLUGIN_PATH ]]; then
     [[ -f $(dirname "$CUDA_PLUGIN_PATH")/BUILD-INFO ]] && cp "$(dirname "$CUDA_PLUGIN_PATH")/BUILD-INFO" "$B/plugins/cuda/BUILD-INFO"
 fi
 for b in containerd ctr; do install -m 0755 "$RIG/bin/$b" "$B/bin/$b"; done
+# The fleet scenario's registry and skopeo (Debian's; optional: the scenario says what is missing).
+[[ -x /usr/bin/docker-registry ]] && install -m 0755 /usr/bin/docker-registry "$B/bin/docker-registry"
+SKOPEO_SRC=$(command -v skopeo || true)
+if [[ -n $SKOPEO_SRC ]]; then
+    mkdir -p "$B/lib/skopeo"
+    install -m 0755 "$SKOPEO_SRC" "$B/libexec/skopeo"
+    copy_libs "$SKOPEO_SRC" "$B/lib/skopeo"
+    cat >"$B/tools/skopeo" <<'EOF'
+#!/bin/sh
+d=$(dirname "$(readlink -f "$0")")/..
+LD_LIBRARY_PATH="$d/lib/skopeo" exec "$d/libexec/skopeo" "$@"
+EOF
+    chmod 0755 "$B/tools/skopeo"
+fi
 ((RUNC_SHIM)) && install -m 0755 "$RIG/bin/containerd-shim-runc-v2" "$B/bin/"
 
 install -m 0755 "$RUNC_SRC" "$B/bin/runc"

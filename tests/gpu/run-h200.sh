@@ -25,6 +25,7 @@
 #                          archive (CreateContainer image=/x.tar) and by gpusnap.io/restore-from
 #                        bench2 = gpusnap vs reference benchmark (--bench2-* options)
 #                        posixbench = cuda/examples/posix_bench on a tmpfs
+#                        fleet = scripts/bench-fleet.sh with the real driver (tests/gpu/scenario-fleet.sh)
 #   --bench LIST         benchmark sizes in MiB, e.g. 8192,32768 (default: none)
 #   --no-raw             benchmark gpusnap only (skip the by-hand driver API + criu baseline)
 #   --raw-mib N          smoke mode's raw cycle size (default 256)
@@ -56,6 +57,9 @@
 #                        /var/tmp/gpusnap-posixbench for the VM's disk)
 #   --posixbench-args "ARGS"  posix_bench slot/chunk arguments (default: 4096 MiB and less:
 #                        --slots 1,4,8 --chunks-mib 16,64; larger: --slots 4,8 --chunks-mib 64)
+#   --fleet-mib N        fleet: device memory per replica (default 8192)
+#   --fleet-rounds N     fleet: counted rounds (default 1); --fleet-warmup 0|1 (default 0)
+#   --fleet-dir DIR      fleet: where images, registry and node stores go (default: the tmpfs)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
 #   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz).
 # Exit status: 0 when every verification passed, 1 otherwise, 2 on a setup failure.
@@ -94,6 +98,10 @@ while (($#)); do
     --posixbench-dir) POSIXBENCH_DIR=$2; shift ;;
     --posixbench-sizes) POSIXBENCH_SIZES=$2; shift ;;
     --posixbench-args) POSIXBENCH_ARGS=$2; shift ;;
+    --fleet-mib) FLEET_MIB=$2; shift ;;
+    --fleet-rounds) FLEET_ROUNDS=$2; shift ;;
+    --fleet-warmup) FLEET_WARMUP=$2; shift ;;
+    --fleet-dir) FLEET_DIR=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -504,7 +512,7 @@ gpu_run() {
     local procs=()
     [[ -n ${GPU_PROCS:-} ]] && procs=(--procs "$GPU_PROCS")
     ctr run -d --null-io --runtime "${GPU_RT:-$RT}" "${args[@]}" "${GPU_EXTRA[@]}" "$GPU_IMAGE" "$id" \
-        /gpu/bin/gpu_verify "${procs[@]}" "$mib" "/gpu/log/$id.log" "$INTERVAL"
+        /gpu/bin/gpu_verify "${procs[@]}" ${GPU_FLEET:+--fleet} "$mib" "/gpu/log/$id.log" "$INTERVAL"
 }
 
 # ctr_stop ID: kill the task, wait until it has exited, delete task and container.
@@ -1051,6 +1059,8 @@ gpu_wait_free
 # ---------------------------------------------------------------------------------------------
 # shellcheck source=tests/gpu/scenarios-more.sh
 source "$REPO/tests/gpu/scenarios-more.sh"
+# shellcheck source=tests/gpu/scenario-fleet.sh
+source "$REPO/tests/gpu/scenario-fleet.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 7. Benchmark

@@ -1,6 +1,6 @@
 // gpu_verify: a CUDA workload whose device memory must survive checkpoint/restore bit for bit.
 //
-//   gpu_verify [--procs N] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0 (forever)]
+//   gpu_verify [--procs N] [--fleet] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0 (forever)]
 //
 // Holds MIB MiB of device memory (plain cudaMalloc). Step 0 fills it with pattern(i, 0). Then,
 // every INTERVAL_MS, it verifies the whole buffer on the GPU against pattern(i, step) (counting
@@ -17,6 +17,12 @@
 // parent writes `parent pid=<pid> procs=N ...` once, `child-exit proc=<i> ...` when a worker
 // ends, forwards SIGTERM/SIGINT to the workers and exits non-zero if any worker did. Without
 // --procs there is one process, which logs proc=0.
+//
+// --fleet: the shape of scripts/bench-fleet.sh (issue 21): the first 5/8 of the buffer are
+// "weights", pattern(i, FLEET_WEIGHTS) — the same bytes in every process and every run, like a
+// model loaded from the same file —, the next 5/16 a zero "KV cache", the last 1/16 the
+// changing state, pattern(i ^ salt, step) with a salt drawn per run (so two replicas differ
+// there). Each step verifies all three and rewrites only the state.
 //
 // `run` is drawn once at start: a restored process keeps it, a restarted one gets a new one, so
 // the log tells a continuation from a restart. The line also goes to stdout (non-blocking:
@@ -54,6 +60,19 @@ static HD inline uint64_t pattern(uint64_t i, uint64_t step) {
     return z ^ (z >> 31);
 }
 
+static const uint64_t FLEET_WEIGHTS = 0x5eed;
+
+// The word at index i of n after `step` steps.
+static HD inline uint64_t expected(uint64_t i, uint64_t n, uint64_t step, uint64_t salt,
+                                   int fleet) {
+    if (!fleet) return pattern(i, step);
+    if (i < n / 8 * 5) return pattern(i, FLEET_WEIGHTS);
+    if (i < n / 16 * 15) return 0;
+    return pattern(i ^ salt, step);
+}
+
+static int g_fleet;     // --fleet
+static uint64_t g_salt; // the run's salt for the fleet state
 static const char *g_log;
 static int g_proc;  // worker index (proc=), 0 without --procs
 static volatile sig_atomic_t g_stop;
@@ -98,23 +117,25 @@ static void on_term(int sig) {
 }
 
 #ifdef __CUDACC__
-__global__ void fill_kernel(uint64_t *buf, uint64_t n, uint64_t step) {
+__global__ void fill_kernel(uint64_t *buf, uint64_t n, uint64_t step, uint64_t salt, int fleet) {
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x)
-        buf[i] = pattern(i, step);
+        buf[i] = expected(i, n, step, salt, fleet);
 }
 
 // Verifies step `step` and rewrites for `step + 1` in one pass.
-__global__ void verify_kernel(uint64_t *buf, uint64_t n, uint64_t step,
-                              unsigned long long *bad, unsigned long long *first_bad) {
+__global__ void verify_kernel(uint64_t *buf, uint64_t n, uint64_t step, uint64_t salt,
+                              int fleet, unsigned long long *bad,
+                              unsigned long long *first_bad) {
     unsigned long long local = 0;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
-        if (buf[i] != pattern(i, step)) {
+        uint64_t want = expected(i, n, step, salt, fleet), next = expected(i, n, step + 1, salt, fleet);
+        if (buf[i] != want) {
             if (local == 0) atomicMin(first_bad, (unsigned long long)i);
             local++;
         }
-        buf[i] = pattern(i, step + 1);
+        if (next != want || buf[i] != want) buf[i] = next;
     }
     if (local) atomicAdd(bad, local);
 }
@@ -146,7 +167,7 @@ static void buf_init(Buf *b, uint64_t bytes) {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     b->blocks = sms * 8;
-    fill_kernel<<<b->blocks, 256>>>(b->d, b->n, 0);
+    fill_kernel<<<b->blocks, 256>>>(b->d, b->n, 0, g_salt, g_fleet);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
 }
@@ -154,7 +175,8 @@ static void buf_init(Buf *b, uint64_t bytes) {
 static unsigned long long buf_step(Buf *b, uint64_t step, unsigned long long *first) {
     unsigned long long init[2] = {0, ~0ull}, out[2];
     CK(cudaMemcpy(b->counters, init, sizeof init, cudaMemcpyHostToDevice));
-    verify_kernel<<<b->blocks, 256>>>(b->d, b->n, step, &b->counters[0], &b->counters[1]);
+    verify_kernel<<<b->blocks, 256>>>(b->d, b->n, step, g_salt, g_fleet, &b->counters[0],
+                                      &b->counters[1]);
     CK(cudaGetLastError());
     CK(cudaMemcpy(out, b->counters, sizeof out, cudaMemcpyDeviceToHost));
     *first = out[1];
@@ -183,18 +205,20 @@ static void buf_init(Buf *b, uint64_t bytes) {
         emit("ERROR malloc of %llu bytes failed proc=%d", (unsigned long long)bytes, g_proc);
         exit(3);
     }
-    for (uint64_t i = 0; i < b->n; i++) b->d[i] = pattern(i, 0);
+    for (uint64_t i = 0; i < b->n; i++) b->d[i] = expected(i, b->n, 0, g_salt, g_fleet);
 }
 
 static unsigned long long buf_step(Buf *b, uint64_t step, unsigned long long *first) {
     unsigned long long bad = 0;
     *first = ~0ull;
     for (uint64_t i = 0; i < b->n; i++) {
-        if (b->d[i] != pattern(i, step)) {
+        uint64_t want = expected(i, b->n, step, g_salt, g_fleet);
+        uint64_t next = expected(i, b->n, step + 1, g_salt, g_fleet);
+        if (b->d[i] != want) {
             if (!bad) *first = i;
             bad++;
         }
-        b->d[i] = pattern(i, step + 1);
+        if (next != want || b->d[i] != want) b->d[i] = next;
     }
     return bad;
 }
@@ -215,6 +239,7 @@ static int worker(uint64_t mib, long interval_ms, uint64_t max_steps) {
             close(fd);
         }
         snprintf(run, sizeof run, "%016llx", (unsigned long long)pattern(seed, 7));
+        g_salt = pattern(seed, 11);
     }
 
     double t0 = mono_ms();
@@ -273,8 +298,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (argc > 1 && strcmp(argv[1], "--fleet") == 0) {
+        g_fleet = 1;
+        argv += 1;
+        argc -= 1;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: %s [--procs N] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0]\n",
+        fprintf(stderr, "usage: %s [--procs N] [--fleet] MIB LOG [INTERVAL_MS=500] [MAX_STEPS=0]\n",
                 argv[0]);
         return 2;
     }

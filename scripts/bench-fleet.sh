@@ -1,0 +1,545 @@
+#!/usr/bin/env bash
+# Fleet benchmark (issue 21 item 6): checkpoints of the same model in several replicas, pushed to
+# a registry and pulled onto a second node, with what moved and how long it took, beside
+# `skopeo copy` of the same images.
+#
+#   scripts/bench-fleet.sh [TOTAL_MIB (default 8192)] [ROUNDS (default 3)]
+#
+# The workload's device memory is TOTAL_MIB split 5 : 2.5 : 0.5 (of 8):
+#   weights   5/8    the same bytes in every replica (AES-128-CTR keystream of a fixed key),
+#   KV cache  2.5/8  zeros,
+#   state     0.5/8  random bytes, new for every checkpoint.
+# Three checkpoints are taken through the front door — `ctr tasks checkpoint --image-path` on a
+# container run by the gpusnap shim — : replica a (a1), replica b (b1), replica a again after
+# its state changed (a2). Each is built into an OCI layout with `gpusnap image build` and pushed
+# with `gpusnap image push` to Debian's docker-registry; then pulled with `gpusnap image pull
+# --extract` onto a second node (its own checkpoint root and, when the CLI has a node store,
+# its own store root): a1 cold, then b1 and a2 onto the node that holds a1, and b1 cold onto a
+# third, empty node. The same images go through `skopeo copy` (push from the layout; pull into
+# one OCI layout per node, which reuses blobs it holds, then untar the layers).
+#
+# Bytes are measured, not assumed: the CLI's own --json reports (bytes moved where the CLI
+# reports them, else every byte of the image), the registry storage's growth per push (`du`
+# of its blob store), and the growth of each node's store/layout per pull. So the script shows
+# whatever dedup the CLI does: none with whole-file layers (the baseline), chunk dedup with a
+# chunked `gpusnap image build`, skipped blobs with a node store.
+#
+# Driver: FLEET_DRIVER=double (default) runs the CUDA driver double (cuda/fake-libcuda, loaded by
+# the shim through its real libloading path, CUDA 13.4, posix engine: the device memory lands in
+# the checkpoint as gpusnap-gpu-* extents) on a private containerd with the rig's busybox.
+# FLEET_DRIVER=gpu is the H200 (tests/gpu/fleet-h200.sh sets it up): the real driver, the
+# workload tests/gpu/workload/fleet_mem.cu holds the same three regions in device memory, the
+# driver-managed engine puts them into CRIU's page images.
+#
+# Method: every timed step starts after `sync` and ends with `sync -f`; one warm-up round of
+# every step (not counted), then ROUNDS rounds alternating which side (gpusnap, skopeo) goes
+# first; medians. Every push round goes to a freshly started, empty registry. Each pulled
+# checkpoint of the warm-up is checked with `gpusnap inspect` (every file re-hashed against the
+# sealed manifest). "plain write" is `cat` of as many bytes as the checkpoint holds (from the
+# image's layers, in the page cache) into one file.
+#
+# Environment: BENCH_DIR (default /var/tmp/gpusnap-bench-fleet.PID), BIN_DIR (gpusnap and
+# containerd-shim-gpusnap-v2; default target/release, built first unless PREBUILT=1),
+# RIG (containerd, ctr, criu; default /opt/gpusnap-rig), REGISTRY_BIN (default
+# /usr/bin/docker-registry), SKOPEO (default: skopeo on PATH; none: gpusnap only), KEEP=1 keeps BENCH_DIR,
+# BUILD_ARGS (extra `gpusnap image build` arguments, e.g. --classic: whole-file layers),
+# DRY_RUN=1 takes the checkpoints and prints the plan without pushing or pulling.
+# Disk: about 12 × TOTAL_MIB in BENCH_DIR.
+set -euo pipefail
+
+TOTAL_MIB=${1:-8192}
+ROUNDS=${2:-3}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WORK=${BENCH_DIR:-/var/tmp/gpusnap-bench-fleet.$$}
+RIG=${RIG:-${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}}
+DRIVER=${FLEET_DRIVER:-double}
+BIN_DIR=${BIN_DIR:-$ROOT/target/release}
+[[ $(id -u) -eq 0 ]] || { echo "run as root" >&2; exit 1; }
+((TOTAL_MIB % 16 == 0)) || { echo "TOTAL_MIB must be a multiple of 16 (5:2.5:0.5 in MiB)" >&2; exit 1; }
+
+# The three regions, in MiB.
+W_MIB=$((TOTAL_MIB * 5 / 8))
+Z_MIB=$((TOTAL_MIB * 5 / 16))
+S_MIB=$((TOTAL_MIB / 16))
+WEIGHTS_KEY=000102030405060708090a0b0c0d0e0f # the "model": the same in every replica
+
+REGISTRY_BIN=${REGISTRY_BIN:-/usr/bin/docker-registry}
+[[ -x $REGISTRY_BIN ]] || { echo "no docker-registry at $REGISTRY_BIN (REGISTRY_BIN)" >&2; exit 1; }
+SKOPEO=${SKOPEO:-$(command -v skopeo || true)}
+HAVE_SKOPEO=0
+[[ -n $SKOPEO && -x $SKOPEO ]] && HAVE_SKOPEO=1
+for tool in jq tar curl ss; do
+    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+done
+
+if [[ $DRIVER == double && -z ${PREBUILT:-} ]]; then
+    echo "== building (release)" >&2
+    if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/root}/.cargo/bin/cargo ]]; then
+        export PATH="${HOME:-/root}/.cargo/bin:$PATH"
+    fi
+    (cd "$ROOT" && cargo build --release -q -p gpusnap-cli -p gpusnap-shim \
+        --bin gpusnap --bin containerd-shim-gpusnap-v2)
+fi
+GPUSNAP=$BIN_DIR/gpusnap
+[[ -x $GPUSNAP && -x $BIN_DIR/containerd-shim-gpusnap-v2 ]] || {
+    echo "no gpusnap / containerd-shim-gpusnap-v2 in $BIN_DIR" >&2
+    exit 1
+}
+export PATH="$BIN_DIR:$RIG/bin:$PATH"
+
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+LOG=$WORK/bench.log
+RESULTS=$WORK/results.txt # label seconds_before_sync seconds_until_synced
+BYTES=$WORK/bytes.txt     # label kind bytes
+: >"$RESULTS"
+: >"$BYTES"
+now() { date +%s.%N; }
+say() { echo "== $*" >&2; }
+
+# --- a private containerd and the CUDA process ----------------------------------------------
+CTRD_PID="" REG_PID="" REG_DIR=""
+stop_registry() {
+    if [[ -n $REG_PID ]]; then
+        kill "$REG_PID" 2>/dev/null || true
+        wait "$REG_PID" 2>/dev/null || true
+        REG_PID=""
+        rm -rf "$REG_DIR"
+    fi
+}
+cleanup() {
+    set +e
+    stop_registry
+    if [[ $DRIVER == gpu ]]; then replica_stop ra; replica_stop rb; fi
+    if [[ -n $CTRD_PID ]]; then
+        for id in $(command ctr -a "$WORK/containerd.sock" -n fleet t ls -q 2>/dev/null); do
+            command ctr -a "$WORK/containerd.sock" -n fleet t kill -s SIGKILL "$id" >/dev/null 2>&1
+        done
+        sleep 0.5
+        for id in $(command ctr -a "$WORK/containerd.sock" -n fleet c ls -q 2>/dev/null); do
+            command ctr -a "$WORK/containerd.sock" -n fleet t rm -f "$id" >/dev/null 2>&1
+            command ctr -a "$WORK/containerd.sock" -n fleet c rm "$id" >/dev/null 2>&1
+        done
+        kill "$CTRD_PID" 2>/dev/null
+        wait "$CTRD_PID" 2>/dev/null
+        umount -R "$WORK/containerd/root" 2>/dev/null
+    fi
+    if [[ "${KEEP:-0}" != 1 ]]; then rm -rf "$WORK"; else echo "kept $WORK" >&2; fi
+}
+trap cleanup EXIT
+
+start_containerd() {
+    mkdir -p "$WORK/containerd"
+    cat >"$WORK/containerd/config.toml" <<TOML
+version = 3
+root = "$WORK/containerd/root"
+state = "$WORK/containerd/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
+[grpc]
+  address = "$WORK/containerd.sock"
+[ttrpc]
+  address = "$WORK/containerd.sock.ttrpc"
+TOML
+    containerd --config "$WORK/containerd/config.toml" >"$WORK/containerd/log" 2>&1 &
+    CTRD_PID=$!
+    for _ in $(seq 100); do [[ -S $WORK/containerd.sock ]] && return; sleep 0.1; done
+    echo "containerd did not start:" >&2
+    tail "$WORK/containerd/log" >&2
+    exit 1
+}
+ctr() { command ctr -a "$WORK/containerd.sock" -n fleet "$@"; }
+
+# fill_regions FILE STATE_SEED_HEX: writes the device memory image (weights, zeros, state).
+fill_regions() {
+    local f=$1 state_key=$2
+    {
+        keystream "$WEIGHTS_KEY" $((W_MIB << 20))
+        head -c $((Z_MIB << 20)) /dev/zero
+        state_bytes "$state_key"
+    } >"$f"
+}
+state_bytes() { keystream "$1" $((S_MIB << 20)); }
+# keystream KEY BYTES: AES-128-CTR of zeros (openssl ends on SIGPIPE: not a pipeline's status).
+keystream() {
+    head -c "$2" < <(openssl enc -aes-128-ctr -nosalt -K "$1" \
+        -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null)
+}
+rand_key() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
+
+if [[ $DRIVER == double ]]; then
+    FAKE=$WORK/fake
+    mkdir -p "$FAKE/procs" "$FAKE/vram"
+    # The double, built from its source exactly as its crate's build script does.
+    cc -O1 -shared -fPIC -fvisibility=hidden -Wl,-soname,libcuda.so.1 -o "$FAKE/libcuda.so.1" \
+        "$ROOT/cuda/fake-libcuda/src/fake_libcuda.c" -lpthread -ldl
+    echo 13040 >"$FAKE/driver_version" # CUDA 13.4: CustomStorage, the posix engine
+    echo 3 >"$FAKE/unknown_pid_code"
+    cat >"$WORK/shim.toml" <<EOF
+[cuda]
+library = "$FAKE/libcuda.so.1"
+lock_timeout_ms = 10000
+
+[storage]
+engine = "posix"
+EOF
+    start_containerd
+    ctr images import "$RIG/images/busybox.oci.tar" >/dev/null
+    IMAGE=docker.io/gpusnap/busybox:test
+else
+    # The H200: tests/gpu/run-h200.sh's containerd, GPU container and workload, handed over as
+    # a file of shell definitions (ctr, fleet_gpu_start, fleet_gpu_step).
+    # shellcheck disable=SC1090
+    source "${FLEET_GPU_HOOKS:?FLEET_DRIVER=gpu needs FLEET_GPU_HOOKS (tests/gpu/run-h200.sh --scenarios fleet)}"
+fi
+
+# replica_start NAME: a container whose init is a CUDA process holding the three regions.
+replica_start() {
+    local id=$1
+    case $DRIVER in
+    double)
+        echo running >"$FAKE/procs/id-$id-1"
+        mkdir -p "$FAKE/vram/id-$id-1"
+        fill_regions "$FAKE/vram/id-$id-1/0" "$(rand_key)"
+        ctr run -d --null-io --runtime io.containerd.gpusnap.v2 \
+            --runtime-config-path "$WORK/shim.toml" --env "GPUSNAP_FAKE_CUDA_ID=$id" \
+            "$IMAGE" "$id" sh -c 'i=0; while :; do i=$((i+1)); echo $i >/tmp/count; sleep 0.2; done' \
+            >/dev/null
+        ;;
+    gpu) fleet_gpu_start "$id" ;; # from tests/gpu/fleet-h200.sh
+    esac
+}
+# replica_step NAME: the replica's state moves on (its weights and KV cache stay).
+replica_step() {
+    case $DRIVER in
+    double)
+        state_bytes "$(rand_key)" | dd of="$FAKE/vram/id-$1-1/0" bs=1M seek=$((W_MIB + Z_MIB)) \
+            conv=notrunc status=none
+        ;;
+    gpu) fleet_gpu_step "$1" ;;
+    esac
+}
+replica_stop() {
+    ctr t kill -s SIGKILL "$1" >/dev/null 2>&1 || true
+    for _ in $(seq 100); do
+        [[ $(ctr t ls 2>/dev/null | awk -v id="$1" '$1==id{print $3}') == STOPPED ]] && break
+        sleep 0.1
+    done
+    ctr t rm -f "$1" >/dev/null 2>&1 || true
+    ctr c rm "$1" >/dev/null 2>&1 || true
+    [[ $DRIVER == double ]] && rm -rf "$FAKE/vram/id-$1-1" "$FAKE/procs/id-$1-1"
+    return 0
+}
+
+# timed LABEL CMD...: runs CMD after a sync (its stdout to $STEP_OUT), then syncs; appends
+# "LABEL cmd_s total_s" to RESULTS.
+STEP_OUT=$WORK/step.out
+timed() {
+    local label=$1
+    shift
+    sync
+    local t0 t1 t2
+    t0=$(now)
+    if ! "$@" >"$STEP_OUT" 2>>"$LOG"; then
+        echo "FAILED: $label: $*" >&2
+        tail -20 "$LOG" "$STEP_OUT" >&2
+        exit 1
+    fi
+    t1=$(now)
+    sync -f "$WORK"
+    t2=$(now)
+    echo "$label $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(awk -v a="$t0" -v b="$t2" 'BEGIN{printf "%.3f", b-a}')" >>"$RESULTS"
+    echo "   $label: $(tail -1 "$RESULTS" | cut -d' ' -f2-3) s" >&2
+}
+record() { echo "$1 $2 $3" >>"$BYTES"; } # LABEL KIND BYTES
+one() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3; exit}' "$BYTES"; }
+dbytes() { du -sb "$1" 2>/dev/null | cut -f1 || echo 0; }
+
+# --- the checkpoints --------------------------------------------------------------------------
+say "workload: $TOTAL_MIB MiB of device memory = $W_MIB MiB weights + $Z_MIB MiB zeros + $S_MIB MiB state; driver $DRIVER"
+mkdir -p "$WORK/ckpt"
+checkpoint() { ctr tasks checkpoint --image-path "$WORK/ckpt/$2" "$1"; }
+replica_start ra
+replica_start rb
+timed checkpoint-a1 checkpoint ra a1
+timed checkpoint-b1 checkpoint rb b1
+replica_step ra
+timed checkpoint-a2 checkpoint ra a2
+replica_stop ra
+replica_stop rb
+for c in a1 b1 a2; do
+    record "ckpt-$c" dir "$(dbytes "$WORK/ckpt/$c")"
+done
+[[ $DRIVER == double ]] && rm -rf "${FAKE:?}/vram"
+
+# --- images -----------------------------------------------------------------------------------
+# layout_layers LAYOUT: "digest size" of every distinct blob under the layout's top document
+# (configs and layers of every manifest), one a line.
+layout_blobs() {
+    local l=$1 top
+    top=$(jq -r '.manifests[0].digest' "$l/index.json" | cut -d: -f2)
+    local media
+    media=$(jq -r '.mediaType // ""' "$l/blobs/sha256/$top")
+    local manifests=("$top")
+    if [[ $media == *index* ]] || jq -e '.manifests' "$l/blobs/sha256/$top" >/dev/null 2>&1; then
+        mapfile -t manifests < <(jq -r '.manifests[].digest' "$l/blobs/sha256/$top" | cut -d: -f2)
+    fi
+    for m in "${manifests[@]}"; do
+        jq -r '(.config | "\(.digest) \(.size)"), (.layers[] | "\(.digest) \(.size)")' \
+            "$l/blobs/sha256/$m"
+    done | sort -u
+}
+layer_files() { # LAYOUT: layer blob paths in manifest order (for the plain write)
+    local l=$1 top m
+    top=$(jq -r '.manifests[0].digest' "$l/index.json" | cut -d: -f2)
+    if jq -e '.manifests' "$l/blobs/sha256/$top" >/dev/null 2>&1; then
+        m=$(jq -r '.manifests[0].digest' "$l/blobs/sha256/$top" | cut -d: -f2)
+    else
+        m=$top
+    fi
+    jq -r '.layers[].digest' "$l/blobs/sha256/$m" | cut -d: -f2 | sed "s|^|$l/blobs/sha256/|"
+}
+
+say "gpusnap image build"
+mkdir -p "$WORK/layouts"
+for c in a1 b1 a2; do
+    # shellcheck disable=SC2086 # BUILD_ARGS: e.g. --classic for whole-file layers
+    timed "build-$c" "$GPUSNAP" image build ${BUILD_ARGS:-} "$WORK/ckpt/$c" --layout "$WORK/layouts/$c" \
+        -t "localhost/fleet/model:$c" --json
+    mapfile -t blobs < <(layout_blobs "$WORK/layouts/$c")
+    sum=0
+    for b in "${blobs[@]}"; do sum=$((sum + ${b#* })); done
+    record "image-$c" bytes "$sum"
+    record "image-$c" blobs "${#blobs[@]}"
+    record "layout-$c" dir "$(dbytes "$WORK/layouts/$c")"
+    echo "   $c: ${#blobs[@]} blobs, $sum bytes" >&2
+    # The layout holds the checkpoint now: disk is what limits TOTAL_MIB.
+    [[ ${KEEP_CKPT:-0} == 1 || ${DRY_RUN:-0} == 1 ]] || rm -rf "${WORK:?}/ckpt/$c"
+done
+# Blobs the three images share (what a registry or a node needs to hold only once).
+for c in a1 b1 a2; do layout_blobs "$WORK/layouts/$c"; done | sort -u >"$WORK/union"
+record images-union bytes "$(awk '{s+=$2} END{print s+0}' "$WORK/union")"
+if [[ ${DRY_RUN:-0} == 1 ]]; then
+    say "DRY_RUN: checkpoints and images made; no push or pull"
+    cat "$BYTES" "$RESULTS"
+    exit 0
+fi
+
+# --- registry ---------------------------------------------------------------------------------
+free_port() {
+    local p
+    while :; do
+        p=$((20000 + RANDOM % 20000))
+        if ! ss -Hltn "sport = :$p" | grep -q .; then echo "$p"; return; fi
+    done
+}
+start_registry() { # NAME: storage under $WORK/reg-NAME; sets PORT, REG_DIR, REG_BLOBS
+    REG_DIR=$WORK/reg-$1
+    rm -rf "$REG_DIR"
+    mkdir -p "$REG_DIR/storage"
+    PORT=$(free_port)
+    cat >"$REG_DIR/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $REG_DIR/storage
+http:
+  addr: 127.0.0.1:$PORT
+EOF
+    "$REGISTRY_BIN" serve "$REG_DIR/config.yml" >>"$REG_DIR/registry.log" 2>&1 &
+    REG_PID=$!
+    REG_BLOBS=$REG_DIR/storage
+    for _ in $(seq 100); do
+        if curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1; then return; fi
+        sleep 0.1
+    done
+    echo "registry did not start:" >&2
+    cat "$REG_DIR/registry.log" >&2
+    exit 1
+}
+
+# --- push ------------------------------------------------------------------------------------
+push_gpusnap() { "$GPUSNAP" image push --plain-http --json "$WORK/layouts/$1" "127.0.0.1:$PORT/fleet/model:$1"; }
+push_skopeo() {
+    "$SKOPEO" --insecure-policy copy --all --preserve-digests --dest-tls-verify=false \
+        "oci:$WORK/layouts/$1" "docker://127.0.0.1:$PORT/fleet/model:$1"
+}
+# The bytes a push report says went over the wire: the node-store CLI's transfer.moved_bytes,
+# else bytes_uploaded.
+push_reported() { jq -r '(.transfer.moved_bytes // .bytes_uploaded // "nan")' "$STEP_OUT"; }
+
+push_all() { # SIDE PREFIX: a1, b1, a2 into a fresh registry
+    local side=$1 prefix=$2 before c
+    start_registry push
+    for c in a1 b1 a2; do
+        before=$(dbytes "$REG_BLOBS")
+        timed "${prefix}push-$side-$c" "push_$side" "$c"
+        record "${prefix}push-$side-$c" registry-growth $(($(dbytes "$REG_BLOBS") - before))
+        [[ $side == gpusnap ]] && record "${prefix}push-$side-$c" reported "$(push_reported)"
+    done
+    stop_registry
+}
+
+SIDES=(gpusnap)
+((HAVE_SKOPEO)) && SIDES+=(skopeo)
+((HAVE_SKOPEO)) || echo "   no skopeo here: gpusnap only" >&2
+WARMUP=${WARMUP:-1}
+say "push a1, b1, a2 ($( ((WARMUP)) && echo 'warm-up, then ')$ROUNDS rounds)"
+if ((WARMUP)); then for s in "${SIDES[@]}"; do push_all "$s" warmup-; done; fi
+for r in $(seq "$ROUNDS"); do
+    if ((r % 2)); then order=("${SIDES[@]}"); else order=(); for ((i = ${#SIDES[@]} - 1; i >= 0; i--)); do order+=("${SIDES[i]}"); done; fi
+    for s in "${order[@]}"; do push_all "$s" ""; done
+done
+
+# --- pull onto a second node --------------------------------------------------------------------
+# Does this gpusnap keep pulled blobs in a node store ([store] root in its config)?
+HAVE_STORE=0
+"$GPUSNAP" store --help >/dev/null 2>&1 && HAVE_STORE=1
+node_reset() { # NODE: an empty node (checkpoint root, store, skopeo layout)
+    rm -rf "${WORK:?}/node-$1"
+    mkdir -p "$WORK/node-$1/checkpoints" "$WORK/node-$1/skopeo"
+    {
+        printf '[restore]\ncheckpoint_root = "%s"\n' "$WORK/node-$1/checkpoints"
+        if ((HAVE_STORE)); then printf '\n[store]\nroot = "%s"\n' "$WORK/node-$1/store"; fi
+    } >"$WORK/node-$1/gpusnap.toml"
+}
+node_bytes() { # NODE SIDE: what the node holds for that side, besides the extracted checkpoints
+    case $2 in
+    gpusnap) if ((HAVE_STORE)); then dbytes "$WORK/node-$1/store"; else echo 0; fi ;;
+    skopeo) dbytes "$WORK/node-$1/skopeo/layout" ;;
+    esac
+}
+pull_gpusnap() { # NODE IMAGE
+    "$GPUSNAP" --config "$WORK/node-$1/gpusnap.toml" image pull --plain-http --json \
+        --extract "$WORK/node-$1/checkpoints/$2" "127.0.0.1:$PORT/fleet/model:$2"
+}
+pull_skopeo() { # NODE IMAGE: into the node's one layout (skopeo reuses blobs it holds), untarred
+    "$SKOPEO" --insecure-policy copy --all --preserve-digests --src-tls-verify=false \
+        --dest-oci-accept-uncompressed-layers \
+        "docker://127.0.0.1:$PORT/fleet/model:$2" "oci:$WORK/node-$1/skopeo/layout:$2"
+    mkdir -p "$WORK/node-$1/skopeo/x-$2"
+    local f
+    for f in $(layer_files "$WORK/layouts/$2"); do
+        tar -xf "$WORK/node-$1/skopeo/layout/blobs/sha256/${f##*/}" -C "$WORK/node-$1/skopeo/x-$2"
+    done
+}
+# Bytes a pull report says came over the network: the node-store CLI's transfer.moved_bytes,
+# else every byte it wrote (the CLI without a store downloads every blob).
+pull_reported() { jq -r '(.pull.transfer.moved_bytes // .pull.bytes // "nan")' "$STEP_OUT"; }
+verify_extracted() {
+    local status
+    status=$("$GPUSNAP" inspect "$1" --json | jq -r .validation.status)
+    [[ $status == complete ]] || { echo "pulled checkpoint $1: validation $status" >&2; exit 1; }
+}
+
+VERIFIED=0
+pull_one() { # SIDE NODE IMAGE LABEL
+    local side=$1 node=$2 img=$3 label=$4 before
+    before=$(node_bytes "$node" "$side")
+    timed "$label" "pull_$side" "$node" "$img"
+    record "$label" node-growth $(($(node_bytes "$node" "$side") - before))
+    if [[ $side == gpusnap ]]; then
+        record "$label" reported "$(pull_reported)"
+        # The first round's checkpoints are re-hashed against their sealed manifests.
+        ((VERIFIED >= 4)) || { verify_extracted "$WORK/node-$node/checkpoints/$img"; VERIFIED=$((VERIFIED + 1)); }
+        rm -rf "${WORK:?}/node-$node/checkpoints/$img" # what the node keeps is its store
+    else
+        rm -rf "${WORK:?}/node-$node/skopeo/x-$img" # what the node keeps is its layout
+    fi
+}
+pull_all() { # SIDE PREFIX
+    local s=$1 p=$2
+    node_reset 2
+    pull_one "$s" 2 a1 "${p}pull-$s-a1-cold"
+    pull_one "$s" 2 b1 "${p}pull-$s-b1-warm"
+    pull_one "$s" 2 a2 "${p}pull-$s-a2-warm"
+    rm -rf "${WORK:?}/node-2"
+    node_reset 3
+    pull_one "$s" 3 b1 "${p}pull-$s-b1-cold"
+    rm -rf "${WORK:?}/node-3"
+}
+plain_write() { # IMAGE: as many bytes as its checkpoint holds, from its layers (page cache),
+    # into one file on the same disk (a chunked image's layers are smaller than the checkpoint)
+    mapfile -t files < <(layer_files "$WORK/layouts/$1")
+    head -c "$(one "ckpt-$1" dir)" < <(cat "${files[@]}" "${files[@]}" "${files[@]}") >"$WORK/plain"
+}
+plain_round() {
+    timed "$1plain-write-a1" plain_write a1
+    rm -f "$WORK/plain"
+}
+
+start_registry pull
+for c in a1 b1 a2; do push_gpusnap "$c" >/dev/null; done
+say "pull onto a second node: a1 cold, b1 and a2 onto it, b1 cold onto a third ($( ((WARMUP)) && echo 'warm-up, then ')$ROUNDS rounds)"
+if ((WARMUP)); then
+    for s in "${SIDES[@]}"; do pull_all "$s" warmup-; done
+    plain_round warmup-
+fi
+for r in $(seq "$ROUNDS"); do
+    if ((r % 2)); then order=("${SIDES[@]}"); else order=(); for ((i = ${#SIDES[@]} - 1; i >= 0; i--)); do order+=("${SIDES[i]}"); done; fi
+    for s in "${order[@]}"; do pull_all "$s" ""; done
+    plain_round ""
+done
+stop_registry
+
+# --- report ----------------------------------------------------------------------------------
+median_of() { sort -n | awk '{v[NR]=$1} END{if(NR==0){print "nan"} else if(NR%2){print v[(NR+1)/2]} else {printf "%.3f", (v[NR/2]+v[NR/2+1])/2}}'; }
+t_med() { awk -v l="$1" '$1==l{print $3}' "$RESULTS" | median_of; }       # seconds until synced
+b_med() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3}' "$BYTES" | median_of; } # bytes
+mib() { awk -v b="$1" 'BEGIN{if(b=="nan"||b==""){print "—"} else printf "%.1f MiB", b/1048576}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a=="nan"||b=="nan"||b==0||a==""||b==""){print "—"} else printf "%.2f×", a/b}'; }
+frac8() { awk -v a="$1" -v t="$TOTAL_MIB" 'BEGIN{if(a=="nan"||a==""){print "—"} else printf "%.2f/8", a/(t*1048576)*8}'; }
+
+echo
+echo "Fleet benchmark: $TOTAL_MIB MiB of device memory ($W_MIB MiB weights + $Z_MIB MiB zeros + $S_MIB MiB state), driver $DRIVER, registry $("$REGISTRY_BIN" --version 2>/dev/null | head -1); gpusnap node store: $( ((HAVE_STORE)) && echo yes || echo no); median of $ROUNDS rounds, seconds until synced"
+echo
+echo "| image | checkpoint dir | image (blobs) | checkpoint time |"
+echo "|---|---:|---:|---:|"
+for c in a1 b1 a2; do
+    printf '| %s | %s | %s (%s) | %s s |\n' "$c" "$(mib "$(one "ckpt-$c" dir)")" \
+        "$(mib "$(one "image-$c" bytes)")" "$(one "image-$c" blobs)" "$(t_med "checkpoint-$c")"
+done
+printf '| all three, distinct blobs | | %s | |\n' "$(mib "$(one images-union bytes)")"
+echo
+echo "Push, each round into an empty registry in the order a1, b1, a2:"
+echo
+echo "| push | gpusnap: reported uploaded | gpusnap: registry growth | gpusnap time | skopeo: registry growth | skopeo time | gpusnap / skopeo time |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+for c in a1 b1 a2; do
+    printf '| %s | %s | %s | %s s | %s | %s s | %s |\n' "$c" \
+        "$(mib "$(b_med "push-gpusnap-$c" reported)")" "$(mib "$(b_med "push-gpusnap-$c" registry-growth)")" \
+        "$(t_med "push-gpusnap-$c")" "$(mib "$(b_med "push-skopeo-$c" registry-growth)")" \
+        "$(t_med "push-skopeo-$c")" "$(ratio "$(t_med "push-gpusnap-$c")" "$(t_med "push-skopeo-$c")")"
+done
+echo
+echo "Pull onto a second node (gpusnap: pull --extract, verified, assembled; skopeo: copy into the node's layout + untar):"
+echo
+echo "| pull | gpusnap: reported downloaded | gpusnap: node store growth | gpusnap time | skopeo: layout growth | skopeo time | gpusnap / skopeo time |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+for p in a1-cold b1-warm a2-warm b1-cold; do
+    printf '| %s | %s | %s | %s s | %s | %s s | %s |\n' "$p" \
+        "$(mib "$(b_med "pull-gpusnap-$p" reported)")" "$( ((HAVE_STORE)) && mib "$(b_med "pull-gpusnap-$p" node-growth)" || echo 'no store')" \
+        "$(t_med "pull-gpusnap-$p")" "$(mib "$(b_med "pull-skopeo-$p" node-growth)")" \
+        "$(t_med "pull-skopeo-$p")" "$(ratio "$(t_med "pull-gpusnap-$p")" "$(t_med "pull-skopeo-$p")")"
+done
+printf '| plain write of a1'"'"'s checkpoint size | | | %s s | | | |\n' "$(t_med plain-write-a1)"
+echo
+up1=$(b_med push-gpusnap-a1 reported)
+up2=$(b_med push-gpusnap-b1 reported)
+dn_w=$(b_med pull-gpusnap-b1-warm reported)
+echo "Issue 21's targets (scaled to $TOTAL_MIB MiB: x/8 is the fraction of the device memory):"
+echo "- first push (a1) uploaded $(mib "$up1") = $(frac8 "$up1") (target ≤ 5.6/8)"
+echo "- second replica's push (b1) uploaded $(mib "$up2") = $(frac8 "$up2") (target ≤ 0.6/8); replica a's second checkpoint (a2): $(frac8 "$(b_med push-gpusnap-a2 reported)")"
+echo "- b1 pulled onto the node holding a1: $(mib "$dn_w") = $(frac8 "$dn_w") (target ≤ 0.6/8), $(t_med pull-gpusnap-b1-warm) s = $(ratio "$(t_med pull-gpusnap-b1-warm)" "$(t_med pull-gpusnap-b1-cold)") of b1's cold pull ($(t_med pull-gpusnap-b1-cold) s; target ≤ 0.25×)"
+echo "- push time / skopeo copy (a1): $(ratio "$(t_med push-gpusnap-a1)" "$(t_med push-skopeo-a1)") (target ≤ 1.1×); with image build: $(ratio "$(awk -v a="$(t_med build-a1)" -v b="$(t_med push-gpusnap-a1)" 'BEGIN{print a+b}')" "$(t_med push-skopeo-a1)")"
+echo "- pull + verify + assemble (a1 cold) / plain write of the same bytes: $(ratio "$(t_med pull-gpusnap-a1-cold)" "$(t_med plain-write-a1)") (target ≤ 1.3×)"
+echo
+echo "versions: $("$GPUSNAP" --version 2>/dev/null || echo gpusnap ?) from $BIN_DIR (script at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')); $( ((HAVE_SKOPEO)) && "$SKOPEO" --version)"
+echo
+echo "raw times (label, seconds before sync, seconds until synced):"
+sed 's/^/  /' "$RESULTS"
+echo "raw bytes (label, kind, bytes):"
+sed 's/^/  /' "$BYTES"
