@@ -27,8 +27,6 @@ use gpusnap_testkit::{
 };
 use k8s_cri::v1::ContainerState;
 
-/// The busybox test image in the private registry of the CRI tests.
-
 /// Builds the double as `<dir>/<name>.so`.
 fn build_double(dir: &Path, name: &str) -> Result<()> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/criu_plugin_double.c");
