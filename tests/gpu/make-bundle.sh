@@ -52,9 +52,8 @@
 #   --no-crictl         leave crictl out (~7 MB; the k8s scenario needs it)
 #   --cuda-plugin-only  build (or find in the cache) the cuda plugin, check it, and stop
 # Environment: GPUSNAP_RIG_PREFIX (default /opt/gpusnap-rig), SHIM_BIN, RUNC_WRAPPER_BIN,
-#   CLI_BIN, POSIX_BENCH_BIN, CUDA_CHECKPOINT_BIN (NVIDIA's cuda-checkpoint binary, e.g.
-#   `git --git-dir=/work/.mirror/NVIDIA+cuda-checkpoint/repo show
-#   HEAD:bin/x86_64_Linux/cuda-checkpoint > /tmp/cuda-checkpoint`), CRICTL_XZ (default
+#   CLI_BIN, POSIX_BENCH_BIN, CUDA_CHECKPOINT_BIN (NVIDIA's cuda-checkpoint binary:
+#   bin/x86_64_Linux/cuda-checkpoint of github.com/NVIDIA/cuda-checkpoint, never committed), CRICTL_XZ (default
 #   ../shared/tools/cri-tools/crictl.xz), CRIU_SRC_TARBALL (default
 #   $RIG/src/criu_<version>.orig.tar.xz), CUDA_PLUGIN_CACHE (default
 #   /var/tmp/gpusnap-cuda-plugin-cache), CUDA_PLUGIN_SO (use this plugin as is).

@@ -646,7 +646,7 @@ mod tests {
             (
                 "wrong order",
                 |_, l| l.files[1].chunks.swap(0, 1),
-                "differs from the sealed",
+                "differs from the sealed gpusnap manifest",
             ),
             (
                 "a chunk of another file (hashes right, belongs elsewhere)",

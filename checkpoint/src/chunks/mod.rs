@@ -326,9 +326,10 @@ pub enum ChunkError {
         problem: String,
     },
     #[error(
-        "{} assembled from its chunks differs from the sealed gpusnap manifest in bytes \
-         {offset}..{end} (chunks in the wrong order, or a chunk of another file): the chunk \
-         list was altered — do not restore this image",
+        "{} assembled from its chunks is corrupted: the digest of bytes {offset}..{end} \
+         differs from the sealed gpusnap manifest (the file was damaged before the image was \
+         built, or the chunk list was altered: chunks out of order or from another file) — do \
+         not restore this image; pull or import it again from a trusted source",
         file.display()
     )]
     Mismatch {
