@@ -48,6 +48,9 @@
 #                        2 x the largest size + 4, at most MemTotal - 16 GiB) or a number, 0 = off
 #   --bench2-annot auto|on|off  bench2 (v): restore by gpusnap.io/restore-from through CRI
 #                        (auto: for 1-process cases up to 8192 MiB)
+#   --bench2-own auto|on|off  bench2 (vi): the node's own checkpoint (ctr t checkpoint
+#                        --image-path into checkpoint_root, recorded by the shim at seal)
+#                        restored by gpusnap.io/restore-from through CRI, no registry (auto: on)
 #   --bench2-sides LIST  gpusnap,reference (default both)
 #   --bench2-cases LIST  i,ii,iii (default all): i alone measures only the runtime-only
 #                        checkpoint (ctr t checkpoint --image-path), so a large size fits
@@ -70,7 +73,7 @@ T_START=$(date +%s%3N)
 MODE=full MIB=1024 SCENARIOS=run,a,b,c,p,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
 CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0 KEEP_PLUGIN=0
 BENCH2_SIZES=8192 BENCH2_PROCS=1,4 BENCH2_REPS=1 BENCH2_WARMUP=256 BENCH2_PREFAULT=auto
-BENCH2_ANNOT=auto BENCH2_SIDES=gpusnap,reference BENCH2_CASES=i,ii,iii POSIXBENCH_DIR="" POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
+BENCH2_ANNOT=auto BENCH2_OWN=auto BENCH2_SIDES=gpusnap,reference BENCH2_CASES=i,ii,iii POSIXBENCH_DIR="" POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
 while (($#)); do
     case $1 in
     --mode) MODE=$2; shift ;;
@@ -93,6 +96,7 @@ while (($#)); do
     --bench2-warmup-mib) BENCH2_WARMUP=$2; shift ;;
     --bench2-prefault) BENCH2_PREFAULT=$2; shift ;;
     --bench2-annot) BENCH2_ANNOT=$2; shift ;;
+    --bench2-own) BENCH2_OWN=$2; shift ;;
     --bench2-sides) BENCH2_SIDES=$2; shift ;;
     --bench2-cases) BENCH2_CASES=$2; shift ;;
     --posixbench-dir) POSIXBENCH_DIR=$2; shift ;;
@@ -398,7 +402,7 @@ case $(stat -f -c %T "$WORK/containerd") in overlayfs | overlay) SNAP=native ;; 
 export CONTAINERD_SNAPSHOTTER=$SNAP
 # CRI only when a scenario uses it (k8s, bench2's restore-from): it adds startup work.
 CRI=0
-if has k8s || { has bench2 && [[ $BENCH2_ANNOT != off ]]; }; then CRI=1; fi
+if has k8s || { has bench2 && [[ $BENCH2_ANNOT != off || $BENCH2_OWN != off ]]; }; then CRI=1; fi
 REG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 {
     echo "version = 3"

@@ -571,7 +571,7 @@ PY
 k8s_start() {
     local name=$1 image=$2 logname=$3 mib=$4 t0 out
     shift 4
-    KPOD="" KCTR="" K_CREATE_MS="" K_START_MS=""
+    KPOD="" KCTR="" K_CREATE_MS="" K_START_MS="" K_START_T0=""
     k8s_pod_json "$name" "$WORK/k8s/$name-pod.json" "$@"
     k8s_ctr_json "$WORK/k8s/$name-ctr.json" "$image" "$logname" "$mib"
     KPOD=$(crictl runp --runtime gpusnap "$WORK/k8s/$name-pod.json" 2>"$WORK/logs/k8s-$name-runp.err") ||
@@ -582,6 +582,7 @@ k8s_start() {
     KCTR=$(tail -n 1 <<<"$out")
     K_CREATE_MS=$(($(now_ms) - t0))
     t0=$(now_ms)
+    K_START_T0=$t0
     out=$(crictl start "$KCTR" 2>&1)
     if (($?)); then fail "k8s $name: crictl start failed: $out"; return 1; fi
     K_START_MS=$(($(now_ms) - t0))
@@ -900,6 +901,75 @@ bench2_annot() {
     gpu_wait_free
 }
 
+# bench2_own SIZE PROCS: (vi) gpusnap only, no registry: the node's own checkpoint. A CRI pod,
+# `ctr -n k8s.io tasks checkpoint --image-path <checkpoint_root>/NAME` of its container (the shim
+# seals it and records it as this node's, issue 21 item 4), the pod stopped, a new pod with
+# gpusnap.io/restore-from: NAME; the first verified step, from runp and from `crictl start`,
+# beside the shim's phase sum for that restore (validate + privilege check + GPU gate + rootfs
+# diff + CRIU + CUDA, from its "restore complete" line).
+bench2_own() {
+    local size=$1 procs=$2 name=b2-own-$1-$2 log m0 mk first t_first="" t_start="" ck="" rc t0 sh=""
+    local dir=$WORK/ramtmp/checkpoints/$name
+    log=$WORK/gpu/log/$name.log
+    say "bench2 $size MiB x $procs proc (vi): gpusnap, the node's own checkpoint restored by gpusnap.io/restore-from through CRI"
+    k8s_setup || return 1
+    if ! GPU_PROCS=$procs k8s_start "$name" "$K8S_IMAGE" "$name" "$size" || ! WL wait "$log" 0 3 "$procs" $((60 + size / 256)) >/dev/null; then
+        fail "bench2 (vi) $name: the workload did not start in its pod"
+        k8s_stop_pod "$KPOD"
+        return 1
+    fi
+    local pod=$KPOD
+    m0=$(WL mark "$log")
+    rm -rf "$dir"
+    log_mark
+    t0=$(now_ms)
+    timeout 600 "$(type -P ctr)" -a "$SOCK" -n k8s.io tasks checkpoint --image-path "$dir" "$KCTR" >"$WORK/logs/$name-ck.out" 2>&1
+    rc=$?
+    if ((rc != 0)); then
+        fail "bench2 (vi) $name: ctr -n k8s.io t checkpoint --image-path failed (rc $rc): $(tail -n 3 "$WORK/logs/$name-ck.out" | tr '\n' ' ')"
+        k8s_stop_pod "$pod"
+        rm -rf "$dir"
+        return 1
+    fi
+    ck=$(($(now_ms) - t0))
+    info "bench2 (vi) $name: checkpoint into checkpoint_root in $ck ms ($(shim_fields 'checkpoint sealed'))"
+    # The record is <checkpoint_root>/.gpusnap-node/<sha256 of NAME>.json (checkpoint/src/node_origin.rs).
+    local rec
+    rec=$WORK/ramtmp/checkpoints/.gpusnap-node/$(printf %s "$name" | sha256sum | cut -d' ' -f1).json
+    [[ -f $rec ]] && ok "bench2 (vi) $name: the shim recorded the checkpoint as this node's ($(stat -c '%U %a' "$rec"))" ||
+        fail "bench2 (vi) $name: no node record $rec after the checkpoint"
+    k8s_stop_pod "$pod"
+    mk=$(WL mark "$log")
+    gpu_wait_free
+    log_mark
+    t0=$(now_ms)
+    if GPU_PROCS=$procs k8s_start "$name-restored" "$K8S_IMAGE" "$name" "$size" "gpusnap.io/restore-from=$name"; then
+        sh=$(shim_fields 'restore complete')
+        if WL wait "$log" "$mk" 3 "$procs" $((60 + size / 256)) >/dev/null; then
+            first=$(WL firstts "$log" "$mk" "$procs")
+            if [[ $first =~ ^[0-9]+$ ]]; then
+                t_first=$((first - t0))
+                [[ $K_START_T0 =~ ^[0-9]+$ ]] && t_start=$((first - K_START_T0))
+            fi
+            wl_report < <(WL continuity "$log" "bench2 (vi) $name" "$m0" "$mk" "$procs")
+        else
+            fail "bench2 (vi) $name: no steps after the restore"
+        fi
+        k8s_stop_pod "$KPOD"
+    else
+        shim_lines | tail -n 10 | sed 's/^/  containerd: /'
+    fi
+    local psum="" v
+    for v in $(grep -oE '\b(validate|privilege_check|gpu_gate|rootfs_diff|criu_restore|cuda_restore)_ms=[0-9]+' <<<"$sh" | cut -d= -f2); do
+        psum=$((${psum:-0} + v))
+    done
+    b2_emit size_mib="$size" procs="$procs" rep=0 side=gpusnap position=0 \
+        own_first_step_ms="$t_first" own_start_first_step_ms="$t_start" own_phase_sum_ms="$psum" \
+        own_detail="ctr t checkpoint --image-path ${ck} ms, create ${K_CREATE_MS} + start ${K_START_MS} ms; $sh"
+    rm -rf "$dir"
+    gpu_wait_free
+}
+
 if has bench2; then
     say "bench2: gpusnap vs reference, sizes $BENCH2_SIZES MiB, processes $BENCH2_PROCS, $BENCH2_REPS rep(s), sides $BENCH2_SIDES, cases $BENCH2_CASES"
     : >"$BENCH2_JSONL"
@@ -973,6 +1043,10 @@ if has bench2; then
                 if ((annot)) && [[ " ${sides[*]} " == *" gpusnap "* ]]; then
                     est=$((30 + size * 10 / 1024))
                     if time_left "$est"; then bench2_annot "$size" "$procs"; else note "bench2 (v) $size MiB x $procs: skipped: about ${est}s needed"; fi
+                fi
+                if [[ $BENCH2_OWN != off ]] && [[ " ${sides[*]} " == *" gpusnap "* ]]; then
+                    est=$((30 + size * 6 / 1024))
+                    if time_left "$est"; then bench2_own "$size" "$procs"; else note "bench2 (vi) $size MiB x $procs: skipped: about ${est}s needed"; fi
                 fi
             done
         done

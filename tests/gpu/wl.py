@@ -197,6 +197,9 @@ METRICS = [
     ("restore_ms", "(iii) ctr c restore --live: wall"),
     ("first_step_ms", "(iii) restore start -> first verified step (all procs)"),
     ("annot_restore_first_step_ms", "(v)   pod restore-from: runp+create+start -> first verified step"),
+    ("own_first_step_ms", "(vi)  own checkpoint, pod restore-from: runp -> first verified step"),
+    ("own_start_first_step_ms", "(vi)  own checkpoint: crictl start -> first verified step"),
+    ("own_phase_sum_ms", "(vi)  own checkpoint: shim phase sum (validate..CRIU+CUDA)"),
 ]
 
 
@@ -222,7 +225,7 @@ def cmd_bench2_table(jsonl, out):
             ", ".join("%s first" % r["side"] for r in cr if r.get("position") == 1)))
         w("%-66s %12s %12s %8s   %s" % ("metric", "reference", "gpusnap", "ratio", "values g | r"))
         for key, label in METRICS:
-            src = annot if key.startswith("annot_") else g
+            src = annot if key.startswith(("annot_", "own_")) else g
             gv, rv = [r.get(key) for r in src], [r.get(key) for r in ref]
             gm, rm = med(gv), med(rv)
             if gm is None and rm is None:
@@ -231,11 +234,25 @@ def cmd_bench2_table(jsonl, out):
             w("%-66s %12s %12s %8s   %s | %s" % (label, fmt(rm), fmt(gm), ratio,
                                               ",".join(fmt(v) if num(v) else "-" for v in gv),
                                               ",".join(fmt(v) if num(v) else "-" for v in rv)))
+        # (vi) against what the issue compares it with: the shim's own phase sum for that restore,
+        # and the reference's `ctr c restore` to its first verified step (iii).
+        own_first = med([r.get("own_first_step_ms") for r in annot])
+        own_start = med([r.get("own_start_first_step_ms") for r in annot])
+        own_sum = med([r.get("own_phase_sum_ms") for r in annot])
+        ref_first = med([r.get("first_step_ms") for r in ref])
+        for label, a, b in (
+            ("(vi) runp -> first step / reference (iii) restore -> first step", own_first, ref_first),
+            ("(vi) crictl start -> first step / reference (iii)", own_start, ref_first),
+            ("(vi) crictl start -> first step / shim phase sum", own_start, own_sum),
+            ("(vi) runp -> first step / shim phase sum", own_first, own_sum),
+        ):
+            if a is not None and b:
+                w("  %-64s %.2fx (%s / %s ms)" % (label, a / b, fmt(a), fmt(b)))
         for r in g + annot:
             for k in ("manifest_i", "manifest_ii"):
                 if r.get(k):
                     w("  gpusnap rep %d %s phases: %s" % (r["rep"], k.split("_")[1], " ".join("%s=%s" % tuple(kv) for kv in r[k])))
-            for k in ("shim_ck_i", "shim_ck_ii", "shim_restore", "annot_detail"):
+            for k in ("shim_ck_i", "shim_ck_ii", "shim_restore", "annot_detail", "own_detail"):
                 if r.get(k):
                     w("  gpusnap rep %d %s: %s" % (r["rep"], k, r[k]))
         for r in cr:
