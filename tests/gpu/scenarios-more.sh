@@ -862,18 +862,26 @@ bench2_side() {
         shim_ck_i="$sh_i" shim_ck_ii="$sh_ii" shim_restore="$sh_rs" failures="$fj"
 }
 
+# b2_pod_up CASE NAME SIZE PROCS: the bench2 workload in a CRI pod, verified up (sets KPOD,
+# KCTR); on failure says so, removes the pod and returns 1.
+b2_pod_up() {
+    local case=$1 name=$2 size=$3 procs=$4
+    k8s_setup || return 1
+    if ! GPU_PROCS=$procs k8s_start "$name" "$K8S_IMAGE" "$name" "$size" ||
+        ! WL wait "$WORK/gpu/log/$name.log" 0 3 "$procs" $((60 + size / 256)) >/dev/null; then
+        fail "bench2 ($case) $name: the workload did not start in its pod"
+        k8s_stop_pod "$KPOD"
+        return 1
+    fi
+}
+
 # bench2_annot SIZE PROCS: (v) gpusnap only: CRI pod, crictl checkpoint --export, image build,
 # pull --extract, pod with gpusnap.io/restore-from: NAME, first verified step.
 bench2_annot() {
     local size=$1 procs=$2 name=b2-annot-$1-$2 log archive=$WORK/ramtmp/b2-annot.tar m0 mk first t_first=""
     log=$WORK/gpu/log/$name.log
     say "bench2 $size MiB x $procs proc (v): gpusnap, restore by gpusnap.io/restore-from through CRI"
-    k8s_setup || return 1
-    if ! GPU_PROCS=$procs k8s_start "$name" "$K8S_IMAGE" "$name" "$size" || ! WL wait "$log" 0 3 "$procs" $((60 + size / 256)) >/dev/null; then
-        fail "bench2 (v) $name: the workload did not start in its pod"
-        k8s_stop_pod "$KPOD"
-        return 1
-    fi
+    b2_pod_up v "$name" "$size" "$procs" || return 1
     local pod=$KPOD
     m0=$(WL mark "$log")
     if GPU_PROCS=$procs k8s_checkpoint "$KCTR" "$archive" "b2v-$size-$procs"; then
@@ -912,12 +920,7 @@ bench2_own() {
     local dir=$WORK/ramtmp/checkpoints/$name
     log=$WORK/gpu/log/$name.log
     say "bench2 $size MiB x $procs proc (vi): gpusnap, the node's own checkpoint restored by gpusnap.io/restore-from through CRI"
-    k8s_setup || return 1
-    if ! GPU_PROCS=$procs k8s_start "$name" "$K8S_IMAGE" "$name" "$size" || ! WL wait "$log" 0 3 "$procs" $((60 + size / 256)) >/dev/null; then
-        fail "bench2 (vi) $name: the workload did not start in its pod"
-        k8s_stop_pod "$KPOD"
-        return 1
-    fi
+    b2_pod_up vi "$name" "$size" "$procs" || return 1
     local pod=$KPOD
     m0=$(WL mark "$log")
     rm -rf "$dir"
