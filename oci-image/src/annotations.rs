@@ -23,6 +23,10 @@ pub mod keys {
     pub const CRIO_CHECKPOINT_NAME: &str = "io.kubernetes.cri-o.annotations.checkpoint.name";
     /// Podman's checkpoint-image marker.
     pub const PODMAN_CHECKPOINT_NAME: &str = "io.podman.annotations.checkpoint.name";
+    /// Podman restores a checkpoint image only with this key, and only when it equals the OCI
+    /// runtime Podman runs (`podman --runtime NAME container restore IMAGE`).
+    pub const PODMAN_CHECKPOINT_RUNTIME_NAME: &str =
+        "io.podman.annotations.checkpoint.runtime.name";
     pub const CRIU_ENGINE_NAME: &str = "org.criu.checkpoint.engine.name";
     pub const CRIU_POD_NAME: &str = "org.criu.checkpoint.pod.name";
     pub const CRIU_POD_ID: &str = "org.criu.checkpoint.pod.id";
@@ -258,6 +262,10 @@ pub(crate) fn image_annotations(
     );
     put(keys::CRIU_ROOTFS_IMAGE_ID, cri.config_str("rootfsImageRef"));
     put(keys::CRIU_RUNTIME_NAME, cri.config_str("runtime"));
+    put(
+        keys::PODMAN_CHECKPOINT_RUNTIME_NAME,
+        cri.config_str("runtime"),
+    );
     put(keys::CRIU_RUNTIME_VERSION, manifest.runc_version.as_deref());
     put(keys::CRIU_CRIU_VERSION, manifest.criu_version.as_deref());
     put(keys::CRIU_HOST_ARCH, Some(goarch(&manifest.host.arch)));

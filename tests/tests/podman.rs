@@ -1,7 +1,8 @@
 //! Podman 4.3 (Debian's) running gpusnap-runc as the OCI runtime `gpusnap`, registered by
 //! `gpusnap install --podman-conf`: run, checkpoint, restore, `--export` / `--import` into a
 //! new name, `stop`, `rm -f` leaving nothing running, `gpusnap inspect` of Podman's zstd
-//! export, and a tampered export refused with one readable line.
+//! export, a tampered export refused with one readable line, and Podman's restore from
+//! checkpoint images (chunked and classic) that `gpusnap image build` made.
 //!
 //! Podman runs the runtime's `kill` and `delete --force` with no `PATH`; `stop` and `rm -f`
 //! below go through those calls, so a wrapper that looked runc up on `PATH` would leave the
@@ -13,7 +14,7 @@ use std::path::Path;
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
 use gpusnap_testkit::podman::{
-    check_continues, check_nothing_running, wait_count, Podman, RUNC_ROOT, WARM,
+    check_continues, check_nothing_running, wait_count, Podman, RUNC_ROOT, RUNTIME, WARM,
 };
 use gpusnap_testkit::{describe, gpusnap, require_root, text, unique};
 
@@ -224,4 +225,128 @@ fn tampered_export_is_refused_with_one_line_naming_the_file() {
         }
         check_nothing_running(Path::new(RUNC_ROOT), &ids, &marker)
     });
+}
+
+/// Podman's own image-based restore (`podman container restore IMAGE`) of a checkpoint image
+/// `gpusnap image build` made from Podman's export, pulled into Podman's storage with `podman
+/// pull oci:LAYOUT`: the default chunked layout (Podman copies the image's files, chunks and
+/// chunk list included, into the container; gpusnap-runc's restore assembles them) and the
+/// classic one. Both go on counting from the checkpoint.
+#[test]
+fn checkpoint_images_chunked_and_classic_restore_through_podman() {
+    let p = podman();
+    run(|| {
+        let marker = unique("gpp-img");
+        let a = unique("gpp-img-a");
+        let a_id = p.run_counter(&a, &marker)?;
+        wait_count(&marker, &a, WARM, || p.count(&a))?;
+        let at_export = wait_count(&marker, &a, 0, || p.count(&a))?;
+        let export = p.dir().join("img-export.tar");
+        let export_arg = export.display().to_string();
+        p.ok(&[
+            "container",
+            "checkpoint",
+            "--compress",
+            "none",
+            "--export",
+            &export_arg,
+            &a,
+        ])?;
+        let lower = tempfile::Builder::new()
+            .prefix(&unique("gpp-img-layouts"))
+            .rand_bytes(0)
+            .tempdir_in("/tmp")?;
+        let mut ids = vec![a_id.clone()];
+        for (layout_kind, extra) in [("chunked", None), ("classic", Some("--classic"))] {
+            // Podman names an image pulled from oci:PATH after PATH, which must be lowercase.
+            let layout = lower.path().join(format!("layout-{layout_kind}"));
+            let tag = format!("localhost/gpusnap-test/podman-ck:{layout_kind}");
+            let layout_arg = layout.display().to_string();
+            let mut args = vec![
+                "image",
+                "build",
+                export_arg.as_str(),
+                "--layout",
+                layout_arg.as_str(),
+                "--tag",
+                tag.as_str(),
+            ];
+            args.extend(extra);
+            let built = gpusnap(&args);
+            ensure!(
+                built.status.success(),
+                "gpusnap {}: {}",
+                args.join(" "),
+                describe(&built)
+            );
+            let index = fs::read_to_string(layout.join("index.json"))?;
+            let (ref_name, roles) = layout_refname_and_roles(&layout, &index)?;
+            ensure!(
+                roles.iter().any(|r| r == "chunk-list") == (layout_kind == "chunked"),
+                "the {layout_kind} image's layer roles: {roles:?}"
+            );
+            let pulled = p.ok(&["pull", &format!("oci:{layout_arg}:{ref_name}")])?;
+            let image_id = pulled.lines().last().unwrap_or_default().to_string();
+            let b = unique(&format!("gpp-img-{layout_kind}"));
+            // Podman restores a checkpoint image only with the runtime it names.
+            p.ok(&[
+                "--runtime",
+                RUNTIME,
+                "container",
+                "restore",
+                "--name",
+                &b,
+                &image_id,
+            ])
+            .with_context(|| {
+                format!(
+                    "podman container restore of the {layout_kind} image (image inspect: {:?})",
+                    p.ok(&["image", "inspect", &image_id])
+                )
+            })?;
+            check_continues(&b, &at_export, || p.count(&b))
+                .with_context(|| format!("the container restored from the {layout_kind} image"))?;
+            ids.push(p.inspect(&b, "{{.Id}}")?);
+            p.ok(&["rm", "-f", "-t", "1", &b])?;
+        }
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        check_nothing_running(Path::new(RUNC_ROOT), &ids, &marker)
+    });
+}
+
+/// The `org.opencontainers.image.ref.name` of an OCI layout's first manifest, and the
+/// `io.gpusnap.layer.role` of each of its layers.
+fn layout_refname_and_roles(layout: &Path, index: &str) -> Result<(String, Vec<String>)> {
+    let index: serde_json::Value = serde_json::from_str(index)?;
+    let first = &index["manifests"][0];
+    let ref_name = first["annotations"]["org.opencontainers.image.ref.name"]
+        .as_str()
+        .with_context(|| format!("no ref.name in the layout's index: {index}"))?
+        .to_string();
+    let blob = |d: &serde_json::Value| -> Result<serde_json::Value> {
+        let digest = d["digest"].as_str().context("no digest")?;
+        let hex = digest
+            .strip_prefix("sha256:")
+            .context("not a sha256 digest")?;
+        Ok(serde_json::from_slice(&fs::read(
+            layout.join("blobs/sha256").join(hex),
+        )?)?)
+    };
+    // index.json -> the image's index (one platform) -> its manifest.
+    let mut manifest = blob(first)?;
+    if manifest["manifests"].is_array() {
+        manifest = blob(&manifest["manifests"][0])?;
+    }
+    let roles = manifest["layers"]
+        .as_array()
+        .context("no layers in the manifest")?
+        .iter()
+        .map(|l| {
+            l["annotations"]["io.gpusnap.layer.role"]
+                .as_str()
+                .unwrap_or("-")
+                .to_string()
+        })
+        .collect();
+    Ok((ref_name, roles))
 }
