@@ -2,7 +2,8 @@
 //! `gpusnap install --crio-dropin-dir` writes, driven with crictl: pod, counter,
 //! `crictl checkpoint --export`, restore into a new pod (the archive as the container's
 //! image), the counter going on; a tampered archive refused with one readable error naming
-//! the file; and the same with the CUDA driver double, its calls checked in order.
+//! the file; the same with the CUDA driver double, its calls checked in order; and CRI-O's
+//! image-based restore of the checkpoint images `gpusnap image build` makes (chunked, classic).
 //!
 //! CRI-O and crictl come from ../shared/tools via scripts/setup-env.sh; without them the tests
 //! fail saying so.
@@ -164,6 +165,53 @@ fn checkpoint_export_restore_into_new_pod_and_tampered_archive_refused() {
         c.remove_all_pods()?;
         let left = runc_list(&c.runtime_root)?;
         ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        let procs = processes_with(&marker);
+        ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// CRI-O's own image-based restore: the export built into a checkpoint image by `gpusnap image
+/// build` (the default chunked layout, and `--classic`), put into CRI-O's storage, named as a
+/// new pod's container image; CRI-O copies the image's files into the container and
+/// gpusnap-runc's restore assembles the chunks. The counter goes on from the checkpoint.
+#[test]
+fn checkpoint_images_chunked_and_classic_restore_through_crio() {
+    run(|| {
+        let c = Crio::start(None)?;
+        let marker = unique("gco-img");
+        let (a, _) = counter(&c, &unique("gco-img-a"), &marker, &[])?;
+        let archive = c.dir().join("img-a.tar");
+        let before = export(&c, &marker, &a, &archive)?;
+        for (kind, extra) in [("chunked", None), ("classic", Some("--classic"))] {
+            let oci = c.dir().join(format!("img-{kind}.oci.tar"));
+            let name = format!("localhost/gpusnap-test/crio-ck:{kind}");
+            let (archive_arg, oci_arg) = (archive.display().to_string(), oci.display().to_string());
+            let mut args = vec!["image", "build", &archive_arg, "-t", &name, "-o", &oci_arg];
+            args.extend(extra);
+            let built = gpusnap_testkit::gpusnap(&args);
+            ensure!(
+                built.status.success(),
+                "gpusnap {}: {}",
+                args.join(" "),
+                describe(&built)
+            );
+            c.load_image(&oci, &name)?;
+            let (pod, pod_cfg) = c.run_pod(&unique(&format!("gco-img-{kind}")))?;
+            let b = c
+                .create_and_start(
+                    &pod,
+                    &pod_cfg,
+                    &c.container_config("counter", &name, None, &[]),
+                )
+                .with_context(|| format!("CRI-O restore from the {kind} checkpoint image"))?;
+            check_continues(
+                &format!("the container restored from the {kind} image"),
+                &before,
+                || c.count(&b),
+            )?;
+        }
+        c.remove_all_pods()?;
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
         Ok(())

@@ -196,33 +196,11 @@ impl Crio {
             dropin.display(),
             describe(&out)
         );
-        let store = format!(
-            "containers-storage:[overlay@{}+{}]",
-            p("storage"),
-            p("storage-run")
-        );
         for (archive, name) in [
             (busybox_archive(), BUSYBOX_IMAGE),
             (pause_archive(), PAUSE_IMAGE),
         ] {
-            let mut cmd = Command::new("skopeo");
-            cmd.args([
-                "--registries-conf",
-                &p("registries.conf"),
-                "copy",
-                "--quiet",
-            ])
-            .arg(format!("oci-archive:{}", archive.display()))
-            .arg(format!("{store}{name}"))
-            .env("CONTAINERS_STORAGE_CONF", d.join("storage.conf"))
-            .env("PATH", SYSTEM_PATH);
-            let out = run_with_timeout(cmd, None, Duration::from_secs(120))?;
-            ensure!(
-                out.status.success(),
-                "skopeo copy {}: {}",
-                archive.display(),
-                describe(&out)
-            );
+            load_oci_archive(&d, &archive, name)?;
         }
         let mut cmd = Command::new(&crio);
         cmd.arg("--config")
@@ -255,6 +233,12 @@ impl Crio {
             }
         }
         Ok(c)
+    }
+
+    /// Puts an oci-archive into CRI-O's image storage under `name` (skopeo; CRI-O sees it
+    /// through the storage's own locking while it runs).
+    pub fn load_image(&self, archive: &Path, name: &str) -> Result<()> {
+        load_oci_archive(self.dir.path(), archive, name)
     }
 
     pub fn dir(&self) -> &Path {
@@ -469,4 +453,34 @@ impl Drop for Crio {
             }
         }
     }
+}
+
+/// `skopeo copy oci-archive:ARCHIVE containers-storage:[CRI-O's store]NAME` for the CRI-O
+/// scratch directory `d`.
+fn load_oci_archive(d: &Path, archive: &Path, name: &str) -> Result<()> {
+    let p = |rel: &str| d.join(rel).display().to_string();
+    let store = format!(
+        "containers-storage:[overlay@{}+{}]",
+        p("storage"),
+        p("storage-run")
+    );
+    let mut cmd = Command::new("skopeo");
+    cmd.args([
+        "--registries-conf",
+        &p("registries.conf"),
+        "copy",
+        "--quiet",
+    ])
+    .arg(format!("oci-archive:{}", archive.display()))
+    .arg(format!("{store}{name}"))
+    .env("CONTAINERS_STORAGE_CONF", d.join("storage.conf"))
+    .env("PATH", SYSTEM_PATH);
+    let out = run_with_timeout(cmd, None, Duration::from_secs(120))?;
+    ensure!(
+        out.status.success(),
+        "skopeo copy {}: {}",
+        archive.display(),
+        describe(&out)
+    );
+    Ok(())
 }
