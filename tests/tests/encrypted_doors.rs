@@ -3,7 +3,8 @@
 //! travels as a GPU-extent layer of its own):
 //!
 //! `gpusnap-runc checkpoint` → `gpusnap image build --encrypt-recipient jwe:PUB` (every layer
-//! encrypted) → `gpusnap inspect` of the layout, without and with the key → `gpusnap image
+//! encrypted) → `gpusnap inspect` of the layout, without and with the key (and of the altered
+//! images below: refused) → `gpusnap image
 //! push` to a registry serving TLS with authentication → `gpusnap image pull --extract NAME`,
 //! decrypting with the node's `restore.decryption_keys` → `gpusnap-runc restore` of the
 //! extracted checkpoint: the same process counts on and has its device memory back.
@@ -206,6 +207,16 @@ fn gpusnap_runc_restores_an_encrypted_image_and_pull_refusals_leave_nothing() {
                     let altered = dir.join(refusal.name());
                     gpusnap_testkit::cmd::run("cp", ["-a", s(&layout)?, s(&altered)?]);
                     refusal.alter(&altered)?;
+                    // Both alterations reach the gpusnap manifest's layer (the last): inspect
+                    // with the key refuses it too, rather than show what it decrypted.
+                    let out = gpusnap(["--config", &node, "inspect", s(&altered)?]);
+                    ensure!(
+                        !out.status.success()
+                            && String::from_utf8_lossy(&out.stderr).contains("HMAC")
+                            && out.stdout.is_empty(),
+                        "{refusal:?}: inspect of the altered image: {}",
+                        describe(&out)
+                    );
                     let r = push(&altered, refusal.name())?;
                     fs::remove_dir_all(&altered)?;
                     (r, &node)
