@@ -779,15 +779,19 @@ pub fn is_oci_layout(path: &Path) -> bool {
 }
 
 /// `gpusnap inspect` of an OCI image: `Ok(None)` when `path` is not one (a checkpoint
-/// directory, CRI archive, ...), so the caller falls back to the checkpoint inspection.
-pub fn try_inspect_image(path: &Path) -> Result<Option<ImageInfo>> {
+/// directory, CRI archive, ...), so the caller falls back to the checkpoint inspection. The
+/// keys open an encrypted image's gpusnap-manifest layer.
+pub fn try_inspect_image(
+    path: &Path,
+    decryption: &image::crypt::Decryption,
+) -> Result<Option<ImageInfo>> {
     if path.is_dir() && !is_oci_layout(path) {
         return Ok(None);
     }
     if !path.is_dir() && !path.is_file() {
         return Ok(None);
     }
-    match image::inspect(path) {
+    match image::inspect_with(path, None, decryption) {
         Ok(info) => Ok(Some(info)),
         Err(image::ImageError::NotAnImage { .. }) => Ok(None),
         Err(e) => Err(anyhow::Error::new(e).context(format!("inspecting {}", path.display()))),
@@ -859,6 +863,18 @@ pub fn render_image(i: &ImageInfo, width: usize) -> String {
     if !gpu.is_empty() {
         r.push(("GPU", gpu.join(", ")));
     }
+    if let Some(e) = &i.encryption {
+        r.push((
+            "Encrypted",
+            format!(
+                "{} of {} layers (ocicrypt), for {} recipient(s): {}",
+                e.encrypted_layers,
+                i.layers.len(),
+                e.recipients.len(),
+                e.recipients.join(", ")
+            ),
+        ));
+    }
     match &i.gpusnap_manifest {
         Some(m) => {
             r.push((
@@ -879,7 +895,14 @@ pub fn render_image(i: &ImageInfo, width: usize) -> String {
         }
         None => r.push((
             "Validation",
-            "REFUSED: no gpusnap manifest in the image; gpusnap cannot restore it".into(),
+            match i.encryption.as_ref().map(|e| &e.manifest_layer) {
+                Some(image::ManifestLayer::Sealed { reason }) => format!(
+                    "NOT VERIFIED: the gpusnap manifest is in an encrypted layer that no given \
+                     key opens ({reason}); pass --decryption-key KEY.pem or set \
+                     restore.decryption_keys"
+                ),
+                _ => "REFUSED: no gpusnap manifest in the image; gpusnap cannot restore it".into(),
+            },
         )),
     }
     let mut out = String::new();

@@ -37,5 +37,30 @@ pub fn load_private_keys(paths: &[PathBuf]) -> Result<Vec<PrivateKey>, CryptErro
     paths.iter().map(|p| PrivateKey::load(p)).collect()
 }
 
+/// The recipients a layer's wrapped keys name (algorithm and `kid` where the encrypter
+/// recorded one), read without any private key: what `gpusnap inspect` shows of an encrypted
+/// layer, and what a refusal names.
+pub fn layer_recipients(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<jwe::RecipientInfo>, CryptError> {
+    use base64::Engine as _;
+    let Some(wrapped) = annotations.get(format::ANNOTATION_KEYS_JWE) else {
+        return Ok(Vec::new());
+    };
+    let mut named = Vec::new();
+    for part in wrapped.split(',') {
+        let jwe_json = base64::engine::general_purpose::STANDARD
+            .decode(part.trim())
+            .map_err(|e| {
+                CryptError::Format(format!(
+                    "{} entry is not base64: {e}",
+                    format::ANNOTATION_KEYS_JWE
+                ))
+            })?;
+        named.extend(jwe::recipients(&jwe_json)?);
+    }
+    Ok(named)
+}
+
 #[cfg(test)]
 mod tests;

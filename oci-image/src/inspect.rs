@@ -3,6 +3,11 @@
 //! Reads index.json, the image index, manifest and config (each verified against its digest),
 //! and the small gpusnap-manifest layer, whose content is checked against the
 //! `io.gpusnap.manifest.digest` annotation. CRIU and GPU layers are described, not read.
+//!
+//! An encrypted image (ocicrypt's format) is described from what stays in the clear: sizes,
+//! annotations, the recipients its layers' keys are wrapped for. The gpusnap manifest is read
+//! only when one of the given keys opens its layer, and then only after the layer's HMAC
+//! matched; without such a key it is reported sealed, with the recipients that would open it.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -11,6 +16,7 @@ use std::path::Path;
 use flate2::read::GzDecoder;
 
 use super::annotations::{keys, LayerRole, SourceLayout};
+use super::crypt::{decrypting, Decryption};
 use super::digest::{io_to_image, Digest};
 use super::error::ImageError;
 use super::oci_layout::{entry_name, ImageSource};
@@ -47,8 +53,31 @@ pub struct ImageInfo {
     pub layers: Vec<LayerInfo>,
     pub total_layer_bytes: u64,
     pub gpusnap_manifest_digest: Option<Digest>,
-    /// The sealed gpusnap manifest, when the image carries one.
+    /// The sealed gpusnap manifest, when the image carries one (and, encrypted, a key opened it).
     pub gpusnap_manifest: Option<Manifest>,
+    /// For an image with encrypted layers: what is known of them without opening them.
+    pub encryption: Option<EncryptionInfo>,
+}
+
+/// What `inspect` says of an image whose layers are encrypted (ocicrypt's format).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EncryptionInfo {
+    /// How many layers are encrypted (gpusnap encrypts all of them).
+    pub encrypted_layers: usize,
+    /// The recipients the layers' keys are wrapped for, once each: `ALG key KID`.
+    pub recipients: Vec<String>,
+    /// Whether the gpusnap manifest's layer was opened.
+    pub manifest_layer: ManifestLayer,
+}
+
+/// The gpusnap manifest's layer of an encrypted image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum ManifestLayer {
+    /// A given key opened it, its HMAC and the manifest's digest matched.
+    Opened,
+    /// No given key opens it (`reason` names the recipients and the keys tried).
+    Sealed { reason: String },
 }
 
 /// Describes the only image of an OCI layout directory or oci-archive.
@@ -58,6 +87,16 @@ pub fn inspect(image: &Path) -> Result<ImageInfo, ImageError> {
 
 /// Like [`inspect`], choosing the image by name when there are several.
 pub fn inspect_named(image: &Path, name: Option<&str>) -> Result<ImageInfo, ImageError> {
+    inspect_with(image, name, &Decryption::default())
+}
+
+/// Like [`inspect_named`], opening an encrypted image's gpusnap-manifest layer with
+/// `decryption`'s keys when one of them can.
+pub fn inspect_with(
+    image: &Path,
+    name: Option<&str>,
+    decryption: &Decryption,
+) -> Result<ImageInfo, ImageError> {
     let src = ImageSource::open(image)?;
     let all = src.read_index()?;
     let r = src.resolve(name)?;
@@ -95,12 +134,29 @@ pub fn inspect_named(image: &Path, name: Option<&str>) -> Result<ImageInfo, Imag
         .get(keys::GPUSNAP_MANIFEST_DIGEST)
         .map(|d| Digest::parse(d))
         .transpose()?;
+    let mut encryption = encryption_of(&layers, &src.location())?;
     let gpusnap_manifest = match layers.iter().find(|l| l.role == LayerRole::GpusnapManifest) {
-        Some(l) => Some(read_manifest_layer(
-            &src,
-            &l.descriptor,
-            gpusnap_manifest_digest.as_ref(),
-        )?),
+        Some(l) => {
+            let location = format!("{} layer {}", src.location(), l.descriptor.digest);
+            match decryption.open(&l.descriptor, &location) {
+                Ok(key) => Some(read_manifest_layer(
+                    &src,
+                    &l.descriptor,
+                    key.as_deref(),
+                    gpusnap_manifest_digest.as_ref(),
+                )?),
+                Err(ImageError::Crypt {
+                    reason: gpusnap_image_crypt::CryptError::NoKey(why),
+                    ..
+                }) => {
+                    if let Some(e) = encryption.as_mut() {
+                        e.manifest_layer = ManifestLayer::Sealed { reason: why };
+                    }
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
         None => None,
     };
     let index_target = r.index.as_ref().map(|_| r.top.digest.clone());
@@ -135,48 +191,93 @@ pub fn inspect_named(image: &Path, name: Option<&str>) -> Result<ImageInfo, Imag
         layers,
         gpusnap_manifest_digest,
         gpusnap_manifest,
+        encryption,
     })
 }
 
-/// Reads `checkpoint/gpusnap-manifest.json` out of the gpusnap-manifest layer, verifying the
-/// layer blob and the file's digest.
+/// `None` for an image without encrypted layers.
+fn encryption_of(
+    layers: &[LayerInfo],
+    location: &str,
+) -> Result<Option<EncryptionInfo>, ImageError> {
+    let mut recipients: Vec<String> = Vec::new();
+    let mut encrypted_layers = 0;
+    for l in layers {
+        if gpusnap_image_crypt::plain_media_type(&l.descriptor.media_type).is_none() {
+            continue;
+        }
+        encrypted_layers += 1;
+        let named =
+            gpusnap_image_crypt::layer_recipients(&l.descriptor.annotations).map_err(|reason| {
+                ImageError::Crypt {
+                    location: format!("{location} layer {}", l.descriptor.digest),
+                    reason,
+                }
+            })?;
+        for r in named.iter().map(ToString::to_string) {
+            if !recipients.contains(&r) {
+                recipients.push(r);
+            }
+        }
+    }
+    Ok((encrypted_layers > 0).then_some(EncryptionInfo {
+        encrypted_layers,
+        recipients,
+        manifest_layer: ManifestLayer::Opened,
+    }))
+}
+
+/// Reads `checkpoint/gpusnap-manifest.json` out of the gpusnap-manifest layer (decrypted with
+/// `key` when it is encrypted), verifying the layer blob, its HMAC, and the file's digest.
 fn read_manifest_layer(
     src: &ImageSource,
     desc: &Descriptor,
+    key: Option<&gpusnap_image_crypt::LayerKey>,
     want: Option<&Digest>,
 ) -> Result<Manifest, ImageError> {
     let location = format!("{} layer {}", src.location(), desc.digest);
+    let media_type =
+        gpusnap_image_crypt::plain_media_type(&desc.media_type).unwrap_or(&desc.media_type);
     let compression =
-        layer_compression(&desc.media_type).ok_or_else(|| ImageError::UnsupportedMediaType {
+        layer_compression(media_type).ok_or_else(|| ImageError::UnsupportedMediaType {
             what: "gpusnap manifest layer",
             media_type: desc.media_type.clone(),
             location: location.clone(),
         })?;
     let target = format!("{CHECKPOINT_DIR}/{MANIFEST_FILE}");
     let mut blob = src.blob(desc, "layer")?;
-    let mut found = None;
-    {
-        let reader: Box<dyn Read + '_> = match compression {
-            Compression::None => Box::new(&mut blob),
-            Compression::Gzip => Box::new(GzDecoder::new(&mut blob)),
-        };
-        let mut archive = tar::Archive::new(reader);
-        for entry in archive.entries().map_err(|e| io_to_image(e, &location))? {
-            let mut entry = entry.map_err(|e| io_to_image(e, &location))?;
-            let raw = entry
-                .path()
-                .map_err(|e| io_to_image(e, &location))?
-                .into_owned();
-            if normalize_member(Path::new(&location), &raw)?.as_deref() == Some(target.as_str()) {
-                let mut bytes = Vec::new();
-                (&mut entry)
-                    .take(MAX_MANIFEST_BYTES)
-                    .read_to_end(&mut bytes)
-                    .map_err(|e| io_to_image(e, &location))?;
-                found = Some(bytes);
+    let found = {
+        let mut plain = decrypting(key, &mut blob, &location)?;
+        let read = (|| -> Result<Option<Vec<u8>>, ImageError> {
+            let reader: Box<dyn Read + '_> = match compression {
+                Compression::None => Box::new(&mut plain),
+                Compression::Gzip => Box::new(GzDecoder::new(&mut plain)),
+            };
+            let mut found = None;
+            let mut archive = tar::Archive::new(reader);
+            for entry in archive.entries().map_err(|e| io_to_image(e, &location))? {
+                let mut entry = entry.map_err(|e| io_to_image(e, &location))?;
+                let raw = entry
+                    .path()
+                    .map_err(|e| io_to_image(e, &location))?
+                    .into_owned();
+                if normalize_member(Path::new(&location), &raw)?.as_deref() == Some(target.as_str())
+                {
+                    let mut bytes = Vec::new();
+                    (&mut entry)
+                        .take(MAX_MANIFEST_BYTES)
+                        .read_to_end(&mut bytes)
+                        .map_err(|e| io_to_image(e, &location))?;
+                    found = Some(bytes);
+                }
             }
-        }
-    }
+            Ok(found)
+        })();
+        // Nothing read from an encrypted layer counts until its HMAC matched; a tar reader
+        // that refused garbage first is reported as the tampering it is.
+        plain.finish_read(&location)?;
+        read?
+    };
     blob.finish()?;
     let Some(bytes) = found else {
         return Err(ImageError::ManifestMissing {

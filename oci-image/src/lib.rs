@@ -131,7 +131,7 @@ pub use error::ImageError;
 pub use extract::{
     extract, extract_as, extract_named, extract_with, ExtractOptions, Extracted, OriginSeed,
 };
-pub use inspect::{inspect, inspect_named, ImageInfo};
+pub use inspect::{inspect, inspect_named, inspect_with, EncryptionInfo, ImageInfo, ManifestLayer};
 pub use registry::{
     pull, pull_extract, push, sign, Credentials, NodeStore, Progress, ProgressSnapshot, PullReport,
     PushReport, Reference, RegistryOptions, SignReport, SignatureOptions, Transfer,

@@ -852,9 +852,13 @@ fn crictl_checkpoint_and_archive_restore_with_the_shim_only_at_runtime_path() {
 /// An encrypted checkpoint image (`gpusnap image build --encrypt-recipient`, every layer in
 /// ocicrypt's format) pushed to the registry restores through `gpusnap image pull --extract
 /// NAME`, which decrypts with the node's `restore.decryption_keys`, and the
-/// `gpusnap.io/restore-from: NAME` annotation; the workload continues.
+/// `gpusnap.io/restore-from: NAME` annotation; the workload continues. Before that, the
+/// refusals (the node configured with the wrong key, with none; the ciphertext tampered with, a
+/// wrapped key swapped, as the registry could serve them) each name the image, leave nothing,
+/// and a pod annotated with the name is refused with nothing running.
 #[test]
 fn crictl_restores_an_encrypted_image_by_restore_from() {
+    use gpusnap_testkit::crypt_doors::{key_fingerprint, NothingLeft, Refusal};
     use gpusnap_testkit::ocicrypt::{key_pair, recipient, KeyKind};
     check(|| {
         let keys = tempfile::tempdir()?;
@@ -877,6 +881,70 @@ fn crictl_restores_an_encrypted_image_by_restore_from() {
         let url = n.reg.url("gpusnap/ck-enc:crictl");
         gpusnap_ok(&["image", "push", path_str(&layout)?, &url])?;
         let name = "ck-enc";
+
+        let node_config = n.cri_node()?.config_path().to_owned();
+        let keys_line = format!("decryption_keys = [{:?}]", path_str(&key)?);
+        let (other, _) = key_pair(keys.path(), "other", KeyKind::EcP256)?;
+        let kid = key_fingerprint(&public)?;
+        let root = n.cri_node()?.checkpoint_root();
+        let store = n.cri_node()?.scratch().join("store");
+        for refusal in Refusal::ALL {
+            let (image, config) = match refusal {
+                Refusal::WrongKey | Refusal::MissingKey => {
+                    let keys = match refusal {
+                        Refusal::WrongKey => format!("decryption_keys = [{:?}]", path_str(&other)?),
+                        _ => "decryption_keys = []".to_owned(),
+                    };
+                    let config = work.path().join(format!("{}.toml", refusal.name()));
+                    fs::write(
+                        &config,
+                        fs::read_to_string(&node_config)?.replace(&keys_line, &keys),
+                    )?;
+                    (url.clone(), config)
+                }
+                _ => {
+                    let altered = work.path().join(refusal.name());
+                    gpusnap_testkit::cmd::run(
+                        "cp",
+                        ["-a", path_str(&layout)?, path_str(&altered)?],
+                    );
+                    refusal.alter(&altered)?;
+                    let image = n.reg.url(&format!("gpusnap/ck-enc:{}", refusal.name()));
+                    gpusnap_ok(&["image", "push", path_str(&altered)?, &image])?;
+                    (image, node_config.clone())
+                }
+            };
+            let nothing = NothingLeft::before(&root, &store)?;
+            let out = gpusnap([
+                "--config",
+                path_str(&config)?,
+                "image",
+                "pull",
+                &image,
+                "--extract",
+                name,
+            ]);
+            ensure!(
+                !out.status.success(),
+                "{refusal:?}: the pull succeeded: {}",
+                out.describe()
+            );
+            refusal.check_message(&String::from_utf8_lossy(&out.stderr), "ck-enc", &kid)?;
+            nothing.check(&format!("{refusal:?}"), &root.join(name))?;
+        }
+        // The name the refused pulls would have made: a pod annotated with it runs nothing.
+        let pod = n.crictl.run_pod(
+            "enc-refused",
+            gpusnap_handler(),
+            PidMode::Container,
+            &[("gpusnap.io/restore-from", name)],
+        )?;
+        let refused = n
+            .crictl
+            .create(&pod, "counter", &n.busybox(), &["sh", "-c", COUNTER], &[])
+            .and_then(|id| n.crictl.start(&id).map(|()| id));
+        ensure!(refused.is_err(), "restore-from {name} started: {refused:?}");
+        n.crictl.remove_pod(&pod)?;
         gpusnap_ok(&[
             "--config",
             path_str(n.cri_node()?.config_path())?,

@@ -170,6 +170,10 @@ struct InspectArgs {
     /// Check presence and sizes but not digests (fast on large checkpoints).
     #[arg(long)]
     sizes_only: bool,
+    /// Private key (PEM, root-owned 0600) that opens an encrypted image's gpusnap manifest, in
+    /// addition to the config's restore.decryption_keys (repeatable).
+    #[arg(long = "decryption-key", value_name = "KEY.pem")]
+    decryption_keys: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -179,7 +183,7 @@ fn main() -> ExitCode {
         Command::Install(a) => cmd_install(&cli.config, a),
         Command::Uninstall(a) => cmd_uninstall(a),
         Command::Doctor(a) => cmd_doctor(&cli.config, a),
-        Command::Inspect(a) => cmd_inspect(a),
+        Command::Inspect(a) => cmd_inspect(&cli.config, a),
         Command::Image(c) => image_cmd::run(&cli.config, c),
         Command::Store(c) => gpusnap_cli::store_cmd::run(&cli.config, c),
         Command::Checkpoint(c) => checkpoint_cmd::run(&cli.config, c),
@@ -451,7 +455,7 @@ fn cmd_config_check(config: &Path) -> Result<u8> {
     Ok(0)
 }
 
-fn cmd_inspect(a: InspectArgs) -> Result<u8> {
+fn cmd_inspect(config: &Path, a: InspectArgs) -> Result<u8> {
     let verify = if a.no_verify {
         Verify::None
     } else if a.sizes_only {
@@ -460,7 +464,21 @@ fn cmd_inspect(a: InspectArgs) -> Result<u8> {
         Verify::Full
     };
     // An OCI checkpoint image: described from its metadata (layers are verified on extract).
-    if let Some(info) = image_cmd::try_inspect_image(&a.path)? {
+    if let Some(mut info) = image_cmd::try_inspect_image(&a.path, &Default::default())? {
+        // An encrypted image: the node's keys, and any given, open its gpusnap manifest. They
+        // are read only then (root-owned files: plain images inspect without them).
+        if info.encryption.is_some() && info.gpusnap_manifest.is_none() {
+            let cfg = gpusnap_config::Config::load(config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let mut keys = cfg.restore.decryption_keys.clone();
+            keys.extend(a.decryption_keys.iter().cloned());
+            if !keys.is_empty() {
+                let decryption = gpusnap_oci_image::crypt::Decryption::load(&keys)?;
+                if let Some(opened) = image_cmd::try_inspect_image(&a.path, &decryption)? {
+                    info = opened;
+                }
+            }
+        }
         if a.json {
             println!("{}", serde_json::to_string_pretty(&info)?);
         } else {

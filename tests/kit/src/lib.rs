@@ -60,6 +60,7 @@ pub mod counter;
 pub mod cri;
 pub mod crictl;
 pub mod crio;
+pub mod crypt_doors;
 pub mod faults;
 pub mod fixtures;
 pub mod gpu;
