@@ -1,5 +1,5 @@
-# tests/gpu/scenario-crypt.sh — sourced by tests/gpu/run-h200.sh after scenario-fleet.sh (needs
 # shellcheck shell=bash
+# tests/gpu/scenario-crypt.sh — sourced by tests/gpu/run-h200.sh after scenario-fleet.sh (needs
 # its containerd, helpers, variables and bench_gpu_hooks). The scenario crypt (issue 22):
 # scripts/bench-crypt.sh with the real driver. A `gpu_verify --fleet` replica of --crypt-mib
 # (default 8192) is checkpointed through this run's containerd and the gpusnap shim (`ctr tasks
