@@ -16,9 +16,12 @@
 # bench_gpu_hooks: the shell definitions scripts/lib/bench-replicas.sh takes from
 # FLEET_GPU_HOOKS with FLEET_DRIVER=gpu (this run's containerd, GPU container and workload), on
 # stdout. Also used by tests/gpu/scenario-crypt.sh.
+# The file is sourced inside a function there: `declare -g`, or the variables would be local.
 bench_gpu_hooks() {
-    declare -p SOCK NS RT DEVICES NVLIB GPU_IMAGE INTERVAL CPU PRIVILEGED NET_HOST
-    declare -p GPU_EXTRA 2>/dev/null || echo 'GPU_EXTRA=()'
+    {
+        declare -p SOCK NS RT DEVICES NVLIB GPU_IMAGE INTERVAL CPU PRIVILEGED NET_HOST
+        declare -p GPU_EXTRA 2>/dev/null || echo 'declare -a GPU_EXTRA=()'
+    } | sed 's/^declare -/declare -g -/'
     printf 'H200_WORK=%q\n' "$WORK"
     declare -f now_ms gpu_run wl_count wl_wait wl_bad | sed 's/\$WORK\b/$H200_WORK/g'
     cat <<'EOF'
