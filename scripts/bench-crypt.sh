@@ -29,19 +29,23 @@
 #     uploaded, and the registry storage's growth), b1 pulled onto the node that holds a1, and
 #     a1 pulled again onto that node (bytes downloaded, node store growth), plain and
 #     encrypted; which digests the node store holds (the registry's blobs, encrypted or not);
-#     image size beside checkpoint size and the build's chunk counts (dedup within one image).
-# After the rounds: the encrypted image pulled with the key into the shim's checkpoint root
-# and restored from there by `gpusnap.io/restore-from` through ctr (a new container, the
-# original stopped): with the double, its device memory after the restore must equal the
-# checkpointed bytes and the double must report it restored and unlocked; on the H200
-# (crypt_gpu_restore from tests/gpu/scenario-crypt.sh) gpu_verify must go on verifying.
+#     image size beside checkpoint size and the build's chunk counts (dedup within one image);
+#   - restore: that round's encrypted image pulled with the key into the shim's checkpoint root
+#     and restored from there by `gpusnap.io/restore-from` through ctr (a new container, the
+#     original stopped): with the double, its device memory after the restore must equal the
+#     checkpointed bytes and the double must report it restored and unlocked; on the H200
+#     (crypt_gpu_restore from tests/gpu/scenario-crypt.sh) gpu_verify must go on verifying the
+#     checkpointed run with 0 mismatches. The restored container is stopped again after.
+# A counted round after the first is not started when the last one's duration says it would end
+# past BENCH_DEADLINE (epoch seconds; the H200 scenario sets it from run-h200.sh's deadline).
 #
 # Environment (besides scripts/lib/bench-replicas.sh's: FLEET_DRIVER, BENCH_DIR, BIN_DIR,
 # PREBUILT, RIG, REGISTRY_BIN, KEEP): WARMUP (default 1), DEDUP (default 1: replica b and the
-# dedup figures; 0: a1 only), RESTORE (default 1: restore the decrypted checkpoint at the end),
+# dedup figures; 0: a1 only), RESTORE (default 1: restore the decrypted checkpoint),
 # REG_TLS (default 1).
 # Disk: about 6 × TOTAL_MIB in BENCH_DIR at once (a1's checkpoint, b1's two layouts, one
-# side's layout, registry and node).
+# side's layout, registry, node store and one extracted checkpoint), plus one extracted
+# checkpoint in the shim's checkpoint root during the restore.
 set -euo pipefail
 
 TOTAL_MIB=${1:-8192}
@@ -154,6 +158,7 @@ side_round() { # SIDE PREFIX
     if ((FIRST)); then
         verify_extracted "$x"
         echo "   a1 ($side): pulled, decrypted and assembled checkpoint verified (gpusnap inspect)" >&2
+        rm -rf "$x" # what the node keeps is its store (and memory, on the H200's tmpfs)
         record "pull-a1-$side" store-holds-layers "$(store_holds pull "$lay")"
         if ((DEDUP)); then
             before=$(dbytes "$REG_BLOBS")
@@ -165,10 +170,12 @@ side_round() { # SIDE PREFIX
             record "dedup-pull-b1-$side" downloaded "$(pulled)"
             record "dedup-pull-b1-$side" store-growth $(($(store_bytes pull) - before))
             verify_extracted "$WORK/node-pull/checkpoints/b1"
+            rm -rf "$WORK/node-pull/checkpoints/b1"
             before=$(store_bytes pull)
             timed "dedup-pull-a1again-$side" pull "$side" pull a1 "$WORK/node-pull/checkpoints/a1-again"
             record "dedup-pull-a1again-$side" downloaded "$(pulled)"
             record "dedup-pull-a1again-$side" store-growth $(($(store_bytes pull) - before))
+            rm -rf "$WORK/node-pull/checkpoints/a1-again"
         fi
     fi
     # The first encrypted image is the one restored: pushed already, pulled with the key there.
