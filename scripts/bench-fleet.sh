@@ -24,12 +24,10 @@
 # whatever dedup the CLI does: none with whole-file layers (the baseline), chunk dedup with a
 # chunked `gpusnap image build`, skipped blobs with a node store.
 #
-# Driver: FLEET_DRIVER=double (default) runs the CUDA driver double (cuda/fake-libcuda, loaded by
-# the shim through its real libloading path, CUDA 13.4, posix engine: the device memory lands in
-# the checkpoint as gpusnap-gpu-* extents) on a private containerd with the rig's busybox.
-# FLEET_DRIVER=gpu is the H200 (tests/gpu/fleet-h200.sh sets it up): the real driver, the
-# workload tests/gpu/workload/fleet_mem.cu holds the same three regions in device memory, the
-# driver-managed engine puts them into CRIU's page images.
+# Driver: FLEET_DRIVER=double (default): the CUDA driver double on a private containerd;
+# FLEET_DRIVER=gpu: the H200 (tests/gpu/scenario-fleet.sh hands over run-h200.sh's containerd
+# and workload). See scripts/lib/bench-replicas.sh, which this script shares with
+# scripts/bench-crypt.sh.
 #
 # Method: every timed step starts after `sync` and ends with `sync -f`; one warm-up round of
 # every step (not counted), then ROUNDS rounds alternating which side (gpusnap, skopeo) goes
@@ -49,215 +47,21 @@ set -euo pipefail
 
 TOTAL_MIB=${1:-8192}
 ROUNDS=${2:-3}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-WORK=${BENCH_DIR:-/var/tmp/gpusnap-bench-fleet.$$}
-RIG=${RIG:-${GPUSNAP_RIG_PREFIX:-/opt/gpusnap-rig}}
-DRIVER=${FLEET_DRIVER:-double}
-BIN_DIR=${BIN_DIR:-$ROOT/target/release}
-[[ $(id -u) -eq 0 ]] || { echo "run as root" >&2; exit 1; }
-((TOTAL_MIB % 16 == 0)) || { echo "TOTAL_MIB must be a multiple of 16 (5:2.5:0.5 in MiB)" >&2; exit 1; }
-
-# The three regions, in MiB.
-W_MIB=$((TOTAL_MIB * 5 / 8))
-Z_MIB=$((TOTAL_MIB * 5 / 16))
-S_MIB=$((TOTAL_MIB / 16))
-WEIGHTS_KEY=000102030405060708090a0b0c0d0e0f # the "model": the same in every replica
-
-REGISTRY_BIN=${REGISTRY_BIN:-/usr/bin/docker-registry}
-[[ -x $REGISTRY_BIN ]] || { echo "no docker-registry at $REGISTRY_BIN (REGISTRY_BIN)" >&2; exit 1; }
+BENCH_NAME=fleet
+# shellcheck source=scripts/lib/bench-replicas.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/bench-replicas.sh"
+bench_setup
 SKOPEO=${SKOPEO:-$(command -v skopeo || true)}
 HAVE_SKOPEO=0
 [[ -n $SKOPEO && -x $SKOPEO ]] && HAVE_SKOPEO=1
-for tool in jq tar curl ss; do
-    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
 
-if [[ $DRIVER == double && -z ${PREBUILT:-} ]]; then
-    echo "== building (release)" >&2
-    if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/root}/.cargo/bin/cargo ]]; then
-        export PATH="${HOME:-/root}/.cargo/bin:$PATH"
-    fi
-    (cd "$ROOT" && cargo build --release -q -p gpusnap-cli -p gpusnap-shim \
-        --bin gpusnap --bin containerd-shim-gpusnap-v2)
-fi
-GPUSNAP=$BIN_DIR/gpusnap
-[[ -x $GPUSNAP && -x $BIN_DIR/containerd-shim-gpusnap-v2 ]] || {
-    echo "no gpusnap / containerd-shim-gpusnap-v2 in $BIN_DIR" >&2
-    exit 1
-}
-export PATH="$BIN_DIR:$RIG/bin:$PATH"
-
-mkdir -p "$WORK"
-WORK=$(cd "$WORK" && pwd)
-LOG=$WORK/bench.log
-RESULTS=$WORK/results.txt # label seconds_before_sync seconds_until_synced
-BYTES=$WORK/bytes.txt     # label kind bytes
-: >"$RESULTS"
-: >"$BYTES"
-now() { date +%s.%N; }
-say() { echo "== $*" >&2; }
-
-# --- a private containerd and the CUDA process ----------------------------------------------
-CTRD_PID="" REG_PID="" REG_DIR=""
-stop_registry() {
-    if [[ -n $REG_PID ]]; then
-        kill "$REG_PID" 2>/dev/null || true
-        wait "$REG_PID" 2>/dev/null || true
-        REG_PID=""
-        rm -rf "$REG_DIR"
-    fi
-}
-cleanup() {
-    set +e
-    stop_registry
-    if [[ $DRIVER == gpu ]]; then replica_stop ra; replica_stop rb; fi
-    if [[ -n $CTRD_PID ]]; then
-        for id in $(command ctr -a "$WORK/containerd.sock" -n fleet t ls -q 2>/dev/null); do
-            command ctr -a "$WORK/containerd.sock" -n fleet t kill -s SIGKILL "$id" >/dev/null 2>&1
-        done
-        sleep 0.5
-        for id in $(command ctr -a "$WORK/containerd.sock" -n fleet c ls -q 2>/dev/null); do
-            command ctr -a "$WORK/containerd.sock" -n fleet t rm -f "$id" >/dev/null 2>&1
-            command ctr -a "$WORK/containerd.sock" -n fleet c rm "$id" >/dev/null 2>&1
-        done
-        kill "$CTRD_PID" 2>/dev/null
-        wait "$CTRD_PID" 2>/dev/null
-        umount -R "$WORK/containerd/root" 2>/dev/null
-    fi
-    if [[ "${KEEP:-0}" != 1 ]]; then rm -rf "$WORK"; else echo "kept $WORK" >&2; fi
-}
+cleanup() { bench_cleanup ra rb; }
 trap cleanup EXIT
-
-start_containerd() {
-    mkdir -p "$WORK/containerd"
-    cat >"$WORK/containerd/config.toml" <<TOML
-version = 3
-root = "$WORK/containerd/root"
-state = "$WORK/containerd/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
-[grpc]
-  address = "$WORK/containerd.sock"
-[ttrpc]
-  address = "$WORK/containerd.sock.ttrpc"
-TOML
-    containerd --config "$WORK/containerd/config.toml" >"$WORK/containerd/log" 2>&1 &
-    CTRD_PID=$!
-    for _ in $(seq 100); do [[ -S $WORK/containerd.sock ]] && return; sleep 0.1; done
-    echo "containerd did not start:" >&2
-    tail "$WORK/containerd/log" >&2
-    exit 1
-}
-ctr() { command ctr -a "$WORK/containerd.sock" -n fleet "$@"; }
-
-# fill_regions FILE STATE_SEED_HEX: writes the device memory image (weights, zeros, state).
-fill_regions() {
-    local f=$1 state_key=$2
-    {
-        keystream "$WEIGHTS_KEY" $((W_MIB << 20))
-        head -c $((Z_MIB << 20)) /dev/zero
-        state_bytes "$state_key"
-    } >"$f"
-}
-state_bytes() { keystream "$1" $((S_MIB << 20)); }
-# keystream KEY BYTES: AES-128-CTR of zeros (openssl ends on SIGPIPE: not a pipeline's status).
-keystream() {
-    head -c "$2" < <(openssl enc -aes-128-ctr -nosalt -K "$1" \
-        -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null)
-}
-rand_key() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
-
-if [[ $DRIVER == double ]]; then
-    FAKE=$WORK/fake
-    mkdir -p "$FAKE/procs" "$FAKE/vram"
-    # The double, built from its source exactly as its crate's build script does.
-    cc -O1 -shared -fPIC -fvisibility=hidden -Wl,-soname,libcuda.so.1 -o "$FAKE/libcuda.so.1" \
-        "$ROOT/cuda/fake-libcuda/src/fake_libcuda.c" -lpthread -ldl
-    echo 13040 >"$FAKE/driver_version" # CUDA 13.4: CustomStorage, the posix engine
-    echo 3 >"$FAKE/unknown_pid_code"
-    cat >"$WORK/shim.toml" <<EOF
-[cuda]
-library = "$FAKE/libcuda.so.1"
-lock_timeout_ms = 10000
-
-[storage]
-engine = "posix"
-EOF
-    start_containerd
-    ctr images import "$RIG/images/busybox.oci.tar" >/dev/null
-    IMAGE=docker.io/gpusnap/busybox:test
-else
-    # The H200: tests/gpu/run-h200.sh's containerd, GPU container and workload, handed over as
-    # a file of shell definitions (ctr, fleet_gpu_start, fleet_gpu_step).
-    # shellcheck disable=SC1090
-    source "${FLEET_GPU_HOOKS:?FLEET_DRIVER=gpu needs FLEET_GPU_HOOKS (tests/gpu/run-h200.sh --scenarios fleet)}"
-fi
-
-# replica_start NAME: a container whose init is a CUDA process holding the three regions.
-replica_start() {
-    local id=$1
-    case $DRIVER in
-    double)
-        echo running >"$FAKE/procs/id-$id-1"
-        mkdir -p "$FAKE/vram/id-$id-1"
-        fill_regions "$FAKE/vram/id-$id-1/0" "$(rand_key)"
-        ctr run -d --null-io --runtime io.containerd.gpusnap.v2 \
-            --runtime-config-path "$WORK/shim.toml" --env "GPUSNAP_FAKE_CUDA_ID=$id" \
-            "$IMAGE" "$id" sh -c 'i=0; while :; do i=$((i+1)); echo $i >/tmp/count; sleep 0.2; done' \
-            >/dev/null
-        ;;
-    gpu) fleet_gpu_start "$id" ;; # from tests/gpu/fleet-h200.sh
-    esac
-}
-# replica_step NAME: the replica's state moves on (its weights and KV cache stay).
-replica_step() {
-    case $DRIVER in
-    double)
-        state_bytes "$(rand_key)" | dd of="$FAKE/vram/id-$1-1/0" bs=1M seek=$((W_MIB + Z_MIB)) \
-            conv=notrunc status=none
-        ;;
-    gpu) fleet_gpu_step "$1" ;;
-    esac
-}
-replica_stop() {
-    ctr t kill -s SIGKILL "$1" >/dev/null 2>&1 || true
-    for _ in $(seq 100); do
-        [[ $(ctr t ls 2>/dev/null | awk -v id="$1" '$1==id{print $3}') == STOPPED ]] && break
-        sleep 0.1
-    done
-    ctr t rm -f "$1" >/dev/null 2>&1 || true
-    ctr c rm "$1" >/dev/null 2>&1 || true
-    [[ $DRIVER == double ]] && rm -rf "$FAKE/vram/id-$1-1" "$FAKE/procs/id-$1-1"
-    return 0
-}
-
-# timed LABEL CMD...: runs CMD after a sync (its stdout to $STEP_OUT), then syncs; appends
-# "LABEL cmd_s total_s" to RESULTS.
-STEP_OUT=$WORK/step.out
-timed() {
-    local label=$1
-    shift
-    sync
-    local t0 t1 t2
-    t0=$(now)
-    if ! "$@" >"$STEP_OUT" 2>>"$LOG"; then
-        echo "FAILED: $label: $*" >&2
-        tail -20 "$LOG" "$STEP_OUT" >&2
-        exit 1
-    fi
-    t1=$(now)
-    sync -f "$WORK"
-    t2=$(now)
-    echo "$label $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}') $(awk -v a="$t0" -v b="$t2" 'BEGIN{printf "%.3f", b-a}')" >>"$RESULTS"
-    echo "   $label: $(tail -1 "$RESULTS" | cut -d' ' -f2-3) s" >&2
-}
-record() { echo "$1 $2 $3" >>"$BYTES"; } # LABEL KIND BYTES
-one() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3; exit}' "$BYTES"; }
-dbytes() { du -sb "$1" 2>/dev/null | cut -f1 || echo 0; }
+bench_driver_start
 
 # --- the checkpoints --------------------------------------------------------------------------
 say "workload: $TOTAL_MIB MiB of device memory = $W_MIB MiB weights + $Z_MIB MiB zeros + $S_MIB MiB state; driver $DRIVER"
 mkdir -p "$WORK/ckpt"
-checkpoint() { ctr tasks checkpoint --image-path "$WORK/ckpt/$2" "$1"; }
 replica_start ra
 replica_start rb
 timed checkpoint-a1 checkpoint ra a1
@@ -272,46 +76,14 @@ done
 [[ $DRIVER == double ]] && rm -rf "${FAKE:?}/vram"
 
 # --- images -----------------------------------------------------------------------------------
-# layout_layers LAYOUT: "digest size" of every distinct blob under the layout's top document
-# (configs and layers of every manifest), one a line.
-layout_blobs() {
-    local l=$1 top
-    top=$(jq -r '.manifests[0].digest' "$l/index.json" | cut -d: -f2)
-    local media
-    media=$(jq -r '.mediaType // ""' "$l/blobs/sha256/$top")
-    local manifests=("$top")
-    if [[ $media == *index* ]] || jq -e '.manifests' "$l/blobs/sha256/$top" >/dev/null 2>&1; then
-        mapfile -t manifests < <(jq -r '.manifests[].digest' "$l/blobs/sha256/$top" | cut -d: -f2)
-    fi
-    for m in "${manifests[@]}"; do
-        jq -r '(.config | "\(.digest) \(.size)"), (.layers[] | "\(.digest) \(.size)")' \
-            "$l/blobs/sha256/$m"
-    done | sort -u
-}
-layer_files() { # LAYOUT: layer blob paths in manifest order (for the plain write)
-    local l=$1 top m
-    top=$(jq -r '.manifests[0].digest' "$l/index.json" | cut -d: -f2)
-    if jq -e '.manifests' "$l/blobs/sha256/$top" >/dev/null 2>&1; then
-        m=$(jq -r '.manifests[0].digest' "$l/blobs/sha256/$top" | cut -d: -f2)
-    else
-        m=$top
-    fi
-    jq -r '.layers[].digest' "$l/blobs/sha256/$m" | cut -d: -f2 | sed "s|^|$l/blobs/sha256/|"
-}
-
 say "gpusnap image build"
 mkdir -p "$WORK/layouts"
 for c in a1 b1 a2; do
     # shellcheck disable=SC2086 # BUILD_ARGS: e.g. --classic for whole-file layers
     timed "build-$c" "$GPUSNAP" image build ${BUILD_ARGS:-} "$WORK/ckpt/$c" --layout "$WORK/layouts/$c" \
         -t "localhost/fleet/model:$c" --json
-    mapfile -t blobs < <(layout_blobs "$WORK/layouts/$c")
-    sum=0
-    for b in "${blobs[@]}"; do sum=$((sum + ${b#* })); done
-    record "image-$c" bytes "$sum"
-    record "image-$c" blobs "${#blobs[@]}"
+    record_image "image-$c" "$WORK/layouts/$c"
     record "layout-$c" dir "$(dbytes "$WORK/layouts/$c")"
-    echo "   $c: ${#blobs[@]} blobs, $sum bytes" >&2
     # The layout holds the checkpoint now: disk is what limits TOTAL_MIB.
     [[ ${KEEP_CKPT:-0} == 1 || ${DRY_RUN:-0} == 1 ]] || rm -rf "${WORK:?}/ckpt/$c"
 done
@@ -323,43 +95,6 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
     cat "$BYTES" "$RESULTS"
     exit 0
 fi
-
-# --- registry ---------------------------------------------------------------------------------
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 20000))
-        if ! ss -Hltn "sport = :$p" | grep -q .; then echo "$p"; return; fi
-    done
-}
-start_registry() { # NAME: storage under $WORK/reg-NAME; sets PORT, REG_DIR, REG_BLOBS
-    REG_DIR=$WORK/reg-$1
-    rm -rf "$REG_DIR"
-    mkdir -p "$REG_DIR/storage"
-    PORT=$(free_port)
-    cat >"$REG_DIR/config.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $REG_DIR/storage
-http:
-  addr: 127.0.0.1:$PORT
-EOF
-    "$REGISTRY_BIN" serve "$REG_DIR/config.yml" >>"$REG_DIR/registry.log" 2>&1 &
-    REG_PID=$!
-    REG_BLOBS=$REG_DIR/storage
-    for _ in $(seq 100); do
-        if curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1; then return; fi
-        sleep 0.1
-    done
-    echo "registry did not start:" >&2
-    cat "$REG_DIR/registry.log" >&2
-    exit 1
-}
 
 # --- push ------------------------------------------------------------------------------------
 push_gpusnap() { "$GPUSNAP" image push --plain-http --json "$WORK/layouts/$1" "127.0.0.1:$PORT/fleet/model:$1"; }
@@ -390,8 +125,7 @@ WARMUP=${WARMUP:-1}
 say "push a1, b1, a2 ($( ((WARMUP)) && echo 'warm-up, then ')$ROUNDS rounds)"
 if ((WARMUP)); then for s in "${SIDES[@]}"; do push_all "$s" warmup-; done; fi
 for r in $(seq "$ROUNDS"); do
-    if ((r % 2)); then order=("${SIDES[@]}"); else order=(); for ((i = ${#SIDES[@]} - 1; i >= 0; i--)); do order+=("${SIDES[i]}"); done; fi
-    for s in "${order[@]}"; do push_all "$s" ""; done
+    for s in $(side_order "$r" "${SIDES[@]}"); do push_all "$s" ""; done
 done
 
 # --- pull onto a second node --------------------------------------------------------------------
@@ -429,11 +163,6 @@ pull_skopeo() { # NODE IMAGE: into the node's one layout (skopeo reuses blobs it
 # Bytes a pull report says came over the network: the node-store CLI's transfer.moved_bytes,
 # else every byte it wrote (the CLI without a store downloads every blob).
 pull_reported() { jq -r '(.pull.transfer.moved_bytes // .pull.bytes // "nan")' "$STEP_OUT"; }
-verify_extracted() {
-    local status
-    status=$("$GPUSNAP" inspect "$1" --json | jq -r .validation.status)
-    [[ $status == complete ]] || { echo "pulled checkpoint $1: validation $status" >&2; exit 1; }
-}
 
 VERIFIED=0
 pull_one() { # SIDE NODE IMAGE LABEL
@@ -479,18 +208,12 @@ if ((WARMUP)); then
     plain_round warmup-
 fi
 for r in $(seq "$ROUNDS"); do
-    if ((r % 2)); then order=("${SIDES[@]}"); else order=(); for ((i = ${#SIDES[@]} - 1; i >= 0; i--)); do order+=("${SIDES[i]}"); done; fi
-    for s in "${order[@]}"; do pull_all "$s" ""; done
+    for s in $(side_order "$r" "${SIDES[@]}"); do pull_all "$s" ""; done
     plain_round ""
 done
 stop_registry
 
 # --- report ----------------------------------------------------------------------------------
-median_of() { sort -n | awk '{v[NR]=$1} END{if(NR==0){print "nan"} else if(NR%2){print v[(NR+1)/2]} else {printf "%.3f", (v[NR/2]+v[NR/2+1])/2}}'; }
-t_med() { awk -v l="$1" '$1==l{print $3}' "$RESULTS" | median_of; }       # seconds until synced
-b_med() { awk -v l="$1" -v k="$2" '$1==l && $2==k{print $3}' "$BYTES" | median_of; } # bytes
-mib() { awk -v b="$1" 'BEGIN{if(b=="nan"||b==""){print "—"} else printf "%.1f MiB", b/1048576}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a=="nan"||b=="nan"||b==0||a==""||b==""){print "—"} else printf "%.2f×", a/b}'; }
 frac8() { awk -v a="$1" -v t="$TOTAL_MIB" 'BEGIN{if(a=="nan"||a==""){print "—"} else printf "%.2f/8", a/(t*1048576)*8}'; }
 
 echo

@@ -26,6 +26,8 @@
 #                        bench2 = gpusnap vs reference benchmark (--bench2-* options)
 #                        posixbench = cuda/examples/posix_bench on a tmpfs
 #                        fleet = scripts/bench-fleet.sh with the real driver (tests/gpu/scenario-fleet.sh)
+#                        crypt = scripts/bench-crypt.sh with the real driver, and the decrypted
+#                          checkpoint restored (tests/gpu/scenario-crypt.sh)
 #   --bench LIST         benchmark sizes in MiB, e.g. 8192,32768 (default: none)
 #   --no-raw             benchmark gpusnap only (skip the by-hand driver API + criu baseline)
 #   --raw-mib N          smoke mode's raw cycle size (default 256)
@@ -63,6 +65,9 @@
 #   --fleet-mib N        fleet: device memory per replica (default 8192)
 #   --fleet-rounds N     fleet: counted rounds (default 1); --fleet-warmup 0|1 (default 0)
 #   --fleet-dir DIR      fleet: where images, registry and node stores go (default: the tmpfs)
+#   --crypt-mib N        crypt: device memory of the checkpoint (default 8192)
+#   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
+#                        --crypt-warmup 0|1 (default 0); --crypt-dir DIR (default: the tmpfs)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
 #   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz).
 # Exit status: 0 when every verification passed, 1 otherwise, 2 on a setup failure.
@@ -106,6 +111,10 @@ while (($#)); do
     --fleet-rounds) FLEET_ROUNDS=$2; shift ;;
     --fleet-warmup) FLEET_WARMUP=$2; shift ;;
     --fleet-dir) FLEET_DIR=$2; shift ;;
+    --crypt-mib) CRYPT_MIB=$2; shift ;;
+    --crypt-rounds) CRYPT_ROUNDS=$2; shift ;;
+    --crypt-warmup) CRYPT_WARMUP=$2; shift ;;
+    --crypt-dir) CRYPT_DIR=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -1065,6 +1074,8 @@ gpu_wait_free
 source "$REPO/tests/gpu/scenarios-more.sh"
 # shellcheck source=tests/gpu/scenario-fleet.sh
 source "$REPO/tests/gpu/scenario-fleet.sh"
+# shellcheck source=tests/gpu/scenario-crypt.sh
+source "$REPO/tests/gpu/scenario-crypt.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 7. Benchmark

@@ -12,26 +12,19 @@
 # Time: one 8 GiB round (3 checkpoints, builds, pushes and pulls on both sides) takes minutes;
 # the default is no warm-up and one round (--fleet-rounds, --fleet-warmup).
 
-if has fleet; then
-    fmib=${FLEET_MIB:-8192}
-    fdir=${FLEET_DIR:-$WORK/ramtmp/fleet}
-    say "fleet: scripts/bench-fleet.sh, $fmib MiB of device memory, ${FLEET_ROUNDS:-1} round(s), in $fdir"
-    missing=()
-    [[ -x $B/bin/docker-registry ]] || missing+=(docker-registry)
-    command -v jq >/dev/null || missing+=(jq)
-    command -v openssl >/dev/null || missing+=(openssl)
-    if ((${#missing[@]})); then
-        fail "fleet: not run: ${missing[*]} missing (the bundle carries docker-registry; jq and openssl come from the host)"
-    else
-        [[ -x $B/tools/skopeo ]] || note "fleet: no skopeo in the bundle: gpusnap's side only"
-        mkdir -p "$(dirname "$fdir")"
-        hooks=$WORK/fleet-hooks.sh
-        {
-            declare -p SOCK NS RT DEVICES NVLIB GPU_IMAGE INTERVAL CPU PRIVILEGED NET_HOST
-            declare -p GPU_EXTRA 2>/dev/null || echo 'GPU_EXTRA=()'
-            printf 'H200_WORK=%q\n' "$WORK"
-            declare -f now_ms gpu_run wl_count wl_wait | sed 's/\$WORK\b/$H200_WORK/g'
-            cat <<'EOF'
+
+# bench_gpu_hooks: the shell definitions scripts/lib/bench-replicas.sh takes from
+# FLEET_GPU_HOOKS with FLEET_DRIVER=gpu (this run's containerd, GPU container and workload), on
+# stdout. Also used by tests/gpu/scenario-crypt.sh.
+# The file is sourced inside a function there: `declare -g`, or the variables would be local.
+bench_gpu_hooks() {
+    {
+        declare -p SOCK NS RT DEVICES NVLIB GPU_IMAGE INTERVAL CPU PRIVILEGED NET_HOST
+        declare -p GPU_EXTRA 2>/dev/null || echo 'declare -a GPU_EXTRA=()'
+    } | sed 's/^declare -/declare -g -/'
+    printf 'H200_WORK=%q\n' "$WORK"
+    declare -f now_ms gpu_run wl_count wl_wait wl_bad | sed 's/\$WORK\b/$H200_WORK/g'
+    cat <<'EOF'
 ctr() { command ctr -a "$SOCK" -n "$NS" "$@"; }
 # fleet_gpu_start ID: gpu_verify --fleet holding TOTAL_MIB, verified twice before it counts as up.
 fleet_gpu_start() {
@@ -46,7 +39,23 @@ fleet_gpu_step() {
     wl_wait "$H200_WORK/gpu/log/$1.log" $((n + 1)) 60
 }
 EOF
-        } >"$hooks"
+}
+
+if has fleet; then
+    fmib=${FLEET_MIB:-8192}
+    fdir=${FLEET_DIR:-$WORK/ramtmp/fleet}
+    say "fleet: scripts/bench-fleet.sh, $fmib MiB of device memory, ${FLEET_ROUNDS:-1} round(s), in $fdir"
+    missing=()
+    [[ -x $B/bin/docker-registry ]] || missing+=(docker-registry)
+    command -v jq >/dev/null || missing+=(jq)
+    command -v openssl >/dev/null || missing+=(openssl)
+    if ((${#missing[@]})); then
+        fail "fleet: not run: ${missing[*]} missing (the bundle carries docker-registry; jq and openssl come from the host)"
+    else
+        [[ -x $B/tools/skopeo ]] || note "fleet: no skopeo in the bundle: gpusnap's side only"
+        mkdir -p "$(dirname "$fdir")"
+        hooks=$WORK/fleet-hooks.sh
+        bench_gpu_hooks >"$hooks"
         SKOPEO_B=""
         [[ -x $B/tools/skopeo ]] && SKOPEO_B=$B/tools/skopeo
         flog=$OUTDIR/fleet.txt
