@@ -85,9 +85,6 @@ fn build_push_pull_extract_round_trip() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&fx.archive),
             "--tag",
             &reference,
@@ -99,16 +96,17 @@ fn build_push_pull_extract_round_trip() {
     let built = json(&out);
     assert_eq!(built["image_name"], reference.as_str());
     assert_eq!(built["container_name"], "trainer");
+    // The default layout: the GPU state and page images travel as chunks in pack layers.
     let layers = built["layers"].as_array().unwrap();
-    let extent_layer = layers
+    assert!(
+        layers.iter().all(|l| l["gpu_extent"].is_null()),
+        "{built:#}"
+    );
+    let pack_layer = layers
         .iter()
-        .find(|l| {
-            l["gpu_extent"]
-                .as_str()
-                .is_some_and(|p| p.ends_with(GPU_EXTENT))
-        })
-        .unwrap_or_else(|| panic!("no GPU extent layer for {GPU_EXTENT}: {built:#}"));
-    let extent_digest = extent_layer["descriptor"]["digest"]
+        .find(|l| l["role"] == "chunk-pack")
+        .unwrap_or_else(|| panic!("no chunk pack layer: {built:#}"));
+    let pack_digest = pack_layer["descriptor"]["digest"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -118,7 +116,7 @@ fn build_push_pull_extract_round_trip() {
     let out = ok(None, &["inspect", s(&image)]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("OCI image"), "{text}");
-    assert!(text.contains("gpu-extent"), "{text}");
+    assert!(text.contains("chunk-pack"), "{text}");
     assert!(text.contains("container trainer"), "{text}");
     let info = json(&ok(None, &["inspect", s(&image), "--json"]));
     assert_eq!(info["checkpoint_name"], "trainer");
@@ -212,8 +210,60 @@ fn build_push_pull_extract_round_trip() {
     // (extract by pushing the pulled archive again is covered above; here just inspect)
     assert!(!dest3.exists());
 
-    // Tamper with the GPU extent blob in the registry's storage: pull fails naming it.
-    let blob = reg.blob_data(&extent_digest);
+    // The classic layout (`--classic`: one layer per GPU state file, no chunks) through the
+    // same door extracts to the same tree, times included.
+    let classic_ref = reg.image("ckpt/trainer:classic");
+    let classic = json(&ok(
+        None,
+        &[
+            "image",
+            "build",
+            "--classic",
+            s(&fx.archive),
+            "--tag",
+            &classic_ref,
+            "-o",
+            s(&w.join("classic.oci.tar")),
+            "--json",
+        ],
+    ));
+    let classic_layers = classic["layers"].as_array().unwrap();
+    assert!(
+        classic_layers.iter().any(|l| l["gpu_extent"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(GPU_EXTENT))),
+        "no GPU extent layer for {GPU_EXTENT}: {classic:#}"
+    );
+    assert!(classic_layers.iter().all(|l| l["role"] != "chunk-pack"));
+    let classic_image = w.join("classic.oci.tar");
+    ok(
+        None,
+        &[
+            "image",
+            "push",
+            s(&classic_image),
+            &classic_ref,
+            "--plain-http",
+        ],
+    );
+    let classic_dest = w.join("classic/ck");
+    fs::create_dir_all(classic_dest.parent().unwrap()).unwrap();
+    ok(
+        Some(&config),
+        &[
+            "image",
+            "pull",
+            &classic_ref,
+            "--plain-http",
+            "--extract",
+            s(&classic_dest),
+        ],
+    );
+    assert_same_tree_with_origin(&classic_dest, &fx.archive_root);
+    fs::remove_dir_all(w.join("classic")).unwrap();
+
+    // Tamper with a chunk pack blob in the registry's storage: pull fails naming it.
+    let blob = reg.blob_data(&pack_digest);
     let mut data = fs::read(&blob).unwrap();
     let mid = data.len() / 2;
     data[mid] ^= 0xff;
@@ -242,8 +292,8 @@ fn build_push_pull_extract_round_trip() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&extent_digest),
-        "error does not name {extent_digest}: {err}"
+        err.contains(&pack_digest),
+        "error does not name {pack_digest}: {err}"
     );
     assert!(err.contains("corrupt") || err.contains("bytes"), "{err}");
     assert!(
@@ -274,9 +324,6 @@ fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&cp),
             "--tag",
             "localhost/ckpt/plain:v1",
@@ -326,9 +373,6 @@ fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&cp),
             "-o",
             s(&w.join("bad.oci.tar")),

@@ -118,16 +118,7 @@ fn encrypted_images_through_tls_registry_and_skopeo() {
     let plain = w.join("plain");
     ok(
         None,
-        // Classic layouts: the extracted tree is compared with the archive, file times
-        // included, and chunk assembly writes the chunked files anew.
-        &[
-            "image",
-            "build",
-            s(&fx.archive),
-            "--classic",
-            "--layout",
-            s(&plain),
-        ],
+        &["image", "build", s(&fx.archive), "--layout", s(&plain)],
     );
     let enc = w.join("enc");
     let ec_spec = format!("jwe:{}", s(&ec_pub));
@@ -138,7 +129,6 @@ fn encrypted_images_through_tls_registry_and_skopeo() {
             "image",
             "build",
             s(&fx.archive),
-            "--classic",
             "--layout",
             s(&enc),
             "--encrypt-recipient",

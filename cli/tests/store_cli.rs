@@ -85,9 +85,6 @@ fn pulls_fetch_only_missing_blobs_and_pushes_upload_only_missing_ones() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&fx.archive),
             "-t",
             &ref_a,
@@ -101,9 +98,6 @@ fn pulls_fetch_only_missing_blobs_and_pushes_upload_only_missing_ones() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&fx.archive),
             "-t",
             &ref_b,
@@ -260,9 +254,6 @@ fn a_failed_pull_leaves_no_blob_in_the_store() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&fx.archive),
             "-t",
             &reference,
@@ -380,9 +371,6 @@ fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
         &[
             "image",
             "build",
-            // Classic: the extracted tree is compared with the archive, times included,
-            // and chunk assembly does not keep file times yet.
-            "--classic",
             s(&fx.archive),
             "-t",
             &reference,

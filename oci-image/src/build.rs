@@ -437,7 +437,8 @@ impl Assembler {
         };
         if let Some(c) = self.chunking.filter(|_| chunkable_name(&rel)) {
             let shown = self.source_path.join(&e.path);
-            let f = read_chunked(layout, c.chunk, &rel, size, &mut tee, reread, shown)?;
+            let mtime = e.meta.mtime;
+            let f = read_chunked(layout, c.chunk, &rel, size, mtime, &mut tee, reread, shown)?;
             self.chunked.push(f);
         } else if is_gpu_file(Path::new(&rel)) {
             let mut w = LayerWriter::create(layout)?;

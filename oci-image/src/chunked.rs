@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 
 use gpusnap_checkpoint::chunks::{
-    split, ChunkDigest, ChunkList, ChunkParams, ChunkRef, ChunkedFile, CHUNK_DIR,
+    split, ChunkDigest, ChunkList, ChunkParams, ChunkRef, ChunkedFile, CHUNK_DIR, MAX_MTIME,
 };
 
 use super::error::ImageError;
@@ -72,6 +72,8 @@ pub struct ChunkSummary {
 pub(crate) struct ChunkedSource {
     rel: String,
     size: u64,
+    /// The file's modification time from the source (what a classic image's tar entry carries).
+    mtime: u64,
     /// (digest, length, offset in the file)
     chunks: Vec<(ChunkDigest, u64, u64)>,
     reread: Reread,
@@ -82,12 +84,14 @@ pub(crate) struct ChunkedSource {
 
 /// Splits `data` (the file `rel`, `size` bytes) into chunks as it streams past. Without a way
 /// to read it again (a compressed archive) its bytes are spooled into the layout's scratch
-/// directory.
+/// directory. `mtime` is the file's modification time in the source, kept in the chunk list.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_chunked(
     layout: &mut LayoutWriter,
     params: ChunkParams,
     rel: &str,
     size: u64,
+    mtime: u64,
     data: &mut dyn Read,
     reread: Option<Reread>,
     shown: PathBuf,
@@ -136,6 +140,7 @@ pub(crate) fn read_chunked(
     Ok(ChunkedSource {
         rel: rel.to_owned(),
         size,
+        mtime,
         chunks,
         reread,
         stamp,
@@ -293,6 +298,9 @@ pub(crate) fn write_packs(
             .map(|f| ChunkedFile {
                 path: f.rel,
                 size: f.size,
+                // Assembly refuses a time past MAX_MTIME (year 9999); a source file that claims
+                // one gets the latest accepted instead of an image no door would restore.
+                mtime: Some(f.mtime.min(MAX_MTIME)),
                 chunks: f.chunks.iter().map(|&(d, l, _)| ChunkRef(d, l)).collect(),
             })
             .collect(),

@@ -64,7 +64,7 @@
 //! |---|---|
 //! | `metadata` | as above |
 //! | `criu-images` | as above, without the chunked files, plus the directory `checkpoint/.gpusnap-chunks/` |
-//! | `chunk-list` | `checkpoint/gpusnap-chunks.json`: for each chunked file its size and ordered `(sha256, length)` chunks |
+//! | `chunk-list` | `checkpoint/gpusnap-chunks.json`: for each chunked file its size, modification time and ordered `(sha256, length)` chunks |
 //! | `rootfs-diff` | as above |
 //! | `chunk-pack` | chunk files `checkpoint/.gpusnap-chunks/<sha256 hex>`, each distinct chunk of the image once; annotated `io.gpusnap.chunk.count` |
 //! | `gpusnap-manifest` | as above, last |
@@ -81,12 +81,18 @@
 //!
 //! **Assembly.** Every door turns the chunks back into the flat checkpoint directory before
 //! anything reads it, with [`gpusnap_checkpoint::chunks::assemble`]: [`extract`] and `gpusnap
-//! image pull --extract` on their staging tree (the result is byte for byte what the classic
-//! layout gives, with no chunk left); the restore transaction on the directory a runtime hands
+//! image pull --extract` on their staging tree (the result is what the classic layout gives,
+//! byte for byte and time for time, with no chunk left); the restore transaction on the
+//! directory a runtime hands
 //! it — containerd's CRI restore from the image (it copies the mounted union), CRI-O's, and
 //! Podman's import through gpusnap-runc — under an exclusive lock on the directory. Every
 //! assembled file is checked against the sealed gpusnap manifest before it is renamed into
-//! place; a hostile list or chunk is refused with nothing assembled left behind.
+//! place; a hostile list or chunk is refused with nothing assembled left behind. Times are
+//! kept: each assembled file gets the modification time the list records (whole seconds, the
+//! precision of the classic layout's tar headers), and the checkpoint directory keeps the times
+//! it had before assembly created and removed entries in it (extract has set the image's time
+//! on it by then; a runtime's copy keeps what that runtime set). A list of the first format,
+//! which records no times, still assembles, with files timed at assembly.
 //!
 //! **Which door takes which.** Every gpusnap door takes both layouts: `pull --extract` +
 //! `restore-from`, CRI restore from the image through containerd or CRI-O with gpusnap as the

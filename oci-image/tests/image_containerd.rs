@@ -7,7 +7,8 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
 
-use gpusnap_oci_image::{self as image, keys, BuildOptions};
+use gpusnap_checkpoint::chunks::CHUNK_LIST_FILE;
+use gpusnap_oci_image::{self as image, keys, BuildOptions, Chunking, CHECKPOINT_DIR};
 use gpusnap_testkit::cmd::{require_root, run_ok};
 use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::{Rig, RigOptions};
@@ -56,26 +57,40 @@ fn chain_id(diff_ids: &[String]) -> String {
 #[test]
 fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
     let fx = fixture();
-    let archive = fx.work.path().join("image.oci.tar");
+    let cd = containerd();
+    // The default chunked layout, then the classic one (`chunking: None`), into one containerd
+    // under two names.
+    for (chunking, name) in [
+        (Some(Chunking::default()), "localhost/ckpt/chunked:v1"),
+        (None, "localhost/ckpt/classic:v1"),
+    ] {
+        import_and_view(&cd, &fx, chunking, name);
+    }
+}
+
+fn import_and_view(cd: &Rig, fx: &Fixture, chunking: Option<Chunking>, name: &str) {
+    let tag = if chunking.is_some() {
+        "chunked"
+    } else {
+        "classic"
+    };
+    let archive = fx.work.path().join(format!("{tag}.oci.tar"));
     let built = image::build(
         &fx.archive,
         &BuildOptions {
             archive_path: Some(archive.clone()),
-            // The classic layout: the union is compared with the archive file by file (a
-            // chunked image's union holds chunks that restore assembles; tests/tests/cri.rs
-            // restores one through this door).
-            chunking: None,
+            image_name: Some(name.to_owned()),
+            chunking,
             ..Default::default()
         },
     )
     .unwrap();
-    let cd = containerd();
 
     // Import (unpacking into the default snapshotter, as a CRI pull would).
-    ctr(&cd, &["images", "import", archive.to_str().unwrap()]);
+    ctr(cd, &["images", "import", archive.to_str().unwrap()]);
 
     // `ctr images ls`: our name, an OCI index as target type, the index digest.
-    let ls = ctr(&cd, &["images", "ls"]);
+    let ls = ctr(cd, &["images", "ls"]);
     let row = ls
         .lines()
         .find(|l| l.split_whitespace().next() == Some(built.image_name.as_str()))
@@ -87,14 +102,14 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
     // containerd's checkIfCheckpointOCIImage reads the target blob and looks for the
     // annotation; do the same through `ctr content get`.
     let target: Value =
-        serde_json::from_str(&ctr(&cd, &["content", "get", built.index_digest.as_str()])).unwrap();
+        serde_json::from_str(&ctr(cd, &["content", "get", built.index_digest.as_str()])).unwrap();
     assert_eq!(
         target["annotations"][keys::CRIU_CONTAINER_NAME],
         CONTAINER_NAME,
         "{target}"
     );
     let manifest: Value = serde_json::from_str(&ctr(
-        &cd,
+        cd,
         &["content", "get", built.manifest_digest.as_str()],
     ))
     .unwrap();
@@ -107,7 +122,7 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
         CONTAINER_NAME
     );
     // Every layer reached the content store.
-    let content = ctr(&cd, &["content", "ls", "-q"]);
+    let content = ctr(cd, &["content", "ls", "-q"]);
     for l in &built.layers {
         assert!(
             content.lines().any(|d| d == l.descriptor.digest.as_str()),
@@ -121,7 +136,7 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
     // root and the whole archive must be there, GPU extents included.
     let diff_ids: Vec<String> = built.layers.iter().map(|l| l.diff_id.to_string()).collect();
     let chain = chain_id(&diff_ids);
-    let snaps = ctr(&cd, &["snapshots", "ls"]);
+    let snaps = ctr(cd, &["snapshots", "ls"]);
     assert!(
         snaps
             .lines()
@@ -129,8 +144,14 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
         "image not unpacked: chain {chain} missing from\n{snaps}"
     );
     let mounts: Value = serde_json::from_str(&ctr(
-        &cd,
-        &["snapshots", "view", "--mounts", "gpusnap-view", &chain],
+        cd,
+        &[
+            "snapshots",
+            "view",
+            "--mounts",
+            &format!("gpusnap-{tag}-view"),
+            &chain,
+        ],
     ))
     .unwrap();
     let m = &mounts[0];
@@ -140,7 +161,7 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
             .or_else(|| m.get(k.to_lowercase()))
             .unwrap_or_else(|| panic!("no {k} in {mounts}"))
     };
-    let target_dir = fx.work.path().join("view");
+    let target_dir = fx.work.path().join(format!("{tag}-view"));
     fs::create_dir(&target_dir).unwrap();
     let opts: Vec<&str> = field("Options")
         .as_array()
@@ -175,8 +196,35 @@ fn ctr_import_names_the_image_and_unpacks_the_archive_at_the_snapshot_root() {
             })
             .collect::<std::collections::BTreeMap<_, _>>()
     };
+    if chunking.is_none() {
+        assert_eq!(
+            strip_dir_mtime(tree(&target_dir)),
+            strip_dir_mtime(tree(&fx.archive_root))
+        );
+        return;
+    }
+    // A chunked image's union holds the chunks and their list in place of the large files.
+    // Assembled the way the restore transaction does it (in the runtime's copy of the
+    // checkpoint directory, copied here with times kept), it is the archive: same files, bytes,
+    // modes and file times, and the directories' times as the snapshot had them.
+    let cp = CHECKPOINT_DIR;
+    assert!(target_dir.join(cp).join(CHUNK_LIST_FILE).is_file());
+    assert!(!target_dir.join(cp).join(GPU_EXTENTS[1]).exists());
+    let copy = fx.work.path().join(format!("{tag}-copy"));
+    run_ok(Command::new("cp").arg("-a").arg(&target_dir).arg(&copy));
+    let before = tree(&copy);
+    let done = gpusnap_checkpoint::chunks::assemble(&copy.join(cp))
+        .unwrap()
+        .expect("a chunked checkpoint");
+    assert!(done.files >= 3, "{done:?}");
     assert_eq!(
-        strip_dir_mtime(tree(&target_dir)),
+        tree(&copy)[cp],
+        before[cp],
+        "assembly changed the checkpoint directory's times"
+    );
+    assert_eq!(
+        strip_dir_mtime(tree(&copy)),
         strip_dir_mtime(tree(&fx.archive_root))
     );
+    fs::remove_dir_all(&copy).unwrap();
 }

@@ -163,6 +163,7 @@ fn chunkify(dir: &Path, edit: impl FnOnce(&Path, &mut gpusnap_checkpoint::chunks
     let mut list = ChunkList::new(vec![ChunkedFile {
         path: "pages-1.img".into(),
         size: bytes.len() as u64,
+        mtime: Some(1_772_359_200),
         chunks,
     }]);
     edit(dir, &mut list);

@@ -5,7 +5,9 @@
 //! → free space → one hidden temporary file per chunked file (O_EXCL, 0600, sparse)
 //! → chunks read on all cores, each SHA-256-checked, written at its offset (zeros: a hole)
 //! → every temporary file hashed against the manifest's BLAKE3 pieces (all cores)
+//! → its mode (0600) and the list's modification time set through its descriptor
 //! → renamed to its name (which must not exist) → chunk list and chunk directory removed
+//! → the checkpoint directory's own times put back as they were before assembly
 //! ```
 //! Any failure removes the temporary and already renamed files: nothing assembled is left.
 
@@ -225,6 +227,42 @@ pub fn assemble_at(
         });
     }
 
+    // The checkpoint directory's times as assembly found it, put back once assembly is done
+    // (or undone): creating, renaming and removing entries in it is gpusnap's business, not a
+    // change of the checkpoint. These times, not one in the chunk list, are the ones to keep:
+    // the image already carries the directory's time in its own tar entry, and each door has
+    // applied it (or not) before assembly runs — extract (oci-image's `extract`, `gpusnap
+    // image pull --extract`) restores the recorded directory times and then assembles; the restore
+    // transaction gets the directory a runtime unpacked (containerd's applier, CRI-O's or
+    // Podman's import), with the times that runtime kept, and must not make them differ from
+    // a classic image's. A second copy in the list could only disagree with the first.
+    let dir_times = rfs::fstat(dir)
+        .map(|st| rfs::Timestamps {
+            last_access: rfs::Timespec {
+                tv_sec: st.st_atime as _,
+                tv_nsec: st.st_atime_nsec as _,
+            },
+            last_modification: rfs::Timespec {
+                tv_sec: st.st_mtime as _,
+                tv_nsec: st.st_mtime_nsec as _,
+            },
+        })
+        .map_err(|e| ChunkError::Io {
+            path: shown.to_path_buf(),
+            source: e.into(),
+        })?;
+    let restore_dir_times = || {
+        if let Err(e) = rfs::futimens(dir, &dir_times) {
+            // The assembled files are complete and verified, and the chunks may be gone:
+            // a time not put back is no reason to lose the checkpoint.
+            tracing::warn!(
+                dir = %shown.display(),
+                error = %e,
+                "could not put back the checkpoint directory's times after assembly"
+            );
+        }
+    };
+
     let mut work = Work {
         dir,
         shown,
@@ -244,11 +282,13 @@ pub fn assemble_at(
                 );
             if let Err(source) = removed {
                 work.undo();
+                restore_dir_times();
                 return Err(ChunkError::Io {
                     path: shown.join(CHUNK_DIR),
                     source,
                 });
             }
+            restore_dir_times();
             done.distinct_chunks = list.distinct().len();
             tracing::info!(
                 dir = %shown.display(),
@@ -263,6 +303,7 @@ pub fn assemble_at(
         }
         Err(e) => {
             work.undo();
+            restore_dir_times();
             Err(e)
         }
     }
@@ -388,6 +429,23 @@ impl Work<'_> {
         for (f, out) in list.files.iter().zip(&outputs) {
             rfs::fchmod(out, Mode::from_raw_mode(0o600))
                 .map_err(|e| self.io(OsStr::new(&f.path))(e.into()))?;
+            // The time the image carries for the file, set after its last write, through the
+            // descriptor (the name is a temporary one beneath the directory until the rename,
+            // which keeps it). The access time is left alone, as extract leaves it.
+            if let Some(mtime) = f.mtime {
+                let times = rfs::Timestamps {
+                    last_access: rfs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rfs::UTIME_OMIT,
+                    },
+                    last_modification: rfs::Timespec {
+                        // Checked against MAX_MTIME when the list was parsed.
+                        tv_sec: mtime as _,
+                        tv_nsec: 0,
+                    },
+                };
+                rfs::futimens(out, &times).map_err(|e| self.io(OsStr::new(&f.path))(e.into()))?;
+            }
         }
         drop(outputs);
         for f in &list.files {
@@ -568,7 +626,34 @@ mod tests {
             .collect()
     }
 
-    /// A sealed checkpoint whose page image and GPU file are then turned into chunks.
+    /// The checkpoint's files' modification times (whole seconds, as images carry them).
+    const FILE_MTIMES: [(&str, u64); 2] = [
+        ("pages-1.img", 1_700_000_001),
+        ("gpusnap-gpu-device-0000.bin", 1_700_000_002),
+    ];
+    /// The checkpoint directory's times, with nanoseconds (a runtime's copy may have them).
+    const DIR_ATIME: (i64, i64) = (1_600_000_000, 111_111_111);
+    const DIR_MTIME: (i64, i64) = (1_650_000_000, 123_456_789);
+
+    fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+        let f = File::open(path).unwrap();
+        let ts = |(tv_sec, tv_nsec)| rfs::Timespec { tv_sec, tv_nsec };
+        let times = rfs::Timestamps {
+            last_access: ts(atime),
+            last_modification: ts(mtime),
+        };
+        rfs::futimens(&f, &times).unwrap();
+    }
+
+    /// (atime, mtime) with nanoseconds.
+    fn times_of(path: &Path) -> ((i64, i64), (i64, i64)) {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).unwrap();
+        ((m.atime(), m.atime_nsec()), (m.mtime(), m.mtime_nsec()))
+    }
+
+    /// A sealed checkpoint whose page image and GPU file are then turned into chunks; the
+    /// files' times are [`FILE_MTIMES`] and the directory's [`DIR_ATIME`] and [`DIR_MTIME`].
     fn chunked() -> (tempfile::TempDir, ChunkList) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
@@ -581,7 +666,8 @@ mod tests {
         seal_checkpoint(p, Manifest::new("ctr1", CriuFlags::default())).unwrap();
         fs::create_dir(p.join(CHUNK_DIR)).unwrap();
         let mut files = Vec::new();
-        for name in ["pages-1.img", "gpusnap-gpu-device-0000.bin"] {
+        for (name, mtime) in FILE_MTIMES {
+            set_times(&p.join(name), (mtime as i64, 0), (mtime as i64, 0));
             let bytes = fs::read(p.join(name)).unwrap();
             let mut chunks = Vec::new();
             split(&mut bytes.as_slice(), P, &mut |c| {
@@ -595,11 +681,13 @@ mod tests {
             files.push(ChunkedFile {
                 path: name.into(),
                 size: bytes.len() as u64,
+                mtime: Some(mtime),
                 chunks,
             });
         }
         let list = ChunkList::new(files);
         fs::write(p.join(CHUNK_LIST_FILE), list.to_bytes()).unwrap();
+        set_times(p, DIR_ATIME, DIR_MTIME);
         (dir, list)
     }
 
@@ -637,6 +725,45 @@ mod tests {
         // Not chunked any more: nothing to do.
         assert!(!is_chunked(dir.path()).unwrap());
         assert_eq!(assemble(dir.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn assembled_files_and_the_directory_keep_their_times() {
+        let (dir, _) = chunked();
+        assemble(dir.path()).unwrap().unwrap();
+        for (name, mtime) in FILE_MTIMES {
+            assert_eq!(
+                times_of(&dir.path().join(name)).1,
+                (mtime as i64, 0),
+                "{name}: the modification time the chunk list carries"
+            );
+        }
+        assert_eq!(
+            times_of(dir.path()),
+            (DIR_ATIME, DIR_MTIME),
+            "the directory's times as assembly found them"
+        );
+    }
+
+    #[test]
+    fn format_1_lists_assemble_with_the_time_of_assembly() {
+        let (dir, mut list) = chunked();
+        list.format_version = 1;
+        for f in &mut list.files {
+            f.mtime = None;
+        }
+        write_list(dir.path(), &list);
+        set_times(dir.path(), DIR_ATIME, DIR_MTIME);
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assemble(dir.path()).unwrap().unwrap();
+        for (name, _) in FILE_MTIMES {
+            assert!(times_of(&dir.path().join(name)).1 .0 >= before, "{name}");
+        }
+        assert_eq!(times_of(dir.path()), (DIR_ATIME, DIR_MTIME));
+        crate::validate_for_restore(dir.path()).unwrap();
     }
 
     #[test]
@@ -722,8 +849,14 @@ mod tests {
             let (dir, mut list) = chunked();
             tamper(dir.path(), &mut list);
             write_list(dir.path(), &list);
+            set_times(dir.path(), DIR_ATIME, DIR_MTIME);
             let err = assemble(dir.path()).expect_err(what).to_string();
             assert!(err.contains(want), "{what}: {err}");
+            assert_eq!(
+                times_of(dir.path()),
+                (DIR_ATIME, DIR_MTIME),
+                "{what}: the directory's times after a refusal"
+            );
             if *what != "also present whole" {
                 nothing_left(dir.path());
             }

@@ -4,7 +4,7 @@
 //! `gpusnap-gpu-*`) as content-defined chunks (FastCDC), each stored once as
 //! `<checkpoint>/.gpusnap-chunks/<sha256 hex>`, plus a chunk list
 //! `<checkpoint>/gpusnap-chunks.json` that says, for every chunked file, its size and its ordered
-//! `(digest, length)` chunks. Identical chunks — a zero region inside one checkpoint, the same
+//! `(digest, length)` chunks, and (format 2) its modification time. Identical chunks — a zero region inside one checkpoint, the same
 //! weights in two replicas — are therefore stored and moved once (see the oci-image crate docs
 //! for how chunks are grouped into layers).
 //!
@@ -49,8 +49,16 @@ pub const CHUNK_DIR: &str = ".gpusnap-chunks";
 pub const CHUNK_LIST_FILE: &str = "gpusnap-chunks.json";
 /// `kind` of a chunk list.
 pub const CHUNK_LIST_KIND: &str = "gpusnap-chunks";
-/// The chunk list format this gpusnap reads and writes.
-pub const CHUNK_LIST_FORMAT: u32 = 1;
+/// The chunk list format this gpusnap writes. Format 2 added each file's modification time
+/// (`mtime`, required); format 1 lists, which have none, are still read (their files keep the
+/// time of assembly). A gpusnap that reads only format 1 refuses a format 2 list by its
+/// version, naming the release to use, rather than by an unknown field.
+pub const CHUNK_LIST_FORMAT: u32 = 2;
+/// The chunk list formats this gpusnap reads.
+pub const CHUNK_LIST_FORMATS_READ: [u32; 2] = [1, CHUNK_LIST_FORMAT];
+/// Latest modification time accepted in a chunk list, in seconds since the epoch
+/// (9999-12-31T23:59:59Z): far past any real file, and well inside what a `timespec` holds.
+pub const MAX_MTIME: u64 = 253_402_300_799;
 /// Largest chunk list read (one entry is about 80 bytes: 64 MiB covers ~800k chunks).
 pub const MAX_CHUNK_LIST_BYTES: u64 = 64 << 20;
 /// Most chunked files in one list.
@@ -136,6 +144,12 @@ pub struct ChunkedFile {
     /// A plain name directly in the checkpoint directory, as in the manifest's inventory.
     pub path: String,
     pub size: u64,
+    /// Modification time in whole seconds since the epoch, as the build read it: the precision
+    /// of the classic layout, whose tar headers (GNU, no PAX times) carry whole seconds and
+    /// whose extraction sets them with nanoseconds 0. Assembly sets it on the assembled file.
+    /// Required from format 2 on, absent in format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime: Option<u64>,
     /// In file order; a digest may repeat (a zero region).
     pub chunks: Vec<ChunkRef>,
 }
@@ -184,10 +198,10 @@ impl ChunkList {
             ));
         }
         let version = value.get("format_version").and_then(|v| v.as_u64());
-        if version != Some(u64::from(CHUNK_LIST_FORMAT)) {
+        if !version.is_some_and(|v| CHUNK_LIST_FORMATS_READ.iter().any(|f| u64::from(*f) == v)) {
             return Err(format!(
-                "format_version {version:?} is not {CHUNK_LIST_FORMAT}: use the gpusnap release \
-                 that built the image, or rebuild it with this one"
+                "format_version {version:?} is not one of {CHUNK_LIST_FORMATS_READ:?}: use the \
+                 gpusnap release that built the image, or rebuild it with this one"
             ));
         }
         let list: ChunkList = serde_json::from_value(value).map_err(|e| e.to_string())?;
@@ -214,6 +228,23 @@ impl ChunkList {
             }
             if !seen.insert(f.path.as_str()) {
                 return Err(format!("{:?} is listed twice", f.path));
+            }
+            match (self.format_version, f.mtime) {
+                (1, None) => {}
+                (1, Some(_)) => {
+                    return Err(format!(
+                        "{}: an mtime in a format 1 list, which has none",
+                        f.path
+                    ))
+                }
+                (_, None) => return Err(format!("{}: no mtime", f.path)),
+                (_, Some(t)) if t > MAX_MTIME => {
+                    return Err(format!(
+                        "{}: mtime {t} is past the latest accepted, {MAX_MTIME}",
+                        f.path
+                    ))
+                }
+                (_, Some(_)) => {}
             }
             total = total.saturating_add(f.chunks.len());
             if total > MAX_CHUNKS {
@@ -375,6 +406,7 @@ mod tests {
         ChunkedFile {
             path: path.into(),
             size: chunks.iter().map(|c| c.1).sum(),
+            mtime: Some(1_772_359_200),
             chunks: chunks
                 .iter()
                 .map(|(b, n)| ChunkRef(ChunkDigest::of(b), *n))
@@ -455,6 +487,36 @@ mod tests {
             "hex",
         );
         refused(vec![b' '; MAX_CHUNK_LIST_BYTES as usize + 1], "limit");
+        let mut f = one("pages-1.img", &[(b"a", 1)]);
+        f.mtime = None;
+        refused(list(vec![f]), "no mtime");
+        let mut f = one("pages-1.img", &[(b"a", 1)]);
+        f.mtime = Some(MAX_MTIME + 1);
+        refused(list(vec![f]), "past the latest accepted");
+        let a = ChunkDigest::of(b"a");
+        refused(
+            format!(r#"{{"kind":"gpusnap-chunks","format_version":2,"files":[{{"path":"pages-1.img","size":1,"mtime":-1,"chunks":[["{a}",1]]}}]}}"#).into_bytes(),
+            "invalid value",
+        );
+        refused(
+            format!(r#"{{"kind":"gpusnap-chunks","format_version":1,"files":[{{"path":"pages-1.img","size":1,"mtime":5,"chunks":[["{a}",1]]}}]}}"#).into_bytes(),
+            "format 1",
+        );
+    }
+
+    #[test]
+    fn format_1_lists_without_times_are_still_read() {
+        let a = ChunkDigest::of(b"a");
+        let l = ChunkList::parse(
+            format!(r#"{{"kind":"gpusnap-chunks","format_version":1,"files":[{{"path":"pages-1.img","size":1,"chunks":[["{a}",1]]}}]}}"#).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(l.files[0].mtime, None);
+        // What this gpusnap writes: format 2, every file with its time.
+        let bytes = list(vec![one("pages-1.img", &[(b"a", 1)])]);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["format_version"], 2);
+        assert_eq!(v["files"][0]["mtime"], 1_772_359_200u64);
     }
 
     #[test]
