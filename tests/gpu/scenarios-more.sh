@@ -773,30 +773,32 @@ bench2_side() {
         return 1
     fi
     info "bench2 $id: up in $(($(now_ms) - t0)) ms"
-    # (i) ctr t checkpoint --image-path, leave running
-    m0=$(WL mark "$log")
-    log_mark
-    t0=$(now_ms)
-    tctr 600 tasks checkpoint --image-path "$dir" "$id" >/dev/null
-    rc=$?
-    if ((rc == 0)); then
-        ck_i=$(($(now_ms) - t0))
-        sh_i=$(shim_fields 'checkpoint sealed')
-        [[ -f $dir/gpusnap-manifest.json ]] && mf_i=$(manifest_phases "$dir/gpusnap-manifest.json")
-        info "bench2 $id (i): $ck_i ms, image $(du -sb "$dir" 2>/dev/null | cut -f1) bytes ${sh_i:+(shim: $sh_i)}"
-    else
-        fails+=("(i) ctr t checkpoint --image-path rc $rc")
-        fail "bench2 $id (i): ctr t checkpoint --image-path failed (rc $rc)"
-    fi
-    rm -rf "$dir"
-    for im in $(ctr images ls -q | grep '^containerd.io/checkpoint/'); do ctr images rm --sync "$im" >/dev/null 2>&1; done
-    m1=$(WL mark "$log")
-    if WL wait "$log" "$m1" 3 "$procs" 60 >/dev/null; then
-        wl_report < <(WL alive "$log" "bench2 $id (i)" "$m0" "$procs")
-        st_i=$(WL gap "$log" "$m0" "$(WL mark "$log")" "$procs")
-    else
-        fails+=("(i) workload stalled")
-        fail "bench2 $id (i): the workload stalled after the checkpoint"
+    # (i) ctr t checkpoint --image-path, leave running (only when named in --bench2-cases)
+    if b2_case i; then
+        m0=$(WL mark "$log")
+        log_mark
+        t0=$(now_ms)
+        tctr 600 tasks checkpoint --image-path "$dir" "$id" >/dev/null
+        rc=$?
+        if ((rc == 0)); then
+            ck_i=$(($(now_ms) - t0))
+            sh_i=$(shim_fields 'checkpoint sealed')
+            [[ -f $dir/gpusnap-manifest.json ]] && mf_i=$(manifest_phases "$dir/gpusnap-manifest.json")
+            info "bench2 $id (i): $ck_i ms, image $(du -sb "$dir" 2>/dev/null | cut -f1) bytes ${sh_i:+(shim: $sh_i)}"
+        else
+            fails+=("(i) ctr t checkpoint --image-path rc $rc")
+            fail "bench2 $id (i): ctr t checkpoint --image-path failed (rc $rc)"
+        fi
+        rm -rf "$dir"
+        for im in $(ctr images ls -q | grep '^containerd.io/checkpoint/'); do ctr images rm --sync "$im" >/dev/null 2>&1; done
+        m1=$(WL mark "$log")
+        if WL wait "$log" "$m1" 3 "$procs" 60 >/dev/null; then
+            wl_report < <(WL alive "$log" "bench2 $id (i)" "$m0" "$procs")
+            st_i=$(WL gap "$log" "$m0" "$(WL mark "$log")" "$procs")
+        else
+            fails+=("(i) workload stalled")
+            fail "bench2 $id (i): the workload stalled after the checkpoint"
+        fi
     fi
     # (ii) ctr c checkpoint --task
     if b2_case ii; then
