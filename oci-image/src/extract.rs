@@ -887,7 +887,13 @@ fn unpack_tar(
                 "a name only gpusnap writes (its origin record or a temporary file); refused",
             ));
         }
-        let mtime = entry.header().mtime().unwrap_or(0);
+        // A tar header can carry an mtime past what SystemTime holds (adding it would panic);
+        // times are clamped to the end of year 9999, the chunk list's cap too.
+        let mtime = entry
+            .header()
+            .mtime()
+            .unwrap_or(0)
+            .min(gpusnap_checkpoint::chunks::MAX_MTIME);
         let rel = Path::new(&name);
         let (parent, last) =
             beneath::parent_of(root, rel, Some(0o700)).map_err(|e| at_error(location, &name, e))?;

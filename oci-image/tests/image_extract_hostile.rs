@@ -407,3 +407,41 @@ fn benign_layers_get_private_modes_and_inside_symlinks_are_data() {
         0o700
     );
 }
+
+/// An mtime past what the system clock type holds (a GNU header's base-256 field can carry
+/// one) must not crash extraction: times are clamped. The image has no gpusnap manifest, so
+/// extract ends with that refusal after every entry was applied.
+#[test]
+fn absurd_entry_times_are_clamped_not_a_crash() {
+    let top = tempfile::tempdir().unwrap();
+    let layout = top.path().join("image");
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, data) in [
+        ("checkpoint", tar::EntryType::Directory, &b""[..]),
+        (
+            "checkpoint/pages-1.img",
+            tar::EntryType::Regular,
+            &b"pages"[..],
+        ),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(name).unwrap();
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(u64::MAX);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+    hostile_image(&layout, &[(b.into_inner().unwrap(), false)]);
+    let dest = top.path().join("ck");
+    let seed = OriginSeed {
+        source: "absurd-times".into(),
+        pinned: false,
+        signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
+    };
+    let err =
+        image::extract_with(&layout, None, &dest, &seed, &ExtractOptions::default()).unwrap_err();
+    assert!(matches!(err, ImageError::ManifestMissing { .. }), "{err}");
+    assert!(!dest.exists());
+}
