@@ -31,8 +31,10 @@
 #   libexec/criu                     $RIG/bin/criu (CRIU 4.2.x built from Debian sid's source)
 #   lib/criu/*.so*                   every non-glibc library criu needs (ldd), for Ubuntu 24.04
 #   lib/runc/libseccomp.so.2
-#   tools/ip (+ libexec/ip, lib/ip)  iproute2's ip, used by CRIU to dump/restore a network
-#                                    namespace's routes; only used if the device has no `ip`
+#   tools/{ip,ss,jq,skopeo}          this machine's tools (+ libexec/NAME, lib/NAME), used only
+#                                    where the device lacks them: ip for CRIU's network
+#                                    namespace dump/restore, jq and ss for the fleet and crypt
+#                                    benchmarks, skopeo for the fleet benchmark's comparison
 #   images/busybox.oci.tar           docker.io/gpusnap/busybox:test (CPU smoke)
 #   images/pause.oci.tar             docker.io/gpusnap/pause:test (CRI sandbox image)
 #   images/gpu-base.oci.tar          docker.io/gpusnap/gpu-base:test: the busybox rootfs plus
@@ -223,6 +225,18 @@ trap 'rm -rf "$STAGE"' EXIT
 B=$STAGE/gpusnap-gpu
 mkdir -p "$B"/{bin,libexec,lib/criu,lib/runc,lib/ip,tools,images,plugins/cuda}
 
+# carry_tool NAME: this machine's NAME as tools/NAME, a wrapper running libexec/NAME with its
+# libraries from lib/NAME (nothing when this machine lacks it).
+carry_tool() {
+    local src
+    src=$(command -v "$1" || true)
+    [[ -n $src ]] || { log "host tool $1: not here, not carried"; return 0; }
+    mkdir -p "$B/lib/$1"
+    install -m 0755 "$src" "$B/libexec/$1"
+    copy_libs "$src" "$B/lib/$1"
+    printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/..\nLD_LIBRARY_PATH="$d/lib/%s" exec "$d/libexec/%s" "$@"\n' "$1" "$1" >"$B/tools/$1"
+    chmod 0755 "$B/tools/$1"
+}
 # copy_libs BINARY DEST: every resolved shared library of BINARY except glibc's own.
 copy_libs() {
     local bin=$1 dest=$2 lib base
@@ -264,18 +278,9 @@ fi
 for b in containerd ctr; do install -m 0755 "$RIG/bin/$b" "$B/bin/$b"; done
 # The fleet scenario's registry and skopeo (Debian's; optional: the scenario says what is missing).
 [[ -x /usr/bin/docker-registry ]] && install -m 0755 /usr/bin/docker-registry "$B/bin/docker-registry"
-SKOPEO_SRC=$(command -v skopeo || true)
-if [[ -n $SKOPEO_SRC ]]; then
-    mkdir -p "$B/lib/skopeo"
-    install -m 0755 "$SKOPEO_SRC" "$B/libexec/skopeo"
-    copy_libs "$SKOPEO_SRC" "$B/lib/skopeo"
-    cat >"$B/tools/skopeo" <<'EOF'
-#!/bin/sh
-d=$(dirname "$(readlink -f "$0")")/..
-LD_LIBRARY_PATH="$d/lib/skopeo" exec "$d/libexec/skopeo" "$@"
-EOF
-    chmod 0755 "$B/tools/skopeo"
-fi
+# Host tools the scenarios use, carried as fallbacks (run-h200.sh puts tools/ LAST on PATH, so
+# the device's own win): skopeo (fleet), jq and ss (fleet, crypt), ip (CRIU's network dump).
+for t in skopeo jq ss ip; do carry_tool "$t"; done
 ((RUNC_SHIM)) && install -m 0755 "$RIG/bin/containerd-shim-runc-v2" "$B/bin/"
 
 install -m 0755 "$RUNC_SRC" "$B/bin/runc"
@@ -292,17 +297,6 @@ LD_LIBRARY_PATH="$d/lib/criu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/libe
 EOF
 chmod 0755 "$B/bin/criu"
 
-IP_SRC=$(command -v ip || true)
-if [[ -n $IP_SRC ]]; then
-    install -m 0755 "$IP_SRC" "$B/libexec/ip"
-    copy_libs "$IP_SRC" "$B/lib/ip"
-    cat >"$B/tools/ip" <<'EOF'
-#!/bin/sh
-d=$(dirname "$(readlink -f "$0")")/..
-LD_LIBRARY_PATH="$d/lib/ip" exec "$d/libexec/ip" "$@"
-EOF
-    chmod 0755 "$B/tools/ip"
-fi
 
 # ---------------------------------------------------------------------------------------------
 # Images
