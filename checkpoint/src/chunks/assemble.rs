@@ -188,6 +188,45 @@ pub fn assemble_at(
     source: &dyn ChunkSource,
 ) -> Result<Assembled, ChunkError> {
     let started = std::time::Instant::now();
+    let (list, manifest) = load_list(dir, shown)?;
+    let mut work = Work {
+        dir,
+        shown,
+        temps: Vec::new(),
+        placed: Vec::new(),
+    };
+    let result = work.run(&list, &manifest, source);
+    match result {
+        Ok(mut done) => {
+            // The inputs go last, once every file is in place.
+            work.remove_inputs()?;
+            done.distinct_chunks = list.distinct().len();
+            tracing::info!(
+                dir = %shown.display(),
+                files = done.files,
+                bytes = done.bytes,
+                chunks = done.chunks,
+                distinct_chunks = done.distinct_chunks,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "chunked checkpoint files assembled"
+            );
+            Ok(done)
+        }
+        Err(e) => {
+            work.undo();
+            Err(e)
+        }
+    }
+}
+
+/// The chunk list of the opened checkpoint directory `dir` (shown as `shown`), read capped and
+/// checked against itself and the sealed manifest, with that manifest; refused when the
+/// assembled files would not fit. Every assembly starts here, whether its chunks are read from a
+/// directory or arrive in a download ([`super::stream`]).
+pub(super) fn load_list(
+    dir: BorrowedFd<'_>,
+    shown: &Path,
+) -> Result<(ChunkList, crate::Manifest), ChunkError> {
     let list_path = shown.join(CHUNK_LIST_FILE);
     let invalid = |reason: String| ChunkError::ListInvalid {
         list: list_path.clone(),
@@ -224,63 +263,22 @@ pub fn assemble_at(
             free,
         });
     }
-
-    let mut work = Work {
-        dir,
-        shown,
-        temps: Vec::new(),
-        placed: Vec::new(),
-    };
-    let result = work.run(&list, &manifest, source);
-    match result {
-        Ok(mut done) => {
-            // The inputs go last, once every file is in place.
-            let removed =
-                beneath::remove_all_at(dir, OsStr::new(CHUNK_DIR)).and_then(
-                    |()| match rfs::unlinkat(dir, CHUNK_LIST_FILE, AtFlags::empty()) {
-                        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-                        Err(e) => Err(e.into()),
-                    },
-                );
-            if let Err(source) = removed {
-                work.undo();
-                return Err(ChunkError::Io {
-                    path: shown.join(CHUNK_DIR),
-                    source,
-                });
-            }
-            done.distinct_chunks = list.distinct().len();
-            tracing::info!(
-                dir = %shown.display(),
-                files = done.files,
-                bytes = done.bytes,
-                chunks = done.chunks,
-                distinct_chunks = done.distinct_chunks,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "chunked checkpoint files assembled"
-            );
-            Ok(done)
-        }
-        Err(e) => {
-            work.undo();
-            Err(e)
-        }
-    }
+    Ok((list, manifest))
 }
 
 /// What [`assemble_at`] created, so a failure removes exactly that.
-struct Work<'a> {
-    dir: BorrowedFd<'a>,
-    shown: &'a Path,
-    temps: Vec<OsString>,
-    placed: Vec<OsString>,
+pub(super) struct Work<'a> {
+    pub(super) dir: BorrowedFd<'a>,
+    pub(super) shown: &'a Path,
+    pub(super) temps: Vec<OsString>,
+    pub(super) placed: Vec<OsString>,
 }
 
 /// Upper bound on assembling threads (memory bandwidth, not cores, limits beyond it).
 const MAX_THREADS: usize = 16;
 
 impl Work<'_> {
-    fn undo(&mut self) {
+    pub(super) fn undo(&mut self) {
         for n in self.temps.drain(..).chain(self.placed.drain(..)) {
             let _ = rfs::unlinkat(self.dir, &n, AtFlags::empty());
         }
@@ -300,6 +298,28 @@ impl Work<'_> {
         manifest: &crate::Manifest,
         source: &dyn ChunkSource,
     ) -> Result<Assembled, ChunkError> {
+        let outputs = self.prepare(list)?;
+        let jobs: Vec<(usize, u64, ChunkRef)> = list
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(fi, f)| {
+                let mut off = 0u64;
+                f.chunks.iter().map(move |c| {
+                    let at = off;
+                    off += c.1;
+                    (fi, at, *c)
+                })
+            })
+            .collect();
+        self.copy_chunks(list, &jobs, &outputs, source)?;
+        self.verify(list, manifest, &outputs)?;
+        self.place(list, &outputs)
+    }
+
+    /// One hidden temporary file per listed file (sparse, its full size), after checking that
+    /// none of the files is there already.
+    pub(super) fn prepare(&mut self, list: &ChunkList) -> Result<Vec<File>, ChunkError> {
         // A file the image also carries whole: which one would be restored is ambiguous.
         for f in &list.files {
             let st = beneath::stat_at(self.dir, OsStr::new(&f.path))
@@ -332,23 +352,16 @@ impl Work<'_> {
             file.set_len(f.size).map_err(self.io(&tmp))?;
             outputs.push(file);
         }
+        Ok(outputs)
+    }
 
-        let jobs: Vec<(usize, u64, ChunkRef)> = list
-            .files
-            .iter()
-            .enumerate()
-            .flat_map(|(fi, f)| {
-                let mut off = 0u64;
-                f.chunks.iter().map(move |c| {
-                    let at = off;
-                    off += c.1;
-                    (fi, at, *c)
-                })
-            })
-            .collect();
-        self.copy_chunks(list, &jobs, &outputs, source)?;
-
-        // Against the sealed manifest: order, placement and every byte.
+    /// Every file in `outputs` against the sealed manifest: order, placement and every byte.
+    fn verify(
+        &self,
+        list: &ChunkList,
+        manifest: &crate::Manifest,
+        outputs: &[File],
+    ) -> Result<(), ChunkError> {
         let specs: Vec<(PathBuf, u64)> = list
             .files
             .iter()
@@ -365,31 +378,21 @@ impl Work<'_> {
             })
             .collect();
         let piece = manifest.images.chunk_bytes;
-        match crate::inventory::hash_open_files(&specs, &outputs, piece, Some(&expected)) {
-            Ok(_) => {}
-            Err(crate::inventory::VerifyFailure::Digest { file, chunk }) => {
-                let offset = chunk as u64 * piece;
-                return Err(ChunkError::Mismatch {
-                    file: specs[file].0.clone(),
-                    offset,
-                    end: (offset + piece).min(specs[file].1),
-                });
-            }
-            Err(crate::inventory::VerifyFailure::ShortRead { path }) => {
-                return Err(ChunkError::Io {
-                    path,
-                    source: io::Error::new(io::ErrorKind::UnexpectedEof, "short read"),
-                })
-            }
-            Err(crate::inventory::VerifyFailure::Io { path, source }) => {
-                return Err(ChunkError::Io { path, source })
-            }
-        }
-        for (f, out) in list.files.iter().zip(&outputs) {
+        crate::inventory::hash_open_files(&specs, outputs, piece, Some(&expected))
+            .map(drop)
+            .map_err(|e| verify_failure(e, &specs, piece))
+    }
+
+    /// The verified `outputs` renamed to their names (which must not exist yet).
+    pub(super) fn place(
+        &mut self,
+        list: &ChunkList,
+        outputs: &[File],
+    ) -> Result<Assembled, ChunkError> {
+        for (f, out) in list.files.iter().zip(outputs) {
             rfs::fchmod(out, Mode::from_raw_mode(0o600))
                 .map_err(|e| self.io(OsStr::new(&f.path))(e.into()))?;
         }
-        drop(outputs);
         for f in &list.files {
             let tmp = self.temps.remove(0);
             let name = OsString::from(&f.path);
@@ -410,8 +413,27 @@ impl Work<'_> {
         Ok(Assembled {
             files: list.files.len(),
             bytes: list.files.iter().map(|f| f.size).sum(),
-            chunks: jobs.len(),
+            chunks: list.files.iter().map(|f| f.chunks.len()).sum(),
             distinct_chunks: 0,
+        })
+    }
+
+    /// The chunk list and any chunk directory, once every file is in place; on failure the
+    /// placed files go too.
+    pub(super) fn remove_inputs(&mut self) -> Result<(), ChunkError> {
+        let dir = self.dir;
+        let removed = beneath::remove_all_at(dir, OsStr::new(CHUNK_DIR)).and_then(|()| {
+            match rfs::unlinkat(dir, CHUNK_LIST_FILE, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        });
+        removed.map_err(|source| {
+            self.undo();
+            ChunkError::Io {
+                path: self.shown.join(CHUNK_DIR),
+                source,
+            }
         })
     }
 
@@ -466,6 +488,30 @@ impl Work<'_> {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// A failure of [`crate::inventory`]'s hashing of `files` (path, size) in `piece`-byte pieces
+/// as a chunk error.
+pub(super) fn verify_failure(
+    e: crate::inventory::VerifyFailure,
+    files: &[(PathBuf, u64)],
+    piece: u64,
+) -> ChunkError {
+    match e {
+        crate::inventory::VerifyFailure::Digest { file, chunk } => {
+            let offset = chunk as u64 * piece;
+            ChunkError::Mismatch {
+                file: files[file].0.clone(),
+                offset,
+                end: (offset + piece).min(files[file].1),
+            }
+        }
+        crate::inventory::VerifyFailure::ShortRead { path } => ChunkError::Io {
+            path,
+            source: io::Error::new(io::ErrorKind::UnexpectedEof, "short read"),
+        },
+        crate::inventory::VerifyFailure::Io { path, source } => ChunkError::Io { path, source },
     }
 }
 
