@@ -344,6 +344,7 @@ fn prehashed_writes_commit_only_with_the_blobs_own_digest_and_size() {
     // Past it: refused as it is written.
     let mut w = begin(data.len() as u64 - 1);
     assert!(w.write_all(&data).is_err());
+    drop(w); // its lock: the next writer of the blob waits for it
 
     // Its own digest and size: the blob.
     let mut w = begin(data.len() as u64);
