@@ -94,7 +94,7 @@ pub(crate) enum VerifyFailure {
     Digest { file: usize, chunk: usize },
 }
 
-fn chunk_count(size: u64, chunk: u64) -> usize {
+pub(crate) fn chunk_count(size: u64, chunk: u64) -> usize {
     size.div_ceil(chunk).max(1) as usize
 }
 

@@ -17,6 +17,9 @@
 //! are counted and hashed as they are written, and only a blob of exactly the declared size and
 //! digest is synced and renamed under `blobs/` ([`BlobWriter::commit`]); anything else (an
 //! error, a crash, an interruption) leaves a temporary file that the next collection removes.
+//! A caller that hashes the bytes itself as they pass (a pull's verifying reader) writes
+//! through a [`PrehashedWriter`] instead, which commits with that caller's digest: one SHA-256
+//! per byte, the same checks and the same crash safety.
 //!
 //! **Names.** A digest becomes a file name only after [`BlobId::parse`] accepted it
 //! (`sha256:` and 64 lowercase hex digits, nothing else); every file is opened through the
@@ -38,7 +41,7 @@ mod store;
 pub use error::StoreError;
 pub use id::BlobId;
 pub use refs::{Holder, RefRecord};
-pub use store::{BlobInfo, BlobWriter, GcReport, Lease, Slot, Store, Usage};
+pub use store::{BlobInfo, BlobWriter, GcReport, Lease, PrehashedWriter, Slot, Store, Usage};
 
 /// Where the store lives unless the config says otherwise (`store.root`).
 pub const DEFAULT_ROOT: &str = "/var/lib/gpusnap/store";

@@ -582,6 +582,37 @@ impl BlobWriter {
     /// Checks size and sha256, syncs, and makes the blob visible under its digest. Returns the
     /// stored blob, open for reading.
     pub fn commit(mut self) -> Result<File, StoreError> {
+        let actual = BlobId::from_hash(&std::mem::take(&mut self.hasher).finalize());
+        self.finalize(&actual)
+    }
+
+    /// For a caller that hashes the very bytes it writes here itself (a pull reads a blob
+    /// through a verifying reader that tees it into the store): the bytes are hashed once, by
+    /// the caller, and [`PrehashedWriter::commit`] takes its digest.
+    pub fn prehashed(self) -> PrehashedWriter {
+        PrehashedWriter { inner: self }
+    }
+
+    /// Appends without hashing: the size cap and the count still hold.
+    fn write_unhashed(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written + buf.len() as u64 > self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "blob {} is longer than its declared {} bytes",
+                    self.id, self.size
+                ),
+            ));
+        }
+        let file = self.file.as_mut().expect("not committed");
+        let n = file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    /// The written bytes, whose sha256 is `actual`, become the blob if size and digest are its
+    /// own: synced, then renamed under `blobs/` (a crash leaves a temporary file at most).
+    fn finalize(mut self, actual: &BlobId) -> Result<File, StoreError> {
         if self.written != self.size {
             return Err(StoreError::SizeMismatch {
                 digest: self.id.to_string(),
@@ -589,8 +620,7 @@ impl BlobWriter {
                 actual: self.written,
             });
         }
-        let actual = BlobId::from_hash(&std::mem::take(&mut self.hasher).finalize());
-        if actual != self.id {
+        if *actual != self.id {
             return Err(StoreError::DigestMismatch {
                 expected: self.id.to_string(),
                 actual: actual.to_string(),
@@ -618,20 +648,40 @@ impl BlobWriter {
 
 impl Write for BlobWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.written + buf.len() as u64 > self.size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "blob {} is longer than its declared {} bytes",
-                    self.id, self.size
-                ),
-            ));
-        }
-        let file = self.file.as_mut().expect("not committed");
-        let n = file.write(buf)?;
+        let n = self.write_unhashed(buf)?;
         self.hasher.update(&buf[..n]);
-        self.written += n as u64;
         Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A [`BlobWriter`] whose bytes its caller hashes ([`BlobWriter::prehashed`]). It keeps the
+/// writer's guarantees but one: the digest checked at commit is the caller's, so the caller
+/// must have computed it over exactly the bytes written here, in order (a reader that tees every
+/// byte it returns here does).
+pub struct PrehashedWriter {
+    inner: BlobWriter,
+}
+
+impl PrehashedWriter {
+    /// A write error as a store error (a size overrun keeps its own message).
+    pub fn write_error(&self, e: io::Error) -> StoreError {
+        self.inner.write_error(e)
+    }
+
+    /// [`BlobWriter::commit`], with `digest` the caller's sha256 of the bytes written: it must
+    /// be the blob's own, and the size the declared one.
+    pub fn commit(self, digest: &BlobId) -> Result<File, StoreError> {
+        self.inner.finalize(digest)
+    }
+}
+
+impl Write for PrehashedWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write_unhashed(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {

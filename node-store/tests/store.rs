@@ -311,3 +311,44 @@ fn a_store_root_owned_by_someone_else_is_refused() {
     std::os::unix::fs::symlink(dir.path(), &link).unwrap();
     assert!(Store::open(&link).is_err());
 }
+
+/// A prehashed writer keeps every check but the hashing: the caller's digest must be the blob's
+/// own and the size the declared one, or nothing becomes visible.
+#[test]
+fn prehashed_writes_commit_only_with_the_blobs_own_digest_and_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s")).unwrap();
+    let lease = store.lease().unwrap();
+    let data = b"bytes the caller hashed".to_vec();
+    let id = id_of(&data);
+    let begin = |size: u64| match store.begin(&lease, &id, size).unwrap() {
+        Slot::Absent(w) => w.prehashed(),
+        Slot::Present(..) => panic!("present too early"),
+    };
+
+    // Another digest: refused, nothing visible, no temporary file left.
+    let mut w = begin(data.len() as u64);
+    w.write_all(&data).unwrap();
+    let e = w.commit(&id_of(b"something else")).unwrap_err();
+    assert!(matches!(e, StoreError::DigestMismatch { .. }), "{e}");
+    assert!(!store.has(&id).unwrap());
+    assert!(entries(&dir.path().join("s/tmp")).is_empty());
+
+    // Short of the declared size: refused.
+    let mut w = begin(data.len() as u64);
+    w.write_all(&data[1..]).unwrap();
+    let e = w.commit(&id).unwrap_err();
+    assert!(matches!(e, StoreError::SizeMismatch { .. }), "{e}");
+    assert!(!store.has(&id).unwrap());
+
+    // Past it: refused as it is written.
+    let mut w = begin(data.len() as u64 - 1);
+    assert!(w.write_all(&data).is_err());
+    drop(w); // its lock: the next writer of the blob waits for it
+
+    // Its own digest and size: the blob.
+    let mut w = begin(data.len() as u64);
+    w.write_all(&data).unwrap();
+    w.commit(&id).unwrap();
+    assert_eq!(read_blob(&store, &id), data);
+}

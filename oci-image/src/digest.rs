@@ -215,6 +215,12 @@ impl<R: Read> VerifyingReader<R> {
 
     /// Drains the blob and checks its size and digest.
     pub(crate) fn finish(self) -> Result<(), ImageError> {
+        self.finish_verified().map(drop)
+    }
+
+    /// [`Self::finish`], returning the proof: the digest this reader computed over every byte
+    /// it passed on, which matched.
+    pub(crate) fn finish_verified(self) -> Result<Verified, ImageError> {
         let VerifyingReader {
             inner,
             expected,
@@ -242,7 +248,18 @@ impl<R: Read> VerifyingReader<R> {
                 location,
             });
         }
-        Ok(())
+        Ok(Verified(actual))
+    }
+}
+
+/// A blob's digest as a [`VerifyingReader`] computed it over every byte it passed on, and
+/// found it to be the expected one. Only [`VerifyingReader::finish_verified`] makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verified(Digest);
+
+impl Verified {
+    pub(crate) fn digest(&self) -> &Digest {
+        &self.0
     }
 }
 

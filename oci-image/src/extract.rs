@@ -17,10 +17,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use flate2::read::GzDecoder;
 use gpusnap_checkpoint::beneath;
+use gpusnap_checkpoint::chunks::StreamAssembly;
 use rustix::fs::{self as rfs, Mode, OFlags};
 
 use super::annotations::{keys, SourceLayout};
-use super::digest::{io_to_image, Digest, HashingReader, VerifyingReader};
+use super::digest::{io_to_image, Digest, HashingReader, Verified, VerifyingReader};
 use super::error::ImageError;
 use super::interrupt;
 use super::oci_layout::{entry_name, ImageSource, RemoveOnDrop};
@@ -137,6 +138,7 @@ pub fn extract_with(
             opts,
             staging.budget(),
             &mut dir_times,
+            None,
         )?;
     }
     let extracted = staging.finish(&plan, dir_times, seed)?;
@@ -165,6 +167,19 @@ pub(crate) struct PlannedLayer {
     pub(crate) location: String,
     /// An encrypted layer's unwrapped key.
     key: Option<std::sync::Arc<gpusnap_image_crypt::LayerKey>>,
+}
+
+impl PlannedLayer {
+    /// What the image says the layer carries (a hint for the order of a pull, never trusted
+    /// for what the layer may contain).
+    pub(crate) fn role(&self) -> super::annotations::LayerRole {
+        self.desc
+            .annotations
+            .get(keys::GPUSNAP_LAYER_ROLE)
+            .map_or(super::annotations::LayerRole::Unknown, |r| {
+                super::annotations::LayerRole::parse(r)
+            })
+    }
 }
 
 /// What an extraction will do, and what the result is checked against: every refusal that
@@ -581,6 +596,40 @@ impl Staging {
     }
 }
 
+/// For a pull: once the chunk list and the gpusnap manifest are unpacked beneath `staging`,
+/// the assembly that takes the chunks of the packs still to come (`None`: the image has no
+/// chunk list there, so chunks, if any, are unpacked as files and assembled after the fact).
+/// The gpusnap manifest is checked against the image first, as [`Staging::finish`] does; the
+/// assembled files are charged to the extraction's disk budget up front.
+pub(crate) fn open_chunk_stream(
+    plan: &ExtractPlan,
+    staging: &Staging,
+) -> Result<Option<StreamAssembly>, ImageError> {
+    let staged_cp = staging.path.join(CHECKPOINT_DIR);
+    let cp_fd = match beneath::open_dir(staging.root(), Path::new(CHECKPOINT_DIR)) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ImageError::io("opening", &staged_cp)(e)),
+    };
+    let listed = beneath::stat_at(
+        cp_fd.as_fd(),
+        std::ffi::OsStr::new(gpusnap_checkpoint::chunks::CHUNK_LIST_FILE),
+    )
+    .map_err(ImageError::io("stat", &staged_cp))?;
+    if listed.is_none() {
+        return Ok(None);
+    }
+    read_gpusnap_manifest(cp_fd.as_fd(), &staged_cp, &plan.annotations, &plan.location)?;
+    let source = format!("the chunk packs of {}", plan.location);
+    let Some(assembly) = StreamAssembly::begin(cp_fd, &staged_cp, source)? else {
+        return Ok(None);
+    };
+    staging
+        .budget()
+        .charge(assembly.bytes(), "the chunked files")?;
+    Ok(Some(assembly))
+}
+
 /// Reads (beneath the opened checkpoint directory, capped) and checks the extracted gpusnap
 /// manifest against the image's annotation.
 fn read_gpusnap_manifest(
@@ -634,7 +683,8 @@ fn read_gpusnap_manifest(
 
 /// Unpacks one layer read through `blob` (which checks its size and digest) beneath `root`,
 /// and checks the decompressed stream against the diff_id for a gzip layer. Nothing it wrote
-/// may be trusted unless it returns `Ok`.
+/// may be trusted unless it returns `Ok`: the blob's digest, as `blob` computed and matched it.
+/// With `chunks`, chunk files go into that assembly instead of the chunk directory.
 pub(crate) fn unpack_layer<R: Read>(
     mut blob: VerifyingReader<R>,
     layer: &PlannedLayer,
@@ -642,7 +692,8 @@ pub(crate) fn unpack_layer<R: Read>(
     opts: &ExtractOptions,
     budget: &DiskBudget,
     dir_times: &mut Vec<(String, u64)>,
-) -> Result<(), ImageError> {
+    chunks: Option<&StreamAssembly>,
+) -> Result<Verified, ImageError> {
     let _ = opts; // the layer's own limits were planned from it
     let location = &layer.location;
     let mut source = crate::crypt::decrypting(layer.key.as_deref(), &mut blob, location)?;
@@ -659,7 +710,7 @@ pub(crate) fn unpack_layer<R: Read>(
                 location: location.clone(),
             })),
         };
-        match unpack_tar(reader, root, budget, dir_times, location) {
+        match unpack_tar(reader, root, budget, dir_times, location, chunks) {
             Ok(()) => {}
             // A damaged blob explains a refused entry, not the reverse: when the blob's own
             // digest is wrong, that is the error. (Draining is bounded by the blob's size.)
@@ -708,7 +759,7 @@ pub(crate) fn unpack_layer<R: Read>(
         diff.or(decrypted)
     };
     // The blob digest first: a corrupted blob explains a diff_id mismatch, not the reverse.
-    blob.finish()?;
+    let verified = blob.finish_verified()?;
     if let Some(actual) = diff_digest {
         if actual != layer.diff_id {
             return Err(ImageError::DigestMismatch {
@@ -719,7 +770,7 @@ pub(crate) fn unpack_layer<R: Read>(
             });
         }
     }
-    Ok(())
+    Ok(verified)
 }
 
 /// Refuses a layer past `limit` bytes once decompressed (a gzip bomb), as soon as it passes.
@@ -835,6 +886,7 @@ fn unpack_tar(
     budget: &DiskBudget,
     dir_times: &mut Vec<(String, u64)>,
     location: &str,
+    chunks: Option<&StreamAssembly>,
 ) -> Result<(), ImageError> {
     let mut archive = tar::Archive::new(reader);
     let entries = archive.entries().map_err(|e| io_to_image(e, location))?;
@@ -873,6 +925,23 @@ fn unpack_tar(
         // A chunked image's chunk files: only regular files named by their SHA-256, directly
         // in `checkpoint/.gpusnap-chunks/` (assembled and removed in `Staging::finish`).
         let chunk_entry = chunk_entry(&name, kind).map_err(|r| refuse(location, &name, r))?;
+        // Assembled while downloading: a chunk goes straight into the files that use it, and
+        // the chunk directory is never made.
+        if let (true, Some(assembly)) = (chunk_entry, chunks) {
+            if let Some(digest) = name
+                .rsplit('/')
+                .next()
+                .and_then(gpusnap_checkpoint::chunks::ChunkDigest::parse)
+                .filter(|_| !kind.is_dir())
+            {
+                let len = entry
+                    .header()
+                    .size()
+                    .map_err(|e| io_to_image(e, location))?;
+                assembly.put(digest, len, &mut entry)?;
+            }
+            continue;
+        }
         // The origin record and gpusnap's temporary files are written by gpusnap alone.
         if !chunk_entry
             && name.rsplit('/').next().is_some_and(|n| {

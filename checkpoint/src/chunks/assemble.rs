@@ -190,6 +190,99 @@ pub fn assemble_at(
     source: &dyn ChunkSource,
 ) -> Result<Assembled, ChunkError> {
     let started = std::time::Instant::now();
+    let (list, manifest) = load_list(dir, shown)?;
+    let kept = KeptDirTimes::read(dir, shown)?;
+    let mut work = Work {
+        dir,
+        shown,
+        temps: Vec::new(),
+        placed: Vec::new(),
+    };
+    let result = work.run(&list, &manifest, source);
+    match result {
+        Ok(mut done) => {
+            // The inputs go last, once every file is in place.
+            let removed = work.remove_inputs();
+            kept.put_back();
+            removed?;
+            done.distinct_chunks = list.distinct().len();
+            tracing::info!(
+                dir = %shown.display(),
+                files = done.files,
+                bytes = done.bytes,
+                chunks = done.chunks,
+                distinct_chunks = done.distinct_chunks,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "chunked checkpoint files assembled"
+            );
+            Ok(done)
+        }
+        Err(e) => {
+            work.undo();
+            kept.put_back();
+            Err(e)
+        }
+    }
+}
+
+/// The checkpoint directory's times as assembly found it, put back once assembly is done (or
+/// undone): creating, renaming and removing entries in it is gpusnap's business, not a change
+/// of the checkpoint. These times, not one in the chunk list, are the ones to keep: the image
+/// already carries the directory's time in its own tar entry, and each door has applied it (or
+/// not) before assembly runs — extract (oci-image's `extract`, `gpusnap image pull --extract`)
+/// restores the recorded directory times and then assembles; the restore transaction gets the
+/// directory a runtime unpacked (containerd's applier, CRI-O's or Podman's import), with the
+/// times that runtime kept, and must not make them differ from a classic image's. A second
+/// copy in the list could only disagree with the first.
+pub(super) struct KeptDirTimes<'a> {
+    dir: BorrowedFd<'a>,
+    shown: &'a Path,
+    times: rfs::Timestamps,
+}
+
+impl<'a> KeptDirTimes<'a> {
+    pub(super) fn read(dir: BorrowedFd<'a>, shown: &'a Path) -> Result<Self, ChunkError> {
+        let st = rfs::fstat(dir).map_err(|e| ChunkError::Io {
+            path: shown.to_path_buf(),
+            source: e.into(),
+        })?;
+        Ok(KeptDirTimes {
+            dir,
+            shown,
+            times: rfs::Timestamps {
+                last_access: rfs::Timespec {
+                    tv_sec: st.st_atime as _,
+                    tv_nsec: st.st_atime_nsec as _,
+                },
+                last_modification: rfs::Timespec {
+                    tv_sec: st.st_mtime as _,
+                    tv_nsec: st.st_mtime_nsec as _,
+                },
+            },
+        })
+    }
+
+    pub(super) fn put_back(&self) {
+        if let Err(e) = rfs::futimens(self.dir, &self.times) {
+            // The assembled files are complete and verified, and the chunks may be gone: a
+            // time not put back is no reason to lose the checkpoint.
+            tracing::warn!(
+                dir = %self.shown.display(),
+                error = %e,
+                "could not put back the checkpoint directory's times after assembly"
+            );
+        }
+    }
+}
+
+/// The chunk list of the opened checkpoint directory `dir` (shown as `shown`), read capped and
+/// checked against itself and the sealed manifest, with that manifest; refused when the
+/// assembled files would not fit. Every assembly starts here, whether its chunks are read from a
+/// directory or arrive in a download ([`super::stream`]).
+pub(super) fn load_list(
+    dir: BorrowedFd<'_>,
+    shown: &Path,
+) -> Result<(ChunkList, crate::Manifest), ChunkError> {
     let list_path = shown.join(CHUNK_LIST_FILE);
     let invalid = |reason: String| ChunkError::ListInvalid {
         list: list_path.clone(),
@@ -226,102 +319,22 @@ pub fn assemble_at(
             free,
         });
     }
-
-    // The checkpoint directory's times as assembly found it, put back once assembly is done
-    // (or undone): creating, renaming and removing entries in it is gpusnap's business, not a
-    // change of the checkpoint. These times, not one in the chunk list, are the ones to keep:
-    // the image already carries the directory's time in its own tar entry, and each door has
-    // applied it (or not) before assembly runs — extract (oci-image's `extract`, `gpusnap
-    // image pull --extract`) restores the recorded directory times and then assembles; the restore
-    // transaction gets the directory a runtime unpacked (containerd's applier, CRI-O's or
-    // Podman's import), with the times that runtime kept, and must not make them differ from
-    // a classic image's. A second copy in the list could only disagree with the first.
-    let dir_times = rfs::fstat(dir)
-        .map(|st| rfs::Timestamps {
-            last_access: rfs::Timespec {
-                tv_sec: st.st_atime as _,
-                tv_nsec: st.st_atime_nsec as _,
-            },
-            last_modification: rfs::Timespec {
-                tv_sec: st.st_mtime as _,
-                tv_nsec: st.st_mtime_nsec as _,
-            },
-        })
-        .map_err(|e| ChunkError::Io {
-            path: shown.to_path_buf(),
-            source: e.into(),
-        })?;
-    let restore_dir_times = || {
-        if let Err(e) = rfs::futimens(dir, &dir_times) {
-            // The assembled files are complete and verified, and the chunks may be gone:
-            // a time not put back is no reason to lose the checkpoint.
-            tracing::warn!(
-                dir = %shown.display(),
-                error = %e,
-                "could not put back the checkpoint directory's times after assembly"
-            );
-        }
-    };
-
-    let mut work = Work {
-        dir,
-        shown,
-        temps: Vec::new(),
-        placed: Vec::new(),
-    };
-    let result = work.run(&list, &manifest, source);
-    match result {
-        Ok(mut done) => {
-            // The inputs go last, once every file is in place.
-            let removed =
-                beneath::remove_all_at(dir, OsStr::new(CHUNK_DIR)).and_then(
-                    |()| match rfs::unlinkat(dir, CHUNK_LIST_FILE, AtFlags::empty()) {
-                        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-                        Err(e) => Err(e.into()),
-                    },
-                );
-            if let Err(source) = removed {
-                work.undo();
-                restore_dir_times();
-                return Err(ChunkError::Io {
-                    path: shown.join(CHUNK_DIR),
-                    source,
-                });
-            }
-            restore_dir_times();
-            done.distinct_chunks = list.distinct().len();
-            tracing::info!(
-                dir = %shown.display(),
-                files = done.files,
-                bytes = done.bytes,
-                chunks = done.chunks,
-                distinct_chunks = done.distinct_chunks,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "chunked checkpoint files assembled"
-            );
-            Ok(done)
-        }
-        Err(e) => {
-            work.undo();
-            restore_dir_times();
-            Err(e)
-        }
-    }
+    Ok((list, manifest))
 }
 
 /// What [`assemble_at`] created, so a failure removes exactly that.
-struct Work<'a> {
-    dir: BorrowedFd<'a>,
-    shown: &'a Path,
-    temps: Vec<OsString>,
-    placed: Vec<OsString>,
+pub(super) struct Work<'a> {
+    pub(super) dir: BorrowedFd<'a>,
+    pub(super) shown: &'a Path,
+    pub(super) temps: Vec<OsString>,
+    pub(super) placed: Vec<OsString>,
 }
 
 /// Upper bound on assembling threads (memory bandwidth, not cores, limits beyond it).
 const MAX_THREADS: usize = 16;
 
 impl Work<'_> {
-    fn undo(&mut self) {
+    pub(super) fn undo(&mut self) {
         for n in self.temps.drain(..).chain(self.placed.drain(..)) {
             let _ = rfs::unlinkat(self.dir, &n, AtFlags::empty());
         }
@@ -341,6 +354,28 @@ impl Work<'_> {
         manifest: &crate::Manifest,
         source: &dyn ChunkSource,
     ) -> Result<Assembled, ChunkError> {
+        let outputs = self.prepare(list)?;
+        let jobs: Vec<(usize, u64, ChunkRef)> = list
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(fi, f)| {
+                let mut off = 0u64;
+                f.chunks.iter().map(move |c| {
+                    let at = off;
+                    off += c.1;
+                    (fi, at, *c)
+                })
+            })
+            .collect();
+        self.copy_chunks(list, &jobs, &outputs, source)?;
+        self.verify(list, manifest, &outputs)?;
+        self.place(list, &outputs)
+    }
+
+    /// One hidden temporary file per listed file (sparse, its full size), after checking that
+    /// none of the files is there already.
+    pub(super) fn prepare(&mut self, list: &ChunkList) -> Result<Vec<File>, ChunkError> {
         // A file the image also carries whole: which one would be restored is ambiguous.
         for f in &list.files {
             let st = beneath::stat_at(self.dir, OsStr::new(&f.path))
@@ -373,23 +408,16 @@ impl Work<'_> {
             file.set_len(f.size).map_err(self.io(&tmp))?;
             outputs.push(file);
         }
+        Ok(outputs)
+    }
 
-        let jobs: Vec<(usize, u64, ChunkRef)> = list
-            .files
-            .iter()
-            .enumerate()
-            .flat_map(|(fi, f)| {
-                let mut off = 0u64;
-                f.chunks.iter().map(move |c| {
-                    let at = off;
-                    off += c.1;
-                    (fi, at, *c)
-                })
-            })
-            .collect();
-        self.copy_chunks(list, &jobs, &outputs, source)?;
-
-        // Against the sealed manifest: order, placement and every byte.
+    /// Every file in `outputs` against the sealed manifest: order, placement and every byte.
+    fn verify(
+        &self,
+        list: &ChunkList,
+        manifest: &crate::Manifest,
+        outputs: &[File],
+    ) -> Result<(), ChunkError> {
         let specs: Vec<(PathBuf, u64)> = list
             .files
             .iter()
@@ -406,27 +434,18 @@ impl Work<'_> {
             })
             .collect();
         let piece = manifest.images.chunk_bytes;
-        match crate::inventory::hash_open_files(&specs, &outputs, piece, Some(&expected)) {
-            Ok(_) => {}
-            Err(crate::inventory::VerifyFailure::Digest { file, chunk }) => {
-                let offset = chunk as u64 * piece;
-                return Err(ChunkError::Mismatch {
-                    file: specs[file].0.clone(),
-                    offset,
-                    end: (offset + piece).min(specs[file].1),
-                });
-            }
-            Err(crate::inventory::VerifyFailure::ShortRead { path }) => {
-                return Err(ChunkError::Io {
-                    path,
-                    source: io::Error::new(io::ErrorKind::UnexpectedEof, "short read"),
-                })
-            }
-            Err(crate::inventory::VerifyFailure::Io { path, source }) => {
-                return Err(ChunkError::Io { path, source })
-            }
-        }
-        for (f, out) in list.files.iter().zip(&outputs) {
+        crate::inventory::hash_open_files(&specs, outputs, piece, Some(&expected))
+            .map(drop)
+            .map_err(|e| verify_failure(e, &specs, piece))
+    }
+
+    /// The verified `outputs` renamed to their names (which must not exist yet).
+    pub(super) fn place(
+        &mut self,
+        list: &ChunkList,
+        outputs: &[File],
+    ) -> Result<Assembled, ChunkError> {
+        for (f, out) in list.files.iter().zip(outputs) {
             rfs::fchmod(out, Mode::from_raw_mode(0o600))
                 .map_err(|e| self.io(OsStr::new(&f.path))(e.into()))?;
             // The time the image carries for the file, set after its last write, through the
@@ -447,7 +466,6 @@ impl Work<'_> {
                 rfs::futimens(out, &times).map_err(|e| self.io(OsStr::new(&f.path))(e.into()))?;
             }
         }
-        drop(outputs);
         for f in &list.files {
             let tmp = self.temps.remove(0);
             let name = OsString::from(&f.path);
@@ -468,8 +486,27 @@ impl Work<'_> {
         Ok(Assembled {
             files: list.files.len(),
             bytes: list.files.iter().map(|f| f.size).sum(),
-            chunks: jobs.len(),
+            chunks: list.files.iter().map(|f| f.chunks.len()).sum(),
             distinct_chunks: 0,
+        })
+    }
+
+    /// The chunk list and any chunk directory, once every file is in place; on failure the
+    /// placed files go too.
+    pub(super) fn remove_inputs(&mut self) -> Result<(), ChunkError> {
+        let dir = self.dir;
+        let removed = beneath::remove_all_at(dir, OsStr::new(CHUNK_DIR)).and_then(|()| {
+            match rfs::unlinkat(dir, CHUNK_LIST_FILE, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        });
+        removed.map_err(|source| {
+            self.undo();
+            ChunkError::Io {
+                path: self.shown.join(CHUNK_DIR),
+                source,
+            }
         })
     }
 
@@ -524,6 +561,30 @@ impl Work<'_> {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// A failure of [`crate::inventory`]'s hashing of `files` (path, size) in `piece`-byte pieces
+/// as a chunk error.
+pub(super) fn verify_failure(
+    e: crate::inventory::VerifyFailure,
+    files: &[(PathBuf, u64)],
+    piece: u64,
+) -> ChunkError {
+    match e {
+        crate::inventory::VerifyFailure::Digest { file, chunk } => {
+            let offset = chunk as u64 * piece;
+            ChunkError::Mismatch {
+                file: files[file].0.clone(),
+                offset,
+                end: (offset + piece).min(files[file].1),
+            }
+        }
+        crate::inventory::VerifyFailure::ShortRead { path } => ChunkError::Io {
+            path,
+            source: io::Error::new(io::ErrorKind::UnexpectedEof, "short read"),
+        },
+        crate::inventory::VerifyFailure::Io { path, source } => ChunkError::Io { path, source },
     }
 }
 

@@ -11,7 +11,9 @@
 //! [`assemble`] turns such a directory back into the flat checkpoint directory gpusnap always
 //! restores (layout.rs): every door calls it before validation — `gpusnap image pull
 //! --extract` on its staging tree, the restore transaction on the directory a runtime hands it
-//! (containerd's or CRI-O's copy of a checkpoint image, Podman's import).
+//! (containerd's or CRI-O's copy of a checkpoint image, Podman's import). A pull of a chunked
+//! image does better: [`StreamAssembly`] writes each chunk into the files as its pack downloads,
+//! with the same checks.
 //!
 //! # What is trusted
 //!
@@ -27,6 +29,7 @@
 
 mod assemble;
 mod split;
+mod stream;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -42,6 +45,7 @@ pub use assemble::{
     OpenError,
 };
 pub use split::{split, ChunkParams};
+pub use stream::StreamAssembly;
 
 /// The directory of chunk files inside a checkpoint directory.
 pub const CHUNK_DIR: &str = ".gpusnap-chunks";
@@ -391,6 +395,22 @@ pub enum ChunkError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(
+        "chunk {digest} from {source_name} is not in the chunk list: the image was altered — \
+         pull or import it again from its source"
+    )]
+    ChunkUnlisted {
+        digest: ChunkDigest,
+        source_name: String,
+    },
+    #[error(
+        "chunk {digest} arrived twice from {source_name}: the image was altered — pull or \
+         import it again from its source"
+    )]
+    ChunkTwice {
+        digest: ChunkDigest,
+        source_name: String,
     },
 }
 

@@ -55,10 +55,14 @@ use gpusnap_checkpoint::origin::SignatureCheck;
 use oci_client::RegistryOperation;
 
 use super::annotations::keys;
+use super::annotations::LayerRole;
 use super::digest::Digest;
 use super::digest::{io_to_image, VerifyingReader};
 use super::error::ImageError;
-use super::extract::{unpack_layer, ExtractOptions, ExtractPlan, Extracted, OriginSeed, Staging};
+use super::extract::{
+    open_chunk_stream, unpack_layer, ExtractOptions, ExtractPlan, Extracted, OriginSeed,
+    PlannedLayer, Staging,
+};
 use super::interrupt;
 use super::oci_layout::{
     select_platform, single_entry_index, ImageSource, LayoutWriter, RemoveOnDrop,
@@ -70,6 +74,7 @@ use super::spec::{
 pub use auth::{default_docker_config, Credentials};
 use client::Session;
 pub use cosign::{sign, SignReport, SignatureOptions};
+use gpusnap_checkpoint::chunks::StreamAssembly;
 pub use reference::Reference;
 pub use transfer::{NodeStore, Progress, ProgressSnapshot, Transfer};
 
@@ -956,6 +961,11 @@ fn copy_verified<R: Read>(
 /// gzip layer's diff_id), the image's gpusnap manifest digest; and it refuses the same entries
 /// ([`crate::extract`]'s rules, beneath the root). The image is not kept: use [`pull`] for a
 /// layout.
+///
+/// A chunked image's chunk list and gpusnap manifest layers are fetched first; the packs then
+/// go straight into the chunked files as they download ([`StreamAssembly`]: every chunk
+/// checked against its name and the list, every 64 MiB piece against the sealed manifest as
+/// soon as it is complete), so no chunk file is written and nothing is read twice from disk.
 pub fn pull_extract(
     reference: &str,
     dest: &Path,
@@ -1099,115 +1109,54 @@ async fn pull_extract_async(
     if let Some(p) = &opts.progress {
         p.expect(n as u64, b);
     }
-    let session = &session;
-    let times: Vec<(DirTimes, u64, bool)> = futures_util::stream::iter(plan.layers.iter().cloned())
-        .map(|layer| {
-            let root = staging.shared_root();
-            let budget = staging.shared_budget();
-            let limits = limits.clone();
-            async move {
-                let (digest, size) = (layer.desc.digest.clone(), layer.desc.size);
-                let slot = match store {
-                    Some((ns, lease)) => {
-                        let (st, lease) = (ns.store.clone(), lease.clone());
-                        let id = transfer::blob_id(&digest)?;
-                        Some(
-                            tokio::task::spawn_blocking(move || st.begin(&lease, &id, size))
-                                .await
-                                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?,
-                        )
-                    }
-                    None => None,
-                };
-                let done = match slot {
-                    Some(gpusnap_node_store::Slot::Present(file, _)) => {
-                        let from = format!(
-                            "node store {}",
-                            store
-                                .map(|(ns, _)| ns.store.root().display().to_string())
-                                .unwrap_or_default()
-                        );
-                        let t = tokio::task::spawn_blocking(move || {
-                            let blob = VerifyingReader::new(file, &digest, size, "layer", from);
-                            let mut times = Vec::new();
-                            unpack_layer(blob, &layer, root.as_fd(), &limits, &budget, &mut times)?;
-                            Ok::<_, ImageError>(times)
-                        })
-                        .await
-                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
-                        (t, size, false)
-                    }
-                    Some(gpusnap_node_store::Slot::Absent(writer)) => {
-                        let writer = std::sync::Arc::new(std::sync::Mutex::new(Some(writer)));
-                        let t =
-                            channel::fetch_with(session, &digest, size, "layer", move |reader| {
-                                let tee = transfer::Tee {
-                                    inner: reader,
-                                    writer: writer.clone(),
-                                };
-                                let blob = VerifyingReader::new(
-                                    tee,
-                                    &layer.desc.digest,
-                                    layer.desc.size,
-                                    "layer",
-                                    layer.location.clone(),
-                                );
-                                let mut times = Vec::new();
-                                unpack_layer(
-                                    blob,
-                                    &layer,
-                                    root.as_fd(),
-                                    &limits,
-                                    &budget,
-                                    &mut times,
-                                )?;
-                                let w = writer
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .take()
-                                    .expect("the writer is taken once");
-                                w.commit().map_err(|e| {
-                                    transfer::store_error(e, "layer", &layer.location)
-                                })?;
-                                Ok(times)
-                            })
-                            .await?;
-                        (t, size, true)
-                    }
-                    None => {
-                        let t =
-                            channel::fetch_with(session, &digest, size, "layer", move |reader| {
-                                let blob = VerifyingReader::new(
-                                    reader,
-                                    &layer.desc.digest,
-                                    layer.desc.size,
-                                    "layer",
-                                    layer.location.clone(),
-                                );
-                                let mut times = Vec::new();
-                                unpack_layer(
-                                    blob,
-                                    &layer,
-                                    root.as_fd(),
-                                    &limits,
-                                    &budget,
-                                    &mut times,
-                                )?;
-                                Ok(times)
-                            })
-                            .await?;
-                        (t, size, true)
-                    }
-                };
-                if let (Some(p), true) = (&opts.progress, done.2) {
-                    p.blob_done();
-                }
-                Ok::<_, ImageError>(done)
-            }
-        })
-        .buffer_unordered(opts.parallel_blobs.max(1))
-        .try_collect()
-        .await?;
+    // A chunked image: its chunk list and gpusnap manifest first (two small layers), so that
+    // the packs, as they stream in, are checked and written straight into the files they
+    // assemble, with no chunk file on disk and no second pass ([`StreamAssembly`]). The roles
+    // only choose the order: whatever a layer really holds is unpacked under the same rules.
+    let first_roles = [LayerRole::ChunkList, LayerRole::GpusnapManifest];
+    let (first, rest): (Vec<PlannedLayer>, Vec<PlannedLayer>) =
+        if plan.layers.iter().any(|l| l.role() == LayerRole::ChunkList) {
+            plan.layers
+                .iter()
+                .cloned()
+                .partition(|l| first_roles.contains(&l.role()))
+        } else {
+            (Vec::new(), plan.layers.clone())
+        };
+    let layers = LayerFetch {
+        session: &session,
+        store,
+        staging,
+        limits,
+        opts,
+    };
+    let chunked = !first.is_empty();
+    let mut fetched = layers.fetch_all(first, None).await?;
+    // Nothing downloads meanwhile: this runs on the runtime's thread.
+    let assembly = match chunked {
+        true => open_chunk_stream(&plan, staging)?.map(std::sync::Arc::new),
+        false => None,
+    };
+    fetched.extend(layers.fetch_all(rest, assembly.clone()).await?);
+    if let Some(assembly) = assembly {
+        // Every pack is in; the unpackers have let go of the assembly.
+        let Some(assembly) = std::sync::Arc::into_inner(assembly) else {
+            return Err(ImageError::invalid(
+                "chunk assembly",
+                staging.dest().display().to_string(),
+                "still in use after the last layer",
+            ));
+        };
+        let done = assembly.finish()?;
+        tracing::debug!(
+            files = done.files,
+            bytes = done.bytes,
+            chunks = done.chunks,
+            distinct_chunks = done.distinct_chunks,
+            "chunked files assembled while downloading"
+        );
+    }
+    let times = fetched;
     let (mut blobs, mut bytes) = docs.counts();
     blobs += 1 + plan.layers.len();
     bytes += config_bytes.len() as u64 + plan.layers.iter().map(|l| l.desc.size).sum::<u64>();
@@ -1219,6 +1168,130 @@ async fn pull_extract_async(
     }
     let times: Vec<DirTimes> = times.into_iter().map(|(t, ..)| t).collect();
     Ok((report, plan, times.into_iter().flatten().collect()))
+}
+
+/// What an extracting pull needs to fetch and unpack its layers.
+struct LayerFetch<'a> {
+    session: &'a Session,
+    store: Option<(&'a NodeStore, &'a std::sync::Arc<gpusnap_node_store::Lease>)>,
+    staging: &'a Staging,
+    limits: &'a ExtractOptions,
+    opts: &'a RegistryOptions,
+}
+
+/// One layer unpacked: the directory times it recorded, its size, whether it was downloaded.
+type Fetched = (DirTimes, u64, bool);
+
+impl LayerFetch<'_> {
+    /// `layers` unpacked beneath the staging directory, `parallel_blobs` at a time; chunk
+    /// files into `chunks` when given.
+    async fn fetch_all(
+        &self,
+        layers: Vec<PlannedLayer>,
+        chunks: Option<std::sync::Arc<StreamAssembly>>,
+    ) -> Result<Vec<Fetched>, ImageError> {
+        futures_util::stream::iter(layers)
+            .map(|layer| self.fetch_one(layer, chunks.clone()))
+            .buffer_unordered(self.opts.parallel_blobs.max(1))
+            .try_collect()
+            .await
+    }
+
+    /// One layer, read from the node store when it holds the layer (verified again as it is
+    /// read), else downloaded — and with a store, written into it in the same pass, its bytes
+    /// hashed once: the store takes the digest the verifying reader computed over them.
+    async fn fetch_one(
+        &self,
+        layer: PlannedLayer,
+        chunks: Option<std::sync::Arc<StreamAssembly>>,
+    ) -> Result<Fetched, ImageError> {
+        let (digest, size) = (layer.desc.digest.clone(), layer.desc.size);
+        let location = layer.location.clone();
+        let slot = match self.store {
+            Some((ns, lease)) => {
+                let (st, lease) = (ns.store.clone(), lease.clone());
+                let id = transfer::blob_id(&digest)?;
+                Some(blocking(move || Ok(st.begin(&lease, &id, size)?)).await?)
+            }
+            None => None,
+        };
+        let (root, budget) = (self.staging.shared_root(), self.staging.shared_budget());
+        let limits = self.limits.clone();
+        let unpack = move |blob: VerifyingReader<Box<dyn Read + Send>>| {
+            let mut times = Vec::new();
+            let verified = unpack_layer(
+                blob,
+                &layer,
+                root.as_fd(),
+                &limits,
+                &budget,
+                &mut times,
+                chunks.as_deref(),
+            )?;
+            Ok::<_, ImageError>((times, verified))
+        };
+        let (times, moved) = match slot {
+            Some(gpusnap_node_store::Slot::Present(file, _)) => {
+                let from = format!(
+                    "node store {}",
+                    self.store
+                        .map(|(ns, _)| ns.store.root().display().to_string())
+                        .unwrap_or_default()
+                );
+                let blob = VerifyingReader::new(
+                    Box::new(file) as Box<dyn Read + Send>,
+                    &digest,
+                    size,
+                    "layer",
+                    from,
+                );
+                (blocking(move || unpack(blob)).await?.0, false)
+            }
+            slot => {
+                let tee = match slot {
+                    Some(gpusnap_node_store::Slot::Absent(w)) => Some(w.prehashed()),
+                    _ => None,
+                };
+                let d = digest.clone();
+                let times = channel::fetch_with(self.session, &digest, size, "layer", move |r| {
+                    let writer = std::sync::Arc::new(std::sync::Mutex::new(tee));
+                    let tee = transfer::Tee {
+                        inner: r,
+                        writer: writer.clone(),
+                    };
+                    let blob = VerifyingReader::new(
+                        Box::new(tee) as Box<dyn Read + Send>,
+                        &d,
+                        size,
+                        "layer",
+                        location.clone(),
+                    );
+                    let (times, verified) = unpack(blob)?;
+                    let stored = writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(w) = stored {
+                        w.commit(&transfer::blob_id(verified.digest())?)
+                            .map_err(|e| transfer::store_error(e, "layer", &location))?;
+                    }
+                    Ok(times)
+                })
+                .await?;
+                (times, true)
+            }
+        };
+        if let (Some(p), true) = (&self.opts.progress, moved) {
+            p.blob_done();
+        }
+        Ok((times, size, moved))
+    }
+}
+
+/// `f` on a blocking thread (store locks, file reads), its panic passed on.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, ImageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 async fn fetch_manifest_by_digest(

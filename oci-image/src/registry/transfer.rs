@@ -2,8 +2,10 @@
 //!
 //! With a [`NodeStore`], a pull asks the store for each blob before it opens a download: a blob
 //! the node already holds (from any earlier pull) is read from the store, one it lacks is
-//! downloaded into the store (verified there, [`gpusnap_node_store::BlobWriter`]) while it is
-//! written or unpacked. The pull holds a [`gpusnap_node_store::Lease`] throughout, records a
+//! downloaded into the store while it is written or unpacked (verified there,
+//! [`gpusnap_node_store::BlobWriter`]; or, when it is unpacked as it downloads, by the
+//! verifying reader that tees it into the store, whose digest the store then takes:
+//! [`gpusnap_node_store::PrehashedWriter`]). The pull holds a [`gpusnap_node_store::Lease`] throughout, records a
 //! reference naming its result as the blobs' holder, and then collects the store down to its
 //! cap (skipped while another pull runs; that pull collects when it ends).
 
@@ -155,14 +157,14 @@ pub(crate) fn fill(
     }
 }
 
-/// A reader that also writes everything it reads into a store writer, so a layer unpacked while
-/// it downloads lands in the store in the same pass.
-pub(crate) struct Tee<R> {
+/// A reader that also writes everything it reads into a store writer (when there is one), so a
+/// layer unpacked while it downloads lands in the store in the same pass.
+pub(crate) struct Tee<R, W> {
     pub inner: R,
-    pub writer: Arc<Mutex<Option<BlobWriter>>>,
+    pub writer: Arc<Mutex<Option<W>>>,
 }
 
-impl<R: Read> Read for Tee<R> {
+impl<R: Read, W: Write> Read for Tee<R, W> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         if n > 0 {
