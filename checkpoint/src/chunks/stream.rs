@@ -534,7 +534,10 @@ mod tests {
         seal_checkpoint(p, Manifest::new("ctr1", CriuFlags::default())).unwrap();
         let mut files = Vec::new();
         let mut arrive = Vec::new();
-        for name in ["pages-1.img", "gpusnap-gpu-device-0000.bin", "pages-2.img"] {
+        for (i, name) in ["pages-1.img", "gpusnap-gpu-device-0000.bin", "pages-2.img"]
+            .into_iter()
+            .enumerate()
+        {
             let bytes = fs::read(p.join(name)).unwrap();
             let mut chunks = Vec::new();
             split(&mut bytes.as_slice(), P, &mut |c| {
@@ -551,12 +554,16 @@ mod tests {
                 path: name.into(),
                 size: bytes.len() as u64,
                 chunks,
+                mtime: Some(MTIME + i as u64),
             });
         }
         let list = ChunkList::new(files);
         fs::write(p.join(CHUNK_LIST_FILE), list.to_bytes()).unwrap();
         (dir, list, arrive)
     }
+
+    /// The time the list gives the first file (the others a second later each).
+    const MTIME: u64 = 1_700_000_000;
 
     fn begin(dir: &Path) -> Result<StreamAssembly, ChunkError> {
         let fd = beneath::open_root(dir).unwrap();
@@ -593,6 +600,15 @@ mod tests {
         assert!(!dir.path().join(CHUNK_LIST_FILE).exists());
         assert!(!dir.path().join(CHUNK_DIR).exists());
         crate::validate_for_restore(dir.path()).unwrap();
+        // The streaming path keeps the list's file times as the after-the-fact one does.
+        use std::os::unix::fs::MetadataExt;
+        for (i, name) in ["pages-1.img", "gpusnap-gpu-device-0000.bin", "pages-2.img"]
+            .into_iter()
+            .enumerate()
+        {
+            let m = fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!(m.mtime() as u64, MTIME + i as u64, "{name}");
+        }
     }
 
     #[test]
