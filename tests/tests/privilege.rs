@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_criu_images::caps;
@@ -21,7 +21,8 @@ use gpusnap_criu_images::forge::cap_words;
 use gpusnap_criu_images::proto::ThreadCoreEntry;
 use gpusnap_testkit::bundle::BusyboxContainer;
 use gpusnap_testkit::counter::{
-    check_continues, count_in_file, count_of, counter_script, run_token, wait_count, COUNTER, WARM,
+    check_continues, count_in_file, count_of, counter_script, run_token, wait_count, Count,
+    COUNTER, WARM,
 };
 use gpusnap_testkit::privilege::{forge_and_reseal, tar_flat_dir};
 use gpusnap_testkit::{paths, OutputExt, Runtime};
@@ -259,13 +260,61 @@ fn ctr_restore_refused(
     Ok(err)
 }
 
+/// The counter "src" checkpointed into `image` (`ctr c checkpoint --task`) once it has counted
+/// past WARM, then removed; returns its count after the checkpoint.
+fn checkpoint_src(
+    rig: &gpusnap_testkit::checkpoint::CkRig,
+    run: &str,
+    image: &str,
+) -> Result<Count> {
+    use gpusnap_testkit::checkpoint::{container_checkpoint_ok, kill_and_remove};
+    let src_pid = rig.task_pid("src")?;
+    wait_count(run, "src", WARM, || count_of(src_pid))?;
+    container_checkpoint_ok(rig, "src", image, false)?;
+    let before = count_of(src_pid).context("no count after the checkpoint")?;
+    kill_and_remove(rig, "src")?;
+    Ok(before)
+}
+
+/// `image`'s criu.tar unpacked, forged by `forge` and written back; the refusal of restoring
+/// it as `id`, after the pristine criu.tar is put back.
+fn ctr_restore_forged(
+    rig: &gpusnap_testkit::checkpoint::CkRig,
+    image: &str,
+    id: &str,
+    forge: impl FnOnce(&Path) -> Result<usize>,
+) -> Result<String> {
+    use gpusnap_testkit::checkpoint::{criu_tar_blob, write_blob};
+    let blob = criu_tar_blob(rig, image)?;
+    let pristine = fs::read(&blob)?;
+    let dir = tempfile::tempdir()?;
+    tar::Archive::new(&pristine[..]).unpack(dir.path())?;
+    forge(dir.path())?;
+    write_blob(&blob, &tar_flat_dir(dir.path())?)?;
+    let err = ctr_restore_refused(rig, id, image)?;
+    write_blob(&blob, &pristine)?;
+    Ok(err)
+}
+
+/// The honest `image` restored live as "honest", counting on from `before`; returns how long
+/// that took.
+fn ctr_restore_honest(
+    rig: &gpusnap_testkit::checkpoint::CkRig,
+    image: &str,
+    before: &Count,
+) -> Result<Duration> {
+    let started = Instant::now();
+    gpusnap_testkit::checkpoint::container_restore_live_ok(rig, "honest", image, false)?;
+    let pid = rig.task_pid("honest")?;
+    check_continues("honest", before, || count_of(pid))?;
+    Ok(started.elapsed())
+}
+
 /// `ctr containers restore` (containerd → the gpusnap shim's Create with a checkpoint): a
 /// forged criu.tar is refused before CRIU runs; the honest one restores and counts on.
 #[test]
 fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{
-        container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
-    };
+    use gpusnap_testkit::checkpoint::CkRig;
     let rig = CkRig::start_for(Runtime::Gpusnap)?;
     let run = run_token();
     rig.run_detached(
@@ -273,15 +322,9 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
         "src",
         &["sh", "-c", COUNTER, run.as_str()],
     )?;
-    let src_pid = rig.task_pid("src")?;
-    wait_count(&run, "src", WARM, || count_of(src_pid))?;
     let image = "ck/privilege:1";
-    container_checkpoint_ok(&rig, "src", image, false)?;
-    let before = count_of(src_pid).context("no count after the checkpoint")?;
-    gpusnap_testkit::checkpoint::kill_and_remove(&rig, "src")?;
+    let before = checkpoint_src(&rig, &run, image)?;
 
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
     type Edit = fn(u32, &mut ThreadCoreEntry);
     let cases: [(&str, Edit, &[&str]); 2] = [
         (
@@ -303,24 +346,18 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
     ];
     let mut failures = Vec::new();
     for (i, (name, forge, says)) in cases.iter().enumerate() {
-        let dir = tempfile::tempdir()?;
-        tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-        forge_and_reseal(dir.path(), forge)?;
-        write_blob(&blob, &tar_flat_dir(dir.path())?)?;
-        let err = ctr_restore_refused(&rig, &format!("forged{i}"), image)?;
+        let err = ctr_restore_forged(&rig, image, &format!("forged{i}"), |d| {
+            forge_and_reseal(d, forge)
+        })?;
         let missing: Vec<&&str> = says.iter().filter(|s| !err.contains(**s)).collect();
         if !missing.is_empty() {
             failures.push(format!("{name}: {missing:?} missing from {err:?}"));
         }
     }
-    write_blob(&blob, &pristine)?;
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
 
-    let started = Instant::now();
-    container_restore_live_ok(&rig, "honest", image, false)?;
-    let pid = rig.task_pid("honest")?;
-    check_continues("honest", &before, || count_of(pid))?;
-    eprintln!("honest ctr restore took {:?}", started.elapsed());
+    let took = ctr_restore_honest(&rig, image, &before)?;
+    eprintln!("honest ctr restore took {took:?}");
     Ok(())
 }
 
@@ -384,9 +421,7 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
 /// by one `SECCOMP_RET_ALLOW` is refused before CRIU runs, naming a call the profile stops.
 #[test]
 fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{
-        container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
-    };
+    use gpusnap_testkit::checkpoint::CkRig;
     use gpusnap_testkit::rig::RunOpts;
     let rig = CkRig::start_for(Runtime::Gpusnap)?;
     let run = run_token();
@@ -407,20 +442,12 @@ fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()>
             .any(|l| l.starts_with("Seccomp:") && l.ends_with('2')),
         "the container runs without a seccomp filter: {status}"
     );
-    wait_count(&run, "src", WARM, || count_of(src_pid))?;
     let image = "ck/seccomp:1";
-    container_checkpoint_ok(&rig, "src", image, false)?;
-    let before = count_of(src_pid).context("no count after the checkpoint")?;
-    gpusnap_testkit::checkpoint::kill_and_remove(&rig, "src")?;
+    let before = checkpoint_src(&rig, &run, image)?;
 
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
-    let dir = tempfile::tempdir()?;
-    tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-    gpusnap_testkit::seccomp::forge_permissive_and_reseal(dir.path())?;
-    write_blob(&blob, &tar_flat_dir(dir.path())?)?;
-    let err = ctr_restore_refused(&rig, "forged", image)?;
-    write_blob(&blob, &pristine)?;
+    let err = ctr_restore_forged(&rig, image, "forged", |d| {
+        gpusnap_testkit::seccomp::forge_permissive_and_reseal(d)
+    })?;
     for says in [
         "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
          whose filters is as strict as the container spec's seccomp profile",
@@ -430,13 +457,7 @@ fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()>
         ensure!(err.contains(says), "{says:?} missing from {err:?}");
     }
 
-    let started = Instant::now();
-    container_restore_live_ok(&rig, "honest", image, false)?;
-    let pid = rig.task_pid("honest")?;
-    check_continues("honest", &before, || count_of(pid))?;
-    eprintln!(
-        "honest ctr restore with the default seccomp profile took {:?}",
-        started.elapsed()
-    );
+    let took = ctr_restore_honest(&rig, image, &before)?;
+    eprintln!("honest ctr restore with the default seccomp profile took {took:?}");
     Ok(())
 }
