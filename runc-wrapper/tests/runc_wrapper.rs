@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gpusnap_testkit::bundle::{BusyboxContainer, COUNTER};
 use gpusnap_testkit::cmd::{describe, gpusnap, require_root, run, text, unique};
-use gpusnap_testkit::paths::{binary, rig_bin_dir};
+use gpusnap_testkit::paths::{binary, write_criu_config};
 use gpusnap_testkit::wait::wait_some;
 
 fn gpusnap_runc() -> PathBuf {
@@ -20,14 +20,7 @@ fn gpusnap_runc() -> PathBuf {
 /// A gpusnap config pointing runc at the rig's CRIU.
 fn config(dir: &Path, extra: &str) -> PathBuf {
     let p = dir.join("gpusnap.toml");
-    fs::write(
-        &p,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n{extra}",
-            rig_bin_dir().display()
-        ),
-    )
-    .unwrap();
+    write_criu_config(&p, extra).unwrap();
     p
 }
 
