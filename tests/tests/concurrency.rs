@@ -25,6 +25,7 @@ use gpusnap_testkit::checkpoint::{
 };
 use gpusnap_testkit::counter::{check_continues, count_of, wait_count, COUNTER, WARM};
 use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
+use gpusnap_testkit::refused_restore::one_refusal_line;
 use gpusnap_testkit::runc_gpu::{runc_config, RuncWorkload};
 use gpusnap_testkit::{wait_until, OutputExt, RunOpts, Runtime, TaskState};
 
@@ -128,19 +129,6 @@ fn two_checkpoints_of_one_container_through_ctr() -> Result<()> {
     check_continues(&id, &before, || count_of(pid)).map(drop)
 }
 
-/// The one `gpusnap-runc:` line of a refusal, which must name `says`.
-fn refusal_line(code: i32, err: &str, says: &str) -> Result<()> {
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("gpusnap-runc:"))
-        .collect();
-    ensure!(
-        code == 1 && lines.len() == 1 && lines[0].contains(says),
-        "want exit 1 and one `gpusnap-runc:` line naming {says:?}; got exit {code}, stderr {err:?}"
-    );
-    Ok(())
-}
-
 /// Two `gpusnap-runc checkpoint --leave-running` of one container (into two directories), as
 /// two CRI-O or Podman requests would run them: the second is refused with exit code 1 (the
 /// container's runc state directory is locked) and writes nothing; the first seals its image,
@@ -179,7 +167,7 @@ fn two_checkpoints_of_one_container_through_gpusnap_runc() -> Result<()> {
         let overlapped = exclusive_flock_on(&first_dir);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    refusal_line(code2, &err2, "another checkpoint or restore is using")?;
+    one_refusal_line(code2, &err2, "another checkpoint or restore is using")?;
     ensure_overlapped(overlapped)?;
     gpu::check_nothing_complete(&second_dir)?;
 
@@ -250,7 +238,7 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
         let overlapped = exclusive_flock_on(&images);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    refusal_line(
+    one_refusal_line(
         code2,
         &err2,
         &format!(

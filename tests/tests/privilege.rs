@@ -24,8 +24,9 @@ use gpusnap_testkit::counter::{
     check_continues, count_in_file, count_of, counter_script, run_token, wait_count, Count,
     COUNTER, WARM,
 };
-use gpusnap_testkit::privilege::{forge_and_reseal, tar_flat_dir};
-use gpusnap_testkit::{paths, OutputExt, Runtime};
+use gpusnap_testkit::privilege::forge_and_reseal;
+use gpusnap_testkit::refused_restore::CriuTar;
+use gpusnap_testkit::{paths, Runtime};
 
 /// Copies a flat checkpoint directory.
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -70,13 +71,7 @@ fn through_gpusnap_runc(f: &Forgery) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     let config = dir.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )?;
+    paths::write_criu_config(&config, "")?;
     let env = [
         ("GPUSNAP_CONFIG", config.to_str().context("config path")?),
         ("GPUSNAP_LOG", "debug"),
@@ -194,20 +189,23 @@ fn gpusnap_runc_refuses_uid_0_in_a_non_root_container() {
     });
 }
 
+/// A seccomp profile in the spec that stops one call (kexec_load) and allows the rest.
+fn kexec_load_errno_profile(c: &BusyboxContainer) {
+    c.edit_spec(|s| {
+        s["linux"]["seccomp"] = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
+        })
+    })
+}
+
 #[test]
 fn gpusnap_runc_refuses_a_core_that_drops_the_seccomp_filter() {
     run(Forgery {
         name: "seccomp",
         retarget: |_| {},
-        spec: |c| {
-            c.edit_spec(|s| {
-                s["linux"]["seccomp"] = serde_json::json!({
-                    "defaultAction": "SCMP_ACT_ALLOW",
-                    "architectures": ["SCMP_ARCH_X86_64"],
-                    "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
-                })
-            })
-        },
+        spec: kexec_load_errno_profile,
         forge: Forge::Cores(|_, t| t.seccomp_mode = Some(0)),
         says: &[
             "task 1 (core-1.img): seccomp_mode is disabled where the container spec sets a \
@@ -224,15 +222,7 @@ fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
     run(Forgery {
         name: "permissive",
         retarget: |_| {},
-        spec: |c| {
-            c.edit_spec(|s| {
-                s["linux"]["seccomp"] = serde_json::json!({
-                    "defaultAction": "SCMP_ACT_ALLOW",
-                    "architectures": ["SCMP_ARCH_X86_64"],
-                    "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
-                })
-            })
-        },
+        spec: kexec_load_errno_profile,
         forge: Forge::Images(gpusnap_testkit::seccomp::forge_permissive_and_reseal),
         says: &[
             "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
@@ -241,23 +231,6 @@ fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
              seccomp profile gives SCMP_ACT_ERRNO",
         ],
     });
-}
-
-/// Where `ctr` lands a restore: the messages of a refused `ctr containers restore`.
-fn ctr_restore_refused(
-    rig: &gpusnap_testkit::checkpoint::CkRig,
-    id: &str,
-    image: &str,
-) -> Result<String> {
-    use gpusnap_testkit::checkpoint::container_restore;
-    let out = container_restore(rig, id, image, false, true).with_context(|| rig.log_tail(60))?;
-    let err = out.stderr_str().to_string();
-    ensure!(!out.status.success(), "the forged restore succeeded");
-    let running = rig.task(id)?.is_some_and(|t| t.pid != 0);
-    ensure!(!running, "the forged restore left a running task");
-    let _ = rig.ctr(&["tasks", "delete", "--force", id]);
-    let _ = rig.ctr(&["containers", "delete", id]);
-    Ok(err)
 }
 
 /// The counter "src" checkpointed into `image` (`ctr c checkpoint --task`) once it has counted
@@ -276,24 +249,23 @@ fn checkpoint_src(
     Ok(before)
 }
 
-/// `image`'s criu.tar unpacked, forged by `forge` and written back; the refusal of restoring
-/// it as `id`, after the pristine criu.tar is put back.
+/// `image`'s criu.tar forged by `forge`: `ctr containers restore` of it as `id` must fail and
+/// leave nothing running; returns its messages (where `ctr` lands a restore). The pristine
+/// criu.tar is put back.
 fn ctr_restore_forged(
     rig: &gpusnap_testkit::checkpoint::CkRig,
     image: &str,
     id: &str,
     forge: impl FnOnce(&Path) -> Result<usize>,
 ) -> Result<String> {
-    use gpusnap_testkit::checkpoint::{criu_tar_blob, write_blob};
-    let blob = criu_tar_blob(rig, image)?;
-    let pristine = fs::read(&blob)?;
-    let dir = tempfile::tempdir()?;
-    tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-    forge(dir.path())?;
-    write_blob(&blob, &tar_flat_dir(dir.path())?)?;
-    let err = ctr_restore_refused(rig, id, image)?;
-    write_blob(&blob, &pristine)?;
-    Ok(err)
+    let criu_tar = CriuTar::of(rig, image)?;
+    let restore = criu_tar
+        .restore_altered(id, |d| forge(d).map(drop))
+        .with_context(|| rig.log_tail(60))?;
+    criu_tar.put_back()?;
+    ensure!(!restore.succeeded, "the forged restore succeeded");
+    ensure!(!restore.running, "the forged restore left a running task");
+    Ok(restore.stderr)
 }
 
 /// The honest `image` restored live as "honest", counting on from `before`; returns how long
@@ -368,14 +340,7 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().into();
     let config = dir.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )
-    .unwrap();
+    paths::write_criu_config(&config, "").unwrap();
     let env = [
         ("GPUSNAP_CONFIG", config.to_str().unwrap()),
         ("GPUSNAP_LOG", "debug"),
