@@ -22,6 +22,7 @@ use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::bundle::BusyboxContainer;
+use gpusnap_testkit::cmd::{check, gpusnap_ok};
 use gpusnap_testkit::counter::{check_continues, wait_count};
 use gpusnap_testkit::crypt_doors::{key_fingerprint, NothingLeft, Refusal, TlsRegistry};
 use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
@@ -29,27 +30,8 @@ use gpusnap_testkit::ocicrypt::{key_pair, recipient, KeyKind};
 use gpusnap_testkit::runc_gpu::{runc_config, RuncWorkload};
 use gpusnap_testkit::{describe, gpusnap, text};
 
-fn check(f: impl FnOnce() -> Result<()>) {
-    gpusnap_testkit::require_root();
-    if let Err(e) = f() {
-        panic!("{e:#}");
-    }
-}
-
 fn s(p: &Path) -> Result<&str> {
     p.to_str().context("UTF-8 test path")
-}
-
-/// `gpusnap ARGS` that must succeed; its stdout.
-fn gpusnap_ok(args: &[&str]) -> Result<String> {
-    let out = gpusnap(args);
-    ensure!(
-        out.status.success(),
-        "`gpusnap {}` failed: {}",
-        args.join(" "),
-        describe(&out)
-    );
-    Ok(text(&out.stdout))
 }
 
 /// A gpusnap config: the double and CRIU (`gpu_config`), the checkpoint root, the node's keys,
