@@ -177,6 +177,19 @@ impl CtrCell {
         })
     }
 
+    /// `out`, a checkpoint of `w`, was refused as a posix checkpoint on a driver without
+    /// CustomStorage must be, without touching its CUDA process.
+    fn check_refused(&self, w: &CtrWorkload, out: &std::process::Output) -> Result<()> {
+        ensure!(
+            !out.status.success(),
+            "the posix checkpoint on {} succeeded: {}",
+            self.gpu.cuda,
+            out.describe()
+        );
+        gpu::check_posix_refusal(&out.stderr_str())?;
+        self.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)
+    }
+
     /// The task is RUNNING under the same pid, unlocked, and still counting.
     fn check_still_running(&self, w: &CtrWorkload, checkpointed: &Count) -> Result<()> {
         let task = self.rig.task(&w.id)?.context("the task is gone")?;
@@ -223,13 +236,7 @@ fn task_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda, exit: bool) -> R
     let out = task_checkpoint(&cell.rig, &w.id, &args)?;
 
     if refused(engine, cuda) {
-        ensure!(
-            !out.status.success(),
-            "the posix checkpoint on {cuda} succeeded: {}",
-            out.describe()
-        );
-        gpu::check_posix_refusal(&out.stderr_str())?;
-        cell.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)?;
+        cell.check_refused(&w, &out)?;
         gpu::check_nothing_complete(&dir)?;
         return cell.check_still_running(&w, &before);
     }
@@ -287,13 +294,7 @@ fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<(
     let out = container_checkpoint(&cell.rig, &w.id, &image_ref, true)?;
 
     if refused(engine, cuda) {
-        ensure!(
-            !out.status.success(),
-            "the posix checkpoint on {cuda} succeeded: {}",
-            out.describe()
-        );
-        gpu::check_posix_refusal(&out.stderr_str())?;
-        cell.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)?;
+        cell.check_refused(&w, &out)?;
         ensure!(
             !image_refs(&cell.rig)?.contains(&image_ref),
             "a refused checkpoint left image {image_ref}"
