@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gpusnap_testkit::bundle::{BusyboxContainer, COUNTER};
 use gpusnap_testkit::cmd::{describe, gpusnap, require_root, run, text, unique};
-use gpusnap_testkit::paths::{binary, rig_bin_dir};
+use gpusnap_testkit::paths::{binary, write_criu_config};
 use gpusnap_testkit::wait::wait_some;
 
 fn gpusnap_runc() -> PathBuf {
@@ -20,14 +20,7 @@ fn gpusnap_runc() -> PathBuf {
 /// A gpusnap config pointing runc at the rig's CRIU.
 fn config(dir: &Path, extra: &str) -> PathBuf {
     let p = dir.join("gpusnap.toml");
-    fs::write(
-        &p,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n{extra}",
-            rig_bin_dir().display()
-        ),
-    )
-    .unwrap();
+    write_criu_config(&p, extra).unwrap();
     p
 }
 
@@ -207,22 +200,10 @@ fn checkpoint_and_restore_a_counter() {
 
     // 1. --leave-running: the container keeps counting, the image is sealed.
     let images_live = dir.path().join("images-live");
-    let (code, _, err) = c.wrapper(
-        &[
-            "checkpoint",
-            "--leave-running",
-            "--image-path",
-            images_live.to_str().unwrap(),
-            &c.id,
-        ],
-        &env,
-        dir.path(),
-    );
+    let (code, _, err) = checkpoint(&c, &images_live, &["--leave-running"], &env, dir.path());
     assert_eq!(code, 0, "checkpoint --leave-running failed:\n{err}");
     assert_eq!(c.status().as_deref(), Some("running"));
-    let inspect = gpusnap(["inspect", "--json", images_live.to_str().unwrap()]);
-    assert!(inspect.status.success(), "{}", describe(&inspect));
-    let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let v = inspect_json(&images_live);
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
     let m = &v["manifest"];
     assert_eq!(m["format_version"], 2, "{m:#}");
@@ -274,15 +255,10 @@ fn checkpoint_and_restore_a_counter() {
     let init_pid = c.pid().expect("runc state gives the init pid");
     let images = dir.path().join("images");
     let work = dir.path().join("work");
-    let (code, _, err) = c.wrapper(
-        &[
-            "checkpoint",
-            "--image-path",
-            images.to_str().unwrap(),
-            "--work-path",
-            work.to_str().unwrap(),
-            &c.id,
-        ],
+    let (code, _, err) = checkpoint(
+        &c,
+        &images,
+        &["--work-path", work.to_str().unwrap()],
         &env,
         dir.path(),
     );
@@ -319,9 +295,7 @@ fn checkpoint_and_restore_a_counter() {
         b.append_dir_all("checkpoint", &images).unwrap();
         b.finish().unwrap();
     }
-    let out = gpusnap(["inspect", "--json", archive.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = inspect_json(&archive);
     assert_eq!(v["kind"], "archive");
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
     assert_eq!(v["manifest"]["container_id"], c.id.as_str());
@@ -335,16 +309,9 @@ fn checkpoint_and_restore_a_counter() {
     // 3. A tampered copy is refused before CRIU runs.
     let tampered = dir.path().join("images-tampered");
     copy_dir(&images, &tampered);
-    let pages = fs::read_dir(&tampered)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("pages-")
-        })
+    let pages = files_named(&tampered, "pages-")
+        .into_iter()
+        .next()
         .expect("CRIU wrote no pages image");
     let mut bytes = fs::read(&pages).unwrap();
     bytes[0] ^= 0xff;
@@ -405,23 +372,8 @@ fn checkpoint_and_restore_a_counter() {
     );
 
     // 4. The intact image restores and the counter carries on from where it was.
+    let (code, _, err) = c.wrapper_restore(&images, &env, dir.path());
     let rwork = dir.path().join("restore-work");
-    fs::create_dir_all(&rwork).unwrap();
-    let (code, _, err) = c.wrapper(
-        &[
-            "restore",
-            "-d",
-            "--image-path",
-            images.to_str().unwrap(),
-            "--work-path",
-            rwork.to_str().unwrap(),
-            "--bundle",
-            c.bundle.to_str().unwrap(),
-            &c.id,
-        ],
-        &env,
-        dir.path(),
-    );
     assert_eq!(code, 0, "restore failed:\n{err}");
     assert_eq!(c.status().as_deref(), Some("running"));
     let after = wait_some(Duration::from_secs(10), || {
@@ -439,8 +391,7 @@ fn checkpoint_and_restore_a_counter() {
     );
     // Restore wrote its logs to the work dir, never into the image: it can be restored again.
     assert!(rwork.join("restore.log").exists());
-    let again = gpusnap(["inspect", "--json", images.to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let v = inspect_json(&images);
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
 
     // Last, so that a failure here does not hide the rest: each process is recorded with its
@@ -473,6 +424,37 @@ fn remote_pages_are_refused() {
         "{}",
         describe(&out)
     );
+}
+
+/// `gpusnap-runc checkpoint <flags> --image-path <images> <id>`.
+fn checkpoint(
+    c: &BusyboxContainer,
+    images: &Path,
+    flags: &[&str],
+    env: &[(&str, &str)],
+    out_dir: &Path,
+) -> (i32, String, String) {
+    let mut args = vec!["checkpoint"];
+    args.extend_from_slice(flags);
+    args.extend(["--image-path", images.to_str().unwrap(), &c.id]);
+    c.wrapper(&args, env, out_dir)
+}
+
+/// `gpusnap inspect --json` of a checkpoint, which must succeed.
+fn inspect_json(path: &Path) -> serde_json::Value {
+    let out = gpusnap(["inspect", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The files in `dir` whose names start with `prefix`.
+fn files_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -511,17 +493,7 @@ fn gpu_process_is_locked_around_the_dump() {
     fake.register(pid).unwrap();
 
     let images = dir.path().join("images");
-    let (code, _, err) = c.wrapper(
-        &[
-            "checkpoint",
-            "--leave-running",
-            "--image-path",
-            images.to_str().unwrap(),
-            &c.id,
-        ],
-        &env,
-        dir.path(),
-    );
+    let (code, _, err) = checkpoint(&c, &images, &["--leave-running"], &env, dir.path());
     assert_eq!(code, 0, "{err}");
     let calls: Vec<String> = fake.calls_for(pid).unwrap();
     assert_eq!(
@@ -532,8 +504,7 @@ fn gpu_process_is_locked_around_the_dump() {
     assert_eq!(fake.state(pid).unwrap(), Some(FakeState::Running));
     assert_eq!(c.status().as_deref(), Some("running"));
 
-    let out = gpusnap(["inspect", "--json", images.to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = inspect_json(&images);
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
     let gpu = &v["manifest"]["gpu"];
     assert_eq!(gpu["engine"], "driver-managed", "{v:#}");
@@ -691,16 +662,7 @@ fn posix_engine_gpu_checkpoint_restores() {
     let old_pid = c.pid().unwrap();
 
     let images = dir.path().join("images");
-    let (code, _, err) = c.wrapper(
-        &[
-            "checkpoint",
-            "--image-path",
-            images.to_str().unwrap(),
-            &c.id,
-        ],
-        &env,
-        dir.path(),
-    );
+    let (code, _, err) = checkpoint(&c, &images, &[], &env, dir.path());
     assert_eq!(code, 0, "checkpoint failed:\n{err}");
     assert_eq!(
         c.status(),
@@ -708,21 +670,10 @@ fn posix_engine_gpu_checkpoint_restores() {
         "the container is gone after the checkpoint"
     );
     let at_checkpoint = c.count().unwrap();
-    let out = gpusnap(["inspect", "--json", images.to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = inspect_json(&images);
     assert_eq!(v["validation"]["status"], "complete", "{v:#}");
     assert_eq!(v["manifest"]["gpu"]["engine"], "posix", "{v:#}");
-    let extents: Vec<PathBuf> = fs::read_dir(&images)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("gpusnap-gpu-")
-        })
-        .collect();
+    let extents = files_named(&images, "gpusnap-gpu-");
     assert_eq!(extents.len(), 1, "one extent for the one GPU: {extents:?}");
     assert!(
         fs::read(&extents[0]).unwrap() == device_memory,
@@ -734,23 +685,7 @@ fn posix_engine_gpu_checkpoint_restores() {
     fake.emulate_criu_restore(&key, false).unwrap();
     assert_eq!(fake.device_memory_of(&key, 0).unwrap(), None);
 
-    let rwork = dir.path().join("restore-work");
-    fs::create_dir_all(&rwork).unwrap();
-    let (code, _, err) = c.wrapper(
-        &[
-            "restore",
-            "-d",
-            "--image-path",
-            images.to_str().unwrap(),
-            "--work-path",
-            rwork.to_str().unwrap(),
-            "--bundle",
-            c.bundle.to_str().unwrap(),
-            &c.id,
-        ],
-        &env,
-        dir.path(),
-    );
+    let (code, _, err) = c.wrapper_restore(&images, &env, dir.path());
     assert_eq!(code, 0, "restore failed:\n{err}");
     assert_eq!(c.status().as_deref(), Some("running"));
     let new_pid = c.pid().unwrap();

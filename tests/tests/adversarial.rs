@@ -1193,28 +1193,13 @@ fn corpus_through_restore_from() -> Result<()> {
 
 // ----- door: ctr --------------------------------------------------------------------------
 
-/// The directory as a tar (files and symlinks, flat), as containerd's criu.tar holds it.
-fn tar_dir(dir: &Path) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    names.sort();
-    for n in names {
-        b.append_path_with_name(dir.join(&n), &n).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 /// Through containerd's content store: a real `ctr containers checkpoint` image whose CRIU tar
 /// is altered, restored with `ctr containers restore`.
 #[test]
 fn corpus_through_ctr() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{container_restore, criu_tar_blob, write_blob, CkRig};
-    use gpusnap_testkit::{OutputExt, Runtime};
+    use gpusnap_testkit::checkpoint::CkRig;
+    use gpusnap_testkit::refused_restore::CriuTar;
+    use gpusnap_testkit::Runtime;
     let cases = cases_for(Ctr);
     let sentinel = Sentinel::new()?;
     let watch = Watch::new(&sentinel);
@@ -1222,32 +1207,21 @@ fn corpus_through_ctr() -> Result<()> {
     rig.run_detached(Runtime::Gpusnap, "src", &["sleep", "1000"])?;
     let image = "ck/adv:1";
     gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, "src", image, false)?;
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
+    let criu_tar = CriuTar::of(&rig, image)?;
     let mut failures = Vec::new();
     for (i, c) in cases.iter().enumerate() {
         let Hostile::Dir(apply) = c.hostile else {
             unreachable!("{}: not a checkpoint directory", c.name)
         };
-        let dir = tempfile::tempdir()?;
-        tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-        apply(dir.path(), &sentinel);
-        write_blob(&blob, &tar_dir(dir.path()))?;
-        let id = format!("adv{i}");
-        let out = container_restore(&rig, &id, image, false, true)?;
-        let err = out.stderr_str();
-        let running = rig.task(&id)?.is_some_and(|t| t.pid != 0);
-        if out.status.success() || !err.contains(c.says) || running {
-            failures.push(format!(
-                "{}: success={} running={running} stderr={err:?}",
-                c.name,
-                out.status.success()
-            ));
+        let restore = criu_tar.restore_altered(&format!("adv{i}"), |d| {
+            apply(d, &sentinel);
+            Ok(())
+        })?;
+        if let Err(e) = restore.refused_saying(c.says) {
+            failures.push(format!("{}: {e}", c.name));
         }
-        let _ = rig.ctr(&["tasks", "delete", "--force", &id]);
-        let _ = rig.ctr(&["containers", "delete", &id]);
     }
-    write_blob(&blob, &pristine)?;
+    criu_tar.put_back()?;
     watch.check(&cases.iter().collect::<Vec<_>>())?;
     report(Ctr, cases.len(), failures)
 }
@@ -1519,14 +1493,7 @@ fn refused_by_gpusnap_runc(
     env.extend(envs.iter().map(|(k, v)| (*k, v.to_string())));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (code, _, err) = target.wrapper_restore(images, &env, dir);
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("gpusnap-runc:"))
-        .collect();
-    ensure!(
-        code == 1 && lines.len() == 1 && lines[0].contains(says),
-        "want exit 1 and one `gpusnap-runc:` line naming {says:?}; got exit {code}, stderr {err:?}"
-    );
+    gpusnap_testkit::refused_restore::one_refusal_line(code, &err, says)?;
     ensure!(
         target.status().is_none(),
         "runc created the refused container: {:?}",

@@ -23,11 +23,11 @@ use gpusnap_testkit::can_fail::{
 use gpusnap_testkit::checkpoint::{
     container_checkpoint, container_restore_live_ok, kill_and_remove, task_checkpoint, CkRig,
 };
-use gpusnap_testkit::counter::{
-    check_continues, count_in_file, count_of, counter_script, wait_count, COUNTER, WARM,
-};
+use gpusnap_testkit::counter::{check_continues, count_of, wait_count, COUNTER, WARM};
 use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
-use gpusnap_testkit::{paths, wait_until, OutputExt, RunOpts, Runtime, TaskState};
+use gpusnap_testkit::refused_restore::one_refusal_line;
+use gpusnap_testkit::runc_gpu::{runc_config, RuncWorkload};
+use gpusnap_testkit::{wait_until, OutputExt, RunOpts, Runtime, TaskState};
 
 /// How long the first checkpoint is held in the driver's lock call: the second request is
 /// answered within milliseconds; the rest is margin for a loaded 2-core machine.
@@ -129,52 +129,6 @@ fn two_checkpoints_of_one_container_through_ctr() -> Result<()> {
     check_continues(&id, &before, || count_of(pid)).map(drop)
 }
 
-/// A busybox container whose init is a CUDA process of `gpu`, started through runc, counting.
-struct RuncWorkload {
-    c: BusyboxContainer,
-    cuda: gpu::CudaProcess,
-    bytes: Vec<u8>,
-    pid: u32,
-}
-
-fn runc_workload(gpu: &GpuDouble, dir: &Path, name: &str) -> Result<RuncWorkload> {
-    let (cuda, bytes) = gpu.cuda_process(name)?;
-    let c = BusyboxContainer::create(dir, &cuda.id, &counter_script(&cuda.id));
-    c.add_env(&cuda.env());
-    c.start();
-    let pid = c.pid().context("runc state gives no pid")? as u32;
-    wait_count(&cuda.id, &c.id, WARM, || {
-        count_in_file(&c.bundle.join("rootfs/tmp/count"))
-    })?;
-    Ok(RuncWorkload {
-        c,
-        cuda,
-        bytes,
-        pid,
-    })
-}
-
-fn runc_config(gpu: &GpuDouble) -> Result<String> {
-    let config = gpu.write_config(&format!(
-        "[criu]\nbinary_dir = \"{}\"\n",
-        paths::rig_bin_dir().display()
-    ))?;
-    Ok(config.display().to_string())
-}
-
-/// The one `gpusnap-runc:` line of a refusal, which must name `says`.
-fn refusal_line(code: i32, err: &str, says: &str) -> Result<()> {
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("gpusnap-runc:"))
-        .collect();
-    ensure!(
-        code == 1 && lines.len() == 1 && lines[0].contains(says),
-        "want exit 1 and one `gpusnap-runc:` line naming {says:?}; got exit {code}, stderr {err:?}"
-    );
-    Ok(())
-}
-
 /// Two `gpusnap-runc checkpoint --leave-running` of one container (into two directories), as
 /// two CRI-O or Podman requests would run them: the second is refused with exit code 1 (the
 /// container's runc state directory is locked) and writes nothing; the first seals its image,
@@ -186,8 +140,8 @@ fn two_checkpoints_of_one_container_through_gpusnap_runc() -> Result<()> {
     let config = runc_config(&gpu)?;
     let env = [("GPUSNAP_CONFIG", config.as_str())];
     let dir = gpu.scratch();
-    let w = runc_workload(&gpu, dir, "rrace")?;
-    let count = || count_in_file(&w.c.bundle.join("rootfs/tmp/count"));
+    let w = RuncWorkload::start(&gpu, "rrace")?;
+    let count = || w.count();
     let before = wait_count(&w.cuda.id, &w.c.id, 0, count)?;
     gpu.fake
         .inject(w.pid as i32, FakeOp::Lock, &Fault::hang(HOLD))?;
@@ -213,7 +167,7 @@ fn two_checkpoints_of_one_container_through_gpusnap_runc() -> Result<()> {
         let overlapped = exclusive_flock_on(&first_dir);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    refusal_line(code2, &err2, "another checkpoint or restore is using")?;
+    one_refusal_line(code2, &err2, "another checkpoint or restore is using")?;
     ensure_overlapped(overlapped)?;
     gpu::check_nothing_complete(&second_dir)?;
 
@@ -240,14 +194,8 @@ fn two_checkpoints_of_one_container_through_gpusnap_runc() -> Result<()> {
     // The sealed image restores to the same process.
     let out = w.c.runc().args(["delete", "--force", &w.c.id]).output()?;
     ensure!(out.status.success(), "runc delete: {}", out.describe());
-    gpu.emulate_criu_restore(&w.cuda)?;
-    let (code, _, err) = w.c.wrapper_restore(&first_dir, &env, dir);
-    ensure!(
-        code == 0,
-        "restore of the sealed image (exit {code}):\n{err}"
-    );
-    let pid = w.c.pid().context("restored pid")? as u32;
-    gpu.check_restored(&w.cuda, pid, &w.bytes)?;
+    w.restore(&gpu, &first_dir, &env)
+        .context("restore of the sealed image")?;
     check_continues(&w.c.id, &before, count).map(drop)
 }
 
@@ -262,8 +210,8 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
     let config = runc_config(&gpu)?;
     let env = [("GPUSNAP_CONFIG", config.as_str())];
     let dir = gpu.scratch();
-    let w = runc_workload(&gpu, dir, "crace")?;
-    let count = || count_in_file(&w.c.bundle.join("rootfs/tmp/count"));
+    let w = RuncWorkload::start(&gpu, "crace")?;
+    let count = || w.count();
     let before = wait_count(&w.cuda.id, &w.c.id, 0, count)?;
     gpu.fake
         .inject(w.pid as i32, FakeOp::Lock, &Fault::hang(HOLD))?;
@@ -290,7 +238,7 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
         let overlapped = exclusive_flock_on(&images);
         Ok((first.join().expect("checkpoint thread"), second, overlapped))
     })?;
-    refusal_line(
+    one_refusal_line(
         code2,
         &err2,
         &format!(
@@ -315,13 +263,7 @@ fn restore_racing_a_checkpoint_of_its_directory_through_gpusnap_runc() -> Result
     gpu::check_gpu_checkpoint(&images, Engine::DriverManaged, Cuda::V13_0, w.pid, &w.bytes)?;
 
     // Sealed now: the same restore goes through and runs the checkpointed process.
-    gpu.emulate_criu_restore(&w.cuda)?;
-    let (code, _, err) = w.c.wrapper_restore(&images, &env, dir);
-    ensure!(
-        code == 0,
-        "restore after the checkpoint (exit {code}):\n{err}"
-    );
-    let pid = w.c.pid().context("restored pid")? as u32;
-    gpu.check_restored(&w.cuda, pid, &w.bytes)?;
+    w.restore(&gpu, &images, &env)
+        .context("restore after the checkpoint")?;
     check_continues(&w.c.id, &before, count).map(drop)
 }

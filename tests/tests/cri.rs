@@ -206,6 +206,14 @@ fn cri_checkpoint(node: &CriNode, w: &Workload, dir: &Path) -> Result<Checkpoint
     })
 }
 
+/// A counter started in pod `pod_name` on a fresh node and checkpointed through CRI into
+/// `dir`; the node is gone when this returns.
+fn checkpoint_on_a_node(reg: &Registry, pod_name: &str, dir: &Path) -> Result<Checkpointed> {
+    let a = node(reg, "", ConfigVia::RuntimeOptions)?;
+    let w = start_workload(&a, reg, pod_name, Counter::File, &[])?;
+    cri_checkpoint(&a, &w, dir)
+}
+
 /// The archive extracted into `dir`, with the type of every entry by path.
 fn unpack_archive(archive: &Path, dir: &Path) -> Result<BTreeMap<String, tar::EntryType>> {
     let mut kinds = BTreeMap::new();
@@ -516,6 +524,25 @@ fn extract_to_node(p: &Published, node: &CriNode, name: &str) -> Result<PathBuf>
     Ok(dest)
 }
 
+/// A counter container in a new pod `pod_name` whose annotation restores it from the
+/// checkpoint `checkpoint` under the node's checkpoint root.
+fn restore_by_annotation(
+    node: &CriNode,
+    reg: &Registry,
+    pod_name: &str,
+    checkpoint: &str,
+    counter: Counter,
+    env: &[(&str, &str)],
+) -> Result<Workload> {
+    let pod = node.run_pod(
+        pod_name,
+        &[("gpusnap.io/restore-from", checkpoint)],
+        gpusnap_handler(),
+    )?;
+    let id = node.run_container(&pod, &counter_spec(reg, counter, env))?;
+    Ok(Workload { pod, id, counter })
+}
+
 /// The restored container runs the checkpointed process: same token, counting on from the
 /// checkpointed value, and the note written before the checkpoint is there.
 fn assert_restored(node: &CriNode, w: &Workload, ck: &Checkpointed) -> Result<u64> {
@@ -577,12 +604,8 @@ fn checkpoint_image_restores_on_another_node_by_pod_annotation() {
     check(|| {
         let reg = registry_with_busybox()?;
         let work = tempfile::tempdir()?;
-        let ck = {
-            let a = node(&reg, "", ConfigVia::RuntimeOptions)?;
-            let w = start_workload(&a, &reg, "ann-a", Counter::File, &[])?;
-            cri_checkpoint(&a, &w, work.path())?
-            // Node A goes away: the workload moves.
-        };
+        // Node A goes away after the checkpoint: the workload moves.
+        let ck = checkpoint_on_a_node(&reg, "ann-a", work.path())?;
         let published = publish(
             &reg,
             &ck.archive,
@@ -593,21 +616,8 @@ fn checkpoint_image_restores_on_another_node_by_pod_annotation() {
 
         let b = node(&reg, "", ConfigVia::RuntimeOptions)?;
         let dir = extract_to_node(&published, &b, "counter-ck1")?;
-        let pod = b.run_pod(
-            "ann-b",
-            &[("gpusnap.io/restore-from", "counter-ck1")],
-            gpusnap_handler(),
-        )?;
-        let id = b.run_container(&pod, &counter_spec(&reg, Counter::File, &[]))?;
-        assert_restored(
-            &b,
-            &Workload {
-                pod,
-                id,
-                counter: Counter::File,
-            },
-            &ck,
-        )?;
+        let restored = restore_by_annotation(&b, &reg, "ann-b", "counter-ck1", Counter::File, &[])?;
+        assert_restored(&b, &restored, &ck)?;
         // The shim read the checkpoint without writing into it: it can be restored again.
         gpusnap_checkpoint::validate_for_restore(&dir.join("checkpoint"))
             .context("checkpoint still intact after the restore")?;
@@ -727,11 +737,7 @@ fn tampered_checkpoint_is_refused_before_criu_runs_on_both_restore_paths() {
     check(|| {
         let reg = registry_with_busybox()?;
         let work = tempfile::tempdir()?;
-        let ck = {
-            let a = node(&reg, "", ConfigVia::RuntimeOptions)?;
-            let w = start_workload(&a, &reg, "tamper-a", Counter::File, &[])?;
-            cri_checkpoint(&a, &w, work.path())?
-        };
+        let ck = checkpoint_on_a_node(&reg, "tamper-a", work.path())?;
         // Node B takes its gpusnap config from $GPUSNAP_CONFIG in containerd's environment.
         let b = node(&reg, "", ConfigVia::Env)?;
 
@@ -875,17 +881,7 @@ fn gpu_container_checkpointed_through_cri_restores_by_annotation_with_its_cuda_s
         );
         let b = node(&reg, &cuda, ConfigVia::RuntimeOptions)?;
         extract_to_node(&published, &b, "gpu-ck")?;
-        let pod = b.run_pod(
-            "gpu-b",
-            &[("gpusnap.io/restore-from", "gpu-ck")],
-            gpusnap_handler(),
-        )?;
-        let id = b.run_container(&pod, &counter_spec(&reg, Counter::Stdout, &env))?;
-        let restored = Workload {
-            pod,
-            id,
-            counter: Counter::Stdout,
-        };
+        let restored = restore_by_annotation(&b, &reg, "gpu-b", "gpu-ck", Counter::Stdout, &env)?;
         assert_restored(&b, &restored, &ck)?;
         let id = restored.id;
         let pid = b.pid(&id)?;

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::busybox_registry::{publish_archive, registry_with_busybox, BUSYBOX_REPO};
+use gpusnap_testkit::cmd::{check, gpusnap_ok};
 use gpusnap_testkit::containerd::{default_path_env, Containerd, ContainerdSpec};
 use gpusnap_testkit::cri::{gpusnap_handler, write_plain_http_hosts, CriNode, CriNodeOptions};
 use gpusnap_testkit::crictl::{Crictl, CrictlPod, PidMode};
@@ -498,24 +499,6 @@ impl Drop for PlainNode {
 fn path_str(p: &Path) -> Result<&str> {
     p.to_str()
         .with_context(|| format!("{} is not UTF-8", p.display()))
-}
-
-fn gpusnap_ok(args: &[&str]) -> Result<String> {
-    let out = gpusnap(args);
-    ensure!(
-        out.status.success(),
-        "`gpusnap {}` failed: {}",
-        args.join(" "),
-        out.describe()
-    );
-    Ok(out.stdout_str())
-}
-
-fn check(f: impl FnOnce() -> Result<()>) {
-    gpusnap_testkit::require_root();
-    if let Err(e) = f() {
-        panic!("{e:#}");
-    }
 }
 
 // ----- the archive -------------------------------------------------------------------------

@@ -259,13 +259,7 @@ fn runc_env(doubles: &Doubles, config: &Path) -> Vec<(String, String)> {
 
 fn gpusnap_runc_config(dir: &Path) -> Result<std::path::PathBuf> {
     let config = dir.join("gpusnap.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )?;
+    paths::write_criu_config(&config, "")?;
     Ok(config)
 }
 

@@ -22,33 +22,16 @@ use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::bundle::BusyboxContainer;
-use gpusnap_testkit::counter::{check_continues, count_in_file, counter_script, wait_count, WARM};
+use gpusnap_testkit::cmd::{check, gpusnap_ok};
+use gpusnap_testkit::counter::{check_continues, wait_count};
 use gpusnap_testkit::crypt_doors::{key_fingerprint, NothingLeft, Refusal, TlsRegistry};
 use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
 use gpusnap_testkit::ocicrypt::{key_pair, recipient, KeyKind};
-use gpusnap_testkit::{describe, gpusnap, paths, text};
-
-fn check(f: impl FnOnce() -> Result<()>) {
-    gpusnap_testkit::require_root();
-    if let Err(e) = f() {
-        panic!("{e:#}");
-    }
-}
+use gpusnap_testkit::runc_gpu::{runc_config, RuncWorkload};
+use gpusnap_testkit::{describe, gpusnap, text};
 
 fn s(p: &Path) -> Result<&str> {
     p.to_str().context("UTF-8 test path")
-}
-
-/// `gpusnap ARGS` that must succeed; its stdout.
-fn gpusnap_ok(args: &[&str]) -> Result<String> {
-    let out = gpusnap(args);
-    ensure!(
-        out.status.success(),
-        "`gpusnap {}` failed: {}",
-        args.join(" "),
-        describe(&out)
-    );
-    Ok(text(&out.stdout))
 }
 
 /// A gpusnap config: the double and CRIU (`gpu_config`), the checkpoint root, the node's keys,
@@ -76,33 +59,20 @@ fn gpusnap_runc_restores_an_encrypted_image_and_pull_refusals_leave_nothing() {
     check(|| {
         let gpu = GpuDouble::new(Engine::Posix, Cuda::V13_4)?;
         let dir = gpu.scratch();
-        let criu = format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        );
-        let runc_config = gpu.write_config(&criu)?;
-        let env = [("GPUSNAP_CONFIG", s(&runc_config)?)];
+        let config = runc_config(&gpu)?;
+        let env = [("GPUSNAP_CONFIG", config.as_str())];
 
         // The workload, checkpointed through gpusnap-runc.
-        let (cuda, bytes) = gpu.cuda_process("enc")?;
-        let c = BusyboxContainer::create(dir, &cuda.id, &counter_script(&cuda.id));
-        c.add_env(&cuda.env());
-        c.start();
-        let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-        wait_count(&cuda.id, &c.id, WARM, count)?;
-        let old_pid = c.pid().context("runc state gives no pid")? as u32;
-        let before = wait_count(&cuda.id, &c.id, 0, count)?;
+        let w = RuncWorkload::start(&gpu, "enc")?;
+        let (c, cuda, bytes, old_pid) = (&w.c, &w.cuda, &w.bytes, w.pid);
+        let before = wait_count(&cuda.id, &c.id, 0, || w.count())?;
         let images = dir.join("images");
-        let (code, _, err) = c.wrapper(
-            &["checkpoint", "--image-path", s(&images)?, &c.id],
-            &env,
-            dir,
-        );
+        let (code, _, err) = w.checkpoint(&gpu, &images, &env)?;
         ensure!(
             code == 0,
             "gpusnap-runc checkpoint failed (exit {code}):\n{err}"
         );
-        gpu.check_checkpoint_calls(&cuda, old_pid, false)?;
+        gpu.check_checkpoint_calls(cuda, old_pid, false)?;
 
         // Encrypted for the node's key (EC) and a second recipient (RSA).
         let keys = dir.join("keys");
@@ -267,22 +237,9 @@ fn gpusnap_runc_restores_an_encrypted_image_and_pull_refusals_leave_nothing() {
         gpusnap_ok(&args)?;
         // The image of a checkpoint directory extracts to that directory itself.
         let extracted = root.join("enc");
-        gpu::check_gpu_checkpoint(&extracted, Engine::Posix, Cuda::V13_4, old_pid, &bytes)?;
-        gpu.emulate_criu_restore(&cuda)?;
-        let (code, _, err) = c.wrapper_restore(&extracted, &env, dir);
-        ensure!(
-            code == 0,
-            "gpusnap-runc restore failed (exit {code}):\n{err}"
-        );
-        ensure!(
-            c.status().as_deref() == Some("running"),
-            "restored container: {:?}",
-            c.state()
-        );
-        let pid = c.pid().context("restored pid")? as u32;
-        ensure!(pid != old_pid, "restored under the old host pid {pid}");
-        gpu.check_restored(&cuda, pid, &bytes)?;
-        check_continues(&c.id, &before, count)?;
+        gpu::check_gpu_checkpoint(&extracted, Engine::Posix, Cuda::V13_4, old_pid, bytes)?;
+        w.restore(&gpu, &extracted, &env)?;
+        check_continues(&c.id, &before, || w.count())?;
         Ok(())
     })
 }

@@ -27,13 +27,7 @@ fn run() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     let config = dir.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )?;
+    paths::write_criu_config(&config, "")?;
     let config_s = config.to_str().context("config path")?;
     let env = [("GPUSNAP_CONFIG", config_s), ("GPUSNAP_LOG", "info")];
     let run = run_token();

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_checkpoint::node_origin::{self, How};
+use gpusnap_testkit::cmd::check;
 use gpusnap_testkit::counter::{check_continues, count_of, run_token, wait_count, Count, WARM};
 use gpusnap_testkit::cri::{
     gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions, Pod,
@@ -25,13 +26,6 @@ use gpusnap_testkit::cri::{
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths, text, BusyboxContainer};
 use k8s_cri::v1::ContainerState;
-
-fn check(f: impl FnOnce() -> Result<()>) {
-    gpusnap_testkit::require_root();
-    if let Err(e) = f() {
-        panic!("{e:#}");
-    }
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test path")

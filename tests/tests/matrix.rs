@@ -37,18 +37,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use gpusnap_testkit::bundle::BusyboxContainer;
 use gpusnap_testkit::busybox_registry::{registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::checkpoint::{
     container_checkpoint, container_restore_live_ok, criu_tar_blob, image_refs, kill_and_remove,
     proc_state, task_checkpoint, CkRig,
 };
 use gpusnap_testkit::counter::{
-    check_continues as continues, count_in_file, count_of, counter_script, wait_count, Count,
-    COUNTER, WARM,
+    check_continues as continues, count_of, wait_count, Count, COUNTER, WARM,
 };
 use gpusnap_testkit::cri::{gpusnap_handler, wait_for_state, ContainerSpec, CriNode, Pod};
 use gpusnap_testkit::gpu::{self, Cuda, CudaProcess, Engine, GpuDouble};
+use gpusnap_testkit::runc_gpu::{runc_config, RuncWorkload};
 use gpusnap_testkit::{
     gpusnap, paths, CriNodeOptions, OutputExt, Registry, RunOpts, Runtime, TaskState,
 };
@@ -124,10 +123,7 @@ impl CtrCell {
             Shim::RuncV2BinaryName => {
                 // gpusnap-runc runs runc, which runs criu from its PATH; name CRIU's
                 // directory explicitly, as `gpusnap install` does.
-                let config = gpu.write_config(&format!(
-                    "[criu]\nbinary_dir = \"{}\"\n",
-                    paths::rig_bin_dir().display()
-                ))?;
+                let config = gpu.write_config(&paths::criu_config())?;
                 let rig = CkRig::start_with(gpusnap_testkit::RigOptions {
                     containerd_env: vec![("GPUSNAP_CONFIG".into(), config.display().to_string())],
                     ..Default::default()
@@ -181,6 +177,19 @@ impl CtrCell {
         })
     }
 
+    /// `out`, a checkpoint of `w`, was refused as a posix checkpoint on a driver without
+    /// CustomStorage must be, without touching its CUDA process.
+    fn check_refused(&self, w: &CtrWorkload, out: &std::process::Output) -> Result<()> {
+        ensure!(
+            !out.status.success(),
+            "the posix checkpoint on {} succeeded: {}",
+            self.gpu.cuda,
+            out.describe()
+        );
+        gpu::check_posix_refusal(&out.stderr_str())?;
+        self.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)
+    }
+
     /// The task is RUNNING under the same pid, unlocked, and still counting.
     fn check_still_running(&self, w: &CtrWorkload, checkpointed: &Count) -> Result<()> {
         let task = self.rig.task(&w.id)?.context("the task is gone")?;
@@ -227,13 +236,7 @@ fn task_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda, exit: bool) -> R
     let out = task_checkpoint(&cell.rig, &w.id, &args)?;
 
     if refused(engine, cuda) {
-        ensure!(
-            !out.status.success(),
-            "the posix checkpoint on {cuda} succeeded: {}",
-            out.describe()
-        );
-        gpu::check_posix_refusal(&out.stderr_str())?;
-        cell.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)?;
+        cell.check_refused(&w, &out)?;
         gpu::check_nothing_complete(&dir)?;
         return cell.check_still_running(&w, &before);
     }
@@ -291,13 +294,7 @@ fn container_checkpoint_cell(shim: Shim, engine: Engine, cuda: Cuda) -> Result<(
     let out = container_checkpoint(&cell.rig, &w.id, &image_ref, true)?;
 
     if refused(engine, cuda) {
-        ensure!(
-            !out.status.success(),
-            "the posix checkpoint on {cuda} succeeded: {}",
-            out.describe()
-        );
-        gpu::check_posix_refusal(&out.stderr_str())?;
-        cell.gpu.check_untouched(&w.cuda, w.pid, &w.bytes)?;
+        cell.check_refused(&w, &out)?;
         ensure!(
             !image_refs(&cell.rig)?.contains(&image_ref),
             "a refused checkpoint left image {image_ref}"
@@ -592,39 +589,25 @@ fn restore_from_annotation_door(engine: Engine, cuda: Cuda) -> Result<()> {
 /// `restore -d` of the same bundle.
 fn gpusnap_runc_door(engine: Engine, cuda: Cuda) -> Result<()> {
     let gpu = GpuDouble::new(engine, cuda)?;
-    let config = gpu.write_config(&format!(
-        "[criu]\nbinary_dir = \"{}\"\n",
-        paths::rig_bin_dir().display()
-    ))?;
-    let env = [("GPUSNAP_CONFIG", config.to_str().context("config path")?)];
-    let dir = gpu.scratch();
-    let (cuda_proc, bytes) = gpu.cuda_process("rn")?;
-    let c = BusyboxContainer::create(dir, &cuda_proc.id, &counter_script(&cuda_proc.id));
-    c.add_env(&cuda_proc.env());
-    c.start();
-    let count = || count_in_file(&c.bundle.join("rootfs/tmp/count"));
-    wait_count(&cuda_proc.id, &c.id, WARM, count)?;
-    let old_pid = c.pid().context("runc state gives no pid")? as u32;
-    let before = wait_count(&cuda_proc.id, &c.id, 0, count)?;
-    let images = dir.join("images");
-    let images_arg = images.to_str().context("image path")?;
-    let (code, _, err) = c.wrapper(
-        &["checkpoint", "--image-path", images_arg, &c.id],
-        &env,
-        dir,
-    );
+    let config = runc_config(&gpu)?;
+    let env = [("GPUSNAP_CONFIG", config.as_str())];
+    let w = RuncWorkload::start(&gpu, "rn")?;
+    let (c, old_pid) = (&w.c, w.pid);
+    let before = wait_count(&w.cuda.id, &c.id, 0, || w.count())?;
+    let images = gpu.scratch().join("images");
+    let (code, _, err) = w.checkpoint(&gpu, &images, &env)?;
 
     if refused(engine, cuda) {
         ensure!(code != 0, "the posix checkpoint on {cuda} succeeded");
         gpu::check_posix_refusal(&err)?;
-        gpu.check_untouched(&cuda_proc, old_pid, &bytes)?;
+        gpu.check_untouched(&w.cuda, old_pid, &w.bytes)?;
         gpu::check_nothing_complete(&images)?;
         ensure!(
             c.status().as_deref() == Some("running") && c.pid() == Some(old_pid as i32),
             "after the refused checkpoint runc says {:?}",
             c.state()
         );
-        return check_continues(&c.id, &before, count);
+        return check_continues(&c.id, &before, || w.count());
     }
 
     ensure!(
@@ -636,24 +619,11 @@ fn gpusnap_runc_door(engine: Engine, cuda: Cuda) -> Result<()> {
         "runc destroys the container after a full dump; it is {:?}",
         c.status()
     );
-    gpu.check_checkpoint_calls(&cuda_proc, old_pid, false)?;
-    gpu::check_gpu_checkpoint(&images, engine, cuda, old_pid, &bytes)?;
+    gpu.check_checkpoint_calls(&w.cuda, old_pid, false)?;
+    gpu::check_gpu_checkpoint(&images, engine, cuda, old_pid, &w.bytes)?;
 
-    gpu.emulate_criu_restore(&cuda_proc)?;
-    let (code, _, err) = c.wrapper_restore(&images, &env, dir);
-    ensure!(
-        code == 0,
-        "gpusnap-runc restore failed (exit {code}):\n{err}"
-    );
-    ensure!(
-        c.status().as_deref() == Some("running"),
-        "restored container: {:?}",
-        c.state()
-    );
-    let pid = c.pid().context("restored pid")? as u32;
-    ensure!(pid != old_pid, "restored under the old host pid {pid}");
-    gpu.check_restored(&cuda_proc, pid, &bytes)?;
-    check_continues(&c.id, &before, count)
+    w.restore(&gpu, &images, &env)?;
+    check_continues(&c.id, &before, || w.count())
 }
 
 // ----- the matrix --------------------------------------------------------------------------

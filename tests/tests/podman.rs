@@ -9,7 +9,7 @@
 //! workload running here.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
@@ -143,6 +143,22 @@ fn checkpoint_restore_export_import_stop_and_rm() {
     });
 }
 
+/// `podman container checkpoint --compress none --export <dir>/FILE NAME`; the export's path.
+fn export_uncompressed(p: &Podman, name: &str, file: &str) -> Result<PathBuf> {
+    let export = p.dir().join(file);
+    let export_arg = export.display().to_string();
+    p.ok(&[
+        "container",
+        "checkpoint",
+        "--compress",
+        "none",
+        "--export",
+        &export_arg,
+        name,
+    ])?;
+    Ok(export)
+}
+
 /// A tampered export: one byte of a CRIU image flipped, re-packed. `gpusnap inspect` and the
 /// restore refuse it naming the file; nothing runs afterwards.
 #[test]
@@ -153,17 +169,7 @@ fn tampered_export_is_refused_with_one_line_naming_the_file() {
         let c = unique("gpp-c");
         let c_id = p.run_counter(&c, &marker)?;
         wait_count(&marker, &c, WARM, || p.count(&c))?;
-        let export = p.dir().join("c-export.tar");
-        let export_arg = export.display().to_string();
-        p.ok(&[
-            "container",
-            "checkpoint",
-            "--compress",
-            "none",
-            "--export",
-            &export_arg,
-            &c,
-        ])?;
+        let export = export_uncompressed(&p, &c, "c-export.tar")?;
         let unpacked = p.dir().join("c-unpacked");
         tar::Archive::new(fs::File::open(&export)?)
             .unpack(&unpacked)
@@ -241,17 +247,8 @@ fn checkpoint_images_chunked_and_classic_restore_through_podman() {
         let a_id = p.run_counter(&a, &marker)?;
         wait_count(&marker, &a, WARM, || p.count(&a))?;
         let at_export = wait_count(&marker, &a, 0, || p.count(&a))?;
-        let export = p.dir().join("img-export.tar");
+        let export = export_uncompressed(&p, &a, "img-export.tar")?;
         let export_arg = export.display().to_string();
-        p.ok(&[
-            "container",
-            "checkpoint",
-            "--compress",
-            "none",
-            "--export",
-            &export_arg,
-            &a,
-        ])?;
         let lower = tempfile::Builder::new()
             .prefix(&unique("gpp-img-layouts"))
             .rand_bytes(0)

@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use gpusnap_criu_images::caps;
@@ -21,10 +21,12 @@ use gpusnap_criu_images::forge::cap_words;
 use gpusnap_criu_images::proto::ThreadCoreEntry;
 use gpusnap_testkit::bundle::BusyboxContainer;
 use gpusnap_testkit::counter::{
-    check_continues, count_in_file, count_of, counter_script, run_token, wait_count, COUNTER, WARM,
+    check_continues, count_in_file, count_of, counter_script, run_token, wait_count, Count,
+    COUNTER, WARM,
 };
-use gpusnap_testkit::privilege::{forge_and_reseal, tar_flat_dir};
-use gpusnap_testkit::{paths, OutputExt, Runtime};
+use gpusnap_testkit::privilege::forge_and_reseal;
+use gpusnap_testkit::refused_restore::CriuTar;
+use gpusnap_testkit::{paths, Runtime};
 
 /// Copies a flat checkpoint directory.
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -69,13 +71,7 @@ fn through_gpusnap_runc(f: &Forgery) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     let config = dir.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )?;
+    paths::write_criu_config(&config, "")?;
     let env = [
         ("GPUSNAP_CONFIG", config.to_str().context("config path")?),
         ("GPUSNAP_LOG", "debug"),
@@ -193,20 +189,23 @@ fn gpusnap_runc_refuses_uid_0_in_a_non_root_container() {
     });
 }
 
+/// A seccomp profile in the spec that stops one call (kexec_load) and allows the rest.
+fn kexec_load_errno_profile(c: &BusyboxContainer) {
+    c.edit_spec(|s| {
+        s["linux"]["seccomp"] = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
+        })
+    })
+}
+
 #[test]
 fn gpusnap_runc_refuses_a_core_that_drops_the_seccomp_filter() {
     run(Forgery {
         name: "seccomp",
         retarget: |_| {},
-        spec: |c| {
-            c.edit_spec(|s| {
-                s["linux"]["seccomp"] = serde_json::json!({
-                    "defaultAction": "SCMP_ACT_ALLOW",
-                    "architectures": ["SCMP_ARCH_X86_64"],
-                    "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
-                })
-            })
-        },
+        spec: kexec_load_errno_profile,
         forge: Forge::Cores(|_, t| t.seccomp_mode = Some(0)),
         says: &[
             "task 1 (core-1.img): seccomp_mode is disabled where the container spec sets a \
@@ -223,15 +222,7 @@ fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
     run(Forgery {
         name: "permissive",
         retarget: |_| {},
-        spec: |c| {
-            c.edit_spec(|s| {
-                s["linux"]["seccomp"] = serde_json::json!({
-                    "defaultAction": "SCMP_ACT_ALLOW",
-                    "architectures": ["SCMP_ARCH_X86_64"],
-                    "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]
-                })
-            })
-        },
+        spec: kexec_load_errno_profile,
         forge: Forge::Images(gpusnap_testkit::seccomp::forge_permissive_and_reseal),
         says: &[
             "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
@@ -242,30 +233,60 @@ fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
     });
 }
 
-/// Where `ctr` lands a restore: the messages of a refused `ctr containers restore`.
-fn ctr_restore_refused(
+/// The counter "src" checkpointed into `image` (`ctr c checkpoint --task`) once it has counted
+/// past WARM, then removed; returns its count after the checkpoint.
+fn checkpoint_src(
     rig: &gpusnap_testkit::checkpoint::CkRig,
-    id: &str,
+    run: &str,
     image: &str,
+) -> Result<Count> {
+    use gpusnap_testkit::checkpoint::{container_checkpoint_ok, kill_and_remove};
+    let src_pid = rig.task_pid("src")?;
+    wait_count(run, "src", WARM, || count_of(src_pid))?;
+    container_checkpoint_ok(rig, "src", image, false)?;
+    let before = count_of(src_pid).context("no count after the checkpoint")?;
+    kill_and_remove(rig, "src")?;
+    Ok(before)
+}
+
+/// `image`'s criu.tar forged by `forge`: `ctr containers restore` of it as `id` must fail and
+/// leave nothing running; returns its messages (where `ctr` lands a restore). The pristine
+/// criu.tar is put back.
+fn ctr_restore_forged(
+    rig: &gpusnap_testkit::checkpoint::CkRig,
+    image: &str,
+    id: &str,
+    forge: impl FnOnce(&Path) -> Result<usize>,
 ) -> Result<String> {
-    use gpusnap_testkit::checkpoint::container_restore;
-    let out = container_restore(rig, id, image, false, true).with_context(|| rig.log_tail(60))?;
-    let err = out.stderr_str().to_string();
-    ensure!(!out.status.success(), "the forged restore succeeded");
-    let running = rig.task(id)?.is_some_and(|t| t.pid != 0);
-    ensure!(!running, "the forged restore left a running task");
-    let _ = rig.ctr(&["tasks", "delete", "--force", id]);
-    let _ = rig.ctr(&["containers", "delete", id]);
-    Ok(err)
+    let criu_tar = CriuTar::of(rig, image)?;
+    let restore = criu_tar
+        .restore_altered(id, |d| forge(d).map(drop))
+        .with_context(|| rig.log_tail(60))?;
+    criu_tar.put_back()?;
+    ensure!(!restore.succeeded, "the forged restore succeeded");
+    ensure!(!restore.running, "the forged restore left a running task");
+    Ok(restore.stderr)
+}
+
+/// The honest `image` restored live as "honest", counting on from `before`; returns how long
+/// that took.
+fn ctr_restore_honest(
+    rig: &gpusnap_testkit::checkpoint::CkRig,
+    image: &str,
+    before: &Count,
+) -> Result<Duration> {
+    let started = Instant::now();
+    gpusnap_testkit::checkpoint::container_restore_live_ok(rig, "honest", image, false)?;
+    let pid = rig.task_pid("honest")?;
+    check_continues("honest", before, || count_of(pid))?;
+    Ok(started.elapsed())
 }
 
 /// `ctr containers restore` (containerd → the gpusnap shim's Create with a checkpoint): a
 /// forged criu.tar is refused before CRIU runs; the honest one restores and counts on.
 #[test]
 fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{
-        container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
-    };
+    use gpusnap_testkit::checkpoint::CkRig;
     let rig = CkRig::start_for(Runtime::Gpusnap)?;
     let run = run_token();
     rig.run_detached(
@@ -273,15 +294,9 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
         "src",
         &["sh", "-c", COUNTER, run.as_str()],
     )?;
-    let src_pid = rig.task_pid("src")?;
-    wait_count(&run, "src", WARM, || count_of(src_pid))?;
     let image = "ck/privilege:1";
-    container_checkpoint_ok(&rig, "src", image, false)?;
-    let before = count_of(src_pid).context("no count after the checkpoint")?;
-    gpusnap_testkit::checkpoint::kill_and_remove(&rig, "src")?;
+    let before = checkpoint_src(&rig, &run, image)?;
 
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
     type Edit = fn(u32, &mut ThreadCoreEntry);
     let cases: [(&str, Edit, &[&str]); 2] = [
         (
@@ -303,24 +318,18 @@ fn ctr_restore_refuses_forged_cores_and_restores_the_honest_one() -> Result<()> 
     ];
     let mut failures = Vec::new();
     for (i, (name, forge, says)) in cases.iter().enumerate() {
-        let dir = tempfile::tempdir()?;
-        tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-        forge_and_reseal(dir.path(), forge)?;
-        write_blob(&blob, &tar_flat_dir(dir.path())?)?;
-        let err = ctr_restore_refused(&rig, &format!("forged{i}"), image)?;
+        let err = ctr_restore_forged(&rig, image, &format!("forged{i}"), |d| {
+            forge_and_reseal(d, forge)
+        })?;
         let missing: Vec<&&str> = says.iter().filter(|s| !err.contains(**s)).collect();
         if !missing.is_empty() {
             failures.push(format!("{name}: {missing:?} missing from {err:?}"));
         }
     }
-    write_blob(&blob, &pristine)?;
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
 
-    let started = Instant::now();
-    container_restore_live_ok(&rig, "honest", image, false)?;
-    let pid = rig.task_pid("honest")?;
-    check_continues("honest", &before, || count_of(pid))?;
-    eprintln!("honest ctr restore took {:?}", started.elapsed());
+    let took = ctr_restore_honest(&rig, image, &before)?;
+    eprintln!("honest ctr restore took {took:?}");
     Ok(())
 }
 
@@ -331,14 +340,7 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().into();
     let config = dir.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n",
-            paths::rig_bin_dir().display()
-        ),
-    )
-    .unwrap();
+    paths::write_criu_config(&config, "").unwrap();
     let env = [
         ("GPUSNAP_CONFIG", config.to_str().unwrap()),
         ("GPUSNAP_LOG", "debug"),
@@ -384,9 +386,7 @@ fn the_check_costs_milliseconds_on_an_honest_checkpoint() {
 /// by one `SECCOMP_RET_ALLOW` is refused before CRIU runs, naming a call the profile stops.
 #[test]
 fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{
-        container_checkpoint_ok, container_restore_live_ok, criu_tar_blob, write_blob, CkRig,
-    };
+    use gpusnap_testkit::checkpoint::CkRig;
     use gpusnap_testkit::rig::RunOpts;
     let rig = CkRig::start_for(Runtime::Gpusnap)?;
     let run = run_token();
@@ -407,20 +407,12 @@ fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()>
             .any(|l| l.starts_with("Seccomp:") && l.ends_with('2')),
         "the container runs without a seccomp filter: {status}"
     );
-    wait_count(&run, "src", WARM, || count_of(src_pid))?;
     let image = "ck/seccomp:1";
-    container_checkpoint_ok(&rig, "src", image, false)?;
-    let before = count_of(src_pid).context("no count after the checkpoint")?;
-    gpusnap_testkit::checkpoint::kill_and_remove(&rig, "src")?;
+    let before = checkpoint_src(&rig, &run, image)?;
 
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
-    let dir = tempfile::tempdir()?;
-    tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-    gpusnap_testkit::seccomp::forge_permissive_and_reseal(dir.path())?;
-    write_blob(&blob, &tar_flat_dir(dir.path())?)?;
-    let err = ctr_restore_refused(&rig, "forged", image)?;
-    write_blob(&blob, &pristine)?;
+    let err = ctr_restore_forged(&rig, image, "forged", |d| {
+        gpusnap_testkit::seccomp::forge_permissive_and_reseal(d)
+    })?;
     for says in [
         "task 1 (core-1.img): seccomp_filter leads to a filter chain in seccomp.img none of \
          whose filters is as strict as the container spec's seccomp profile",
@@ -430,13 +422,7 @@ fn ctr_restore_compares_seccomp_filters_with_the_default_profile() -> Result<()>
         ensure!(err.contains(says), "{says:?} missing from {err:?}");
     }
 
-    let started = Instant::now();
-    container_restore_live_ok(&rig, "honest", image, false)?;
-    let pid = rig.task_pid("honest")?;
-    check_continues("honest", &before, || count_of(pid))?;
-    eprintln!(
-        "honest ctr restore with the default seccomp profile took {:?}",
-        started.elapsed()
-    );
+    let took = ctr_restore_honest(&rig, image, &before)?;
+    eprintln!("honest ctr restore with the default seccomp profile took {took:?}");
     Ok(())
 }

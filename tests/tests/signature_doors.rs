@@ -25,6 +25,7 @@ use gpusnap_testkit::checkpoint::{
     container_checkpoint_ok, container_restore, criu_tar_blob, kill_and_remove, parse_tar,
     read_in_task, rewrite_criu_tar, tar_member, CkRig,
 };
+use gpusnap_testkit::cmd::{check, gpusnap_ok};
 use gpusnap_testkit::counter::{
     check_continues, parse_count, run_token, wait_count, Count, COUNTER, WARM,
 };
@@ -37,26 +38,8 @@ use gpusnap_testkit::{
     describe, gpusnap, text, unique, OutputExt, Registry, RigOptions, Runtime, TaskState,
 };
 
-fn check(f: impl FnOnce() -> Result<()>) {
-    gpusnap_testkit::require_root();
-    if let Err(e) = f() {
-        panic!("{e:#}");
-    }
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test path")
-}
-
-fn gpusnap_ok(args: &[&str]) -> Result<String> {
-    let out = gpusnap(args);
-    ensure!(
-        out.status.success(),
-        "`gpusnap {}` failed: {}",
-        args.join(" "),
-        describe(&out)
-    );
-    Ok(text(&out.stdout))
 }
 
 /// The refusal names the policy, what was wrong and what to do.

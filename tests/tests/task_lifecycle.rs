@@ -125,6 +125,18 @@ fn assert_no_leftovers(rig: &Rig, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// SIGKILL to task `id`, which stops; its delete reports exit code 137.
+fn sigkill_and_delete_task(rig: &Rig, id: &str) -> Result<()> {
+    rig.kill(id, "SIGKILL")?;
+    rig.wait_task_state(id, TaskState::Stopped, SECS_10)?;
+    let code = rig.delete_task(id)?;
+    ensure!(
+        code == 137,
+        "delete of the SIGKILLed task {id}: exit code {code}, want 137"
+    );
+    Ok(())
+}
+
 /// Deterministic pseudo-random bytes covering every byte value.
 fn pattern(len: usize) -> Vec<u8> {
     let mut x: u32 = 0x1234_5678;
@@ -497,13 +509,7 @@ fn kill_signals(rt: Runtime) -> Result<()> {
         "after USR1: {:?}",
         rig.task_state(id)?
     );
-    rig.kill(id, "SIGKILL")?;
-    rig.wait_task_state(id, TaskState::Stopped, SECS_10)?;
-    let code = rig.delete_task(id)?;
-    ensure!(
-        code == 137,
-        "SIGKILLed task exit: exit code {code}, want 137"
-    );
+    sigkill_and_delete_task(&rig, id)?;
 
     // PID 1 without a TERM handler ignores SIGTERM (the kernel drops it), numeric signal works.
     let id = "noterm";
@@ -592,10 +598,7 @@ fn pause_resume(rt: Runtime) -> Result<()> {
     rig.wait_task_state(id, TaskState::Paused, SECS_10)?;
     rig.resume(id)?;
     rig.wait_task_state(id, TaskState::Running, SECS_10)?;
-    rig.kill(id, "SIGKILL")?;
-    rig.wait_task_state(id, TaskState::Stopped, SECS_10)?;
-    let code = rig.delete_task(id)?;
-    ensure!(code == 137, ": exit code {code}, want 137");
+    sigkill_and_delete_task(&rig, id)?;
     Ok(())
 }
 
@@ -731,13 +734,7 @@ fn delete(rt: Runtime) -> Result<()> {
         rig.task_state(id)?
     );
 
-    rig.kill(id, "SIGKILL")?;
-    rig.wait_task_state(id, TaskState::Stopped, SECS_10)?;
-    let code = rig.delete_task(id)?;
-    ensure!(
-        code == 137,
-        "delete of SIGKILLed task: exit code {code}, want 137"
-    );
+    sigkill_and_delete_task(&rig, id)?;
     ensure!(rig.task(id)?.is_none(), "task still listed after delete");
     ensure!(proc_dead(t.pid), "init still alive");
     let out = rig.delete_container(id)?;

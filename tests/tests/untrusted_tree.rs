@@ -183,27 +183,12 @@ fn gpusnap_runc_refuses_a_tree_with_links_before_runc() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The directory as a flat tar of files and symlinks, as containerd's criu.tar holds it.
-fn tar_dir(dir: &Path) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    names.sort();
-    for n in names {
-        b.append_path_with_name(dir.join(&n), &n).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 /// `ctr containers restore` of a real `ctr containers checkpoint` image whose CRIU tar was
 /// altered: containerd unpacks it and hands the directory to the shim, whose restore refuses.
 #[test]
 fn ctr_restore_refuses_a_tree_with_links_before_runc() -> Result<()> {
-    use gpusnap_testkit::checkpoint::{container_restore, criu_tar_blob, write_blob, CkRig};
+    use gpusnap_testkit::checkpoint::{container_restore, CkRig};
+    use gpusnap_testkit::refused_restore::CriuTar;
     use gpusnap_testkit::{OutputExt, Runtime};
     let _serial = serial();
     let sentinel = Sentinel::new();
@@ -212,8 +197,7 @@ fn ctr_restore_refuses_a_tree_with_links_before_runc() -> Result<()> {
     rig.run_detached(Runtime::Gpusnap, "src", &["sleep", "1000"])?;
     let image = "ck/tree:1";
     gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, "src", image, false)?;
-    let blob = criu_tar_blob(&rig, image)?;
-    let pristine = fs::read(&blob)?;
+    let criu_tar = CriuTar::of(&rig, image)?;
 
     // The honest checkpoint restores (the walk passes what containerd unpacks).
     let out = container_restore(&rig, "honest", image, false, true)?;
@@ -228,25 +212,15 @@ fn ctr_restore_refuses_a_tree_with_links_before_runc() -> Result<()> {
 
     let mut failures = Vec::new();
     for (i, m) in mutations().iter().filter(|m| m.through_ctr).enumerate() {
-        let dir = tempfile::tempdir()?;
-        tar::Archive::new(&pristine[..]).unpack(dir.path())?;
-        (m.apply)(dir.path(), &sentinel);
-        write_blob(&blob, &tar_dir(dir.path()))?;
-        let id = format!("tree{i}");
-        let out = container_restore(&rig, &id, image, false, true)?;
-        let err = out.stderr_str();
-        let running = rig.task(&id)?.is_some_and(|t| t.pid != 0);
-        if out.status.success() || !err.contains(m.says) || running {
-            failures.push(format!(
-                "{}: success={} running={running} stderr={err:?}",
-                m.name,
-                out.status.success()
-            ));
+        let restore = criu_tar.restore_altered(&format!("tree{i}"), |d| {
+            (m.apply)(d, &sentinel);
+            Ok(())
+        })?;
+        if let Err(e) = restore.refused_saying(m.says) {
+            failures.push(format!("{}: {e}", m.name));
         }
-        let _ = rig.ctr(&["tasks", "delete", "--force", &id]);
-        let _ = rig.ctr(&["containers", "delete", &id]);
     }
-    write_blob(&blob, &pristine)?;
+    criu_tar.put_back()?;
     ensure!(sentinel.checksum() == before, "the host tree changed");
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())

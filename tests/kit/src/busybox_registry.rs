@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::cmd::{describe, gpusnap};
+use crate::cmd::gpusnap_ok;
 use crate::{paths, Registry};
 
 /// Where the busybox test image lives in the registry.
@@ -47,17 +47,6 @@ pub fn publish_archive(
     ])?;
     gpusnap_ok(&["image", "push", path_str(&oci)?, &reg.url(repo_tag)])?;
     Ok(reference)
-}
-
-fn gpusnap_ok(args: &[&str]) -> Result<()> {
-    let out = gpusnap(args);
-    ensure!(
-        out.status.success(),
-        "`gpusnap {}` failed: {}",
-        args.join(" "),
-        describe(&out)
-    );
-    Ok(())
 }
 
 fn path_str(p: &Path) -> Result<&str> {

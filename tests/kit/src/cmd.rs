@@ -290,6 +290,15 @@ pub fn require_root() {
     );
 }
 
+/// Runs a test body that needs root ([`require_root`]); an error fails the test with its
+/// whole chain of causes.
+pub fn check(f: impl FnOnce() -> Result<()>) {
+    require_root();
+    if let Err(e) = f() {
+        panic!("{e:#}");
+    }
+}
+
 /// Bytes as text, lossily.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -326,6 +335,38 @@ pub fn run_ok(cmd: &mut Command) -> String {
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?} failed: {}", describe(&out));
     text(&out.stdout)
+}
+
+/// `out`'s stdout, trimmed, if `program args` (which it is the output of) succeeded; otherwise
+/// an error naming the command, with both streams.
+pub fn trimmed_stdout_ok<S: AsRef<std::ffi::OsStr>>(
+    program: &str,
+    args: &[S],
+    out: &Output,
+) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.iter()
+                .map(|a| a.as_ref().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" "),
+            describe(out)
+        );
+    }
+    Ok(text(&out.stdout).trim().to_string())
+}
+
+/// [`gpusnap`] `args`, which must succeed; its stdout.
+pub fn gpusnap_ok(args: &[&str]) -> Result<String> {
+    let out = gpusnap(args);
+    anyhow::ensure!(
+        out.status.success(),
+        "`gpusnap {}` failed: {}",
+        args.join(" "),
+        describe(&out)
+    );
+    Ok(text(&out.stdout))
 }
 
 /// Runs the workspace's `gpusnap` CLI (found by [`crate::paths::binary`]) with `args`, stdin

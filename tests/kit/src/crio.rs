@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::cmd::{describe, run_with_timeout, Spawned};
+use crate::cmd::{describe, run_with_timeout, trimmed_stdout_ok, Spawned};
 use crate::paths::{self, busybox_archive, pause_archive, rig_bin_dir};
 use crate::podman::{parse_count, processes_with, Count, COUNTER};
 use crate::rig::Rig;
@@ -276,18 +276,7 @@ impl Crio {
 
     /// `crictl ARGS`, stdout trimmed, or an error with both streams.
     pub fn ok<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<String> {
-        let out = self.crictl(args)?;
-        if !out.status.success() {
-            bail!(
-                "crictl {}: {}",
-                args.iter()
-                    .map(|a| a.as_ref().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                describe(&out)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        trimmed_stdout_ok("crictl", args, &self.crictl(args)?)
     }
 
     fn write_json(&self, stem: &str, v: &serde_json::Value) -> Result<PathBuf> {
@@ -437,21 +426,7 @@ impl Drop for Crio {
                 }
             }
         }
-        for _ in 0..3 {
-            let mut mounts = Rig::mounts_under(self.dir.path());
-            if mounts.is_empty() {
-                break;
-            }
-            mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-            for m in mounts {
-                if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
-                    // SAFETY: umount2 with a valid NUL-terminated path under this directory.
-                    unsafe {
-                        libc::umount2(c.as_ptr(), libc::MNT_DETACH);
-                    }
-                }
-            }
-        }
+        Rig::unmount_all_under(self.dir.path());
     }
 }
 

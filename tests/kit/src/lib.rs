@@ -72,6 +72,7 @@ pub mod pty;
 pub mod refused_restore;
 pub mod registry;
 pub mod rig;
+pub mod runc_gpu;
 pub mod scenario;
 pub mod seccomp;
 pub mod signing;

@@ -20,6 +20,17 @@ pub fn rig_bin_dir() -> PathBuf {
     rig_prefix().join("bin")
 }
 
+/// The gpusnap config table naming the rig's CRIU (`[criu] binary_dir`), which runc (run by
+/// gpusnap-runc) would otherwise look for on its PATH.
+pub fn criu_config() -> String {
+    format!("[criu]\nbinary_dir = \"{}\"\n", rig_bin_dir().display())
+}
+
+/// A gpusnap config at `path`: [`criu_config`] and then `extra`.
+pub fn write_criu_config(path: &Path, extra: &str) -> std::io::Result<()> {
+    std::fs::write(path, format!("{}{extra}", criu_config()))
+}
+
 /// `<prefix>/images/busybox.oci.tar` (`docker.io/gpusnap/busybox:test`).
 pub fn busybox_archive() -> PathBuf {
     rig_prefix().join("images/busybox.oci.tar")

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 
-use crate::cmd::{describe, run_with_timeout};
+use crate::cmd::{describe, run_with_timeout, trimmed_stdout_ok};
 use crate::paths::{self, busybox_archive, require_tool};
 use crate::rig::Rig;
 
@@ -233,18 +233,7 @@ impl Podman {
 
     /// Runs podman and returns its stdout, trimmed; an error with both streams otherwise.
     pub fn ok<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<String> {
-        let out = self.run(args)?;
-        if !out.status.success() {
-            bail!(
-                "podman {}: {}",
-                args.iter()
-                    .map(|a| a.as_ref().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                describe(&out)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        trimmed_stdout_ok("podman", args, &self.run(args)?)
     }
 
     /// `podman run -d --runtime gpusnap --name NAME busybox sh -c COUNTER MARKER`; returns the

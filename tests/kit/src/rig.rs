@@ -1009,6 +1009,27 @@ impl Rig {
             .collect())
     }
 
+    /// Detaches every mount under `path`, deepest first, in up to three passes (a detach can
+    /// uncover a mount below it); returns whether none is left.
+    pub fn unmount_all_under(path: &Path) -> bool {
+        for _ in 0..3 {
+            let mut mounts = Rig::mounts_under(path);
+            if mounts.is_empty() {
+                break;
+            }
+            mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+            for m in mounts {
+                if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
+                    // SAFETY: umount2 with a valid NUL-terminated path.
+                    unsafe {
+                        libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+                    }
+                }
+            }
+        }
+        Rig::mounts_under(path).is_empty()
+    }
+
     /// Mount points at or below `path` (from /proc/self/mountinfo).
     pub fn mounts_under(path: &Path) -> Vec<PathBuf> {
         let s = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -1100,25 +1121,7 @@ impl Rig {
         }
         let _ = fs::remove_dir(self.runc_root());
         // 6. Unmount everything under the rig dir, deepest first.
-        let mut unmount_failed = false;
-        for _ in 0..3 {
-            let mut mounts = Rig::mounts_under(&self.dir);
-            if mounts.is_empty() {
-                break;
-            }
-            mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-            for m in mounts {
-                if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) {
-                    // SAFETY: umount2 with a valid NUL-terminated path.
-                    unsafe {
-                        libc::umount2(c.as_ptr(), libc::MNT_DETACH);
-                    }
-                }
-            }
-        }
-        if !Rig::mounts_under(&self.dir).is_empty() {
-            unmount_failed = true;
-        }
+        let unmount_failed = !Rig::unmount_all_under(&self.dir);
         // 7. Empty cgroup directories /<hierarchy>/<ns>[/...].
         remove_cgroup_dirs(&self.ns);
         // 8. The directory itself.
