@@ -5,16 +5,12 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use gpusnap_oci_image::{self as image, BuildOptions, ImageError, LayerRole, RegistryOptions};
+use gpusnap_oci_image::{self as image, ImageError, LayerRole, RegistryOptions};
 use gpusnap_testkit::cmd::run_ok;
 use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::paths::find_tool;
 use gpusnap_testkit::registry::{free_tcp_port, Registry};
 use serde_json::Value;
-
-fn registry() -> Registry {
-    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
-}
 
 fn opts() -> RegistryOptions {
     RegistryOptions::default()
@@ -37,15 +33,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     let reg = registry();
     let fx = fixture();
     let archive = fx.work.path().join("image.oci.tar");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_unchunked(&fx.archive, None, Some(&archive));
     let reference = reg.url("gpusnap/trainer:v1");
 
     let first = image::push(&archive, &reference, &opts()).unwrap();
@@ -101,15 +89,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     // A second image of the same checkpoint (built from the bare directory) shares its GPU
     // extent layers with the first: the registry already has them, so they are not re-sent.
     let cp_image = fx.work.path().join("cp.oci.tar");
-    image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            archive_path: Some(cp_image.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_unchunked(&fx.checkpoint_dir, None, Some(&cp_image));
     let second = image::push(&cp_image, &reg.url("gpusnap/trainer:cp-only"), &opts()).unwrap();
     for l in built
         .layers
@@ -143,15 +123,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let reference = reg.url("gpusnap/trainer:tampered");
     image::push(&layout, &reference, &opts()).unwrap();
 
@@ -206,15 +178,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
     let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
-    image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_layout(&fx.checkpoint_dir, &layout);
     // Without http:// (and without plain_http) the client speaks TLS, which a plain-HTTP
     // registry does not: the handshake fails, nothing falls back to plain HTTP.
     let bare = format!("127.0.0.1:{}/gpusnap/x:y", reg.port());
@@ -259,6 +223,9 @@ use gpusnap_oci_image::{Credentials, Digest, SignatureOptions};
 use gpusnap_testkit::registry::RegistrySetup;
 use std::path::PathBuf;
 
+mod common;
+use common::{build_layout, build_unchunked, entries, registry};
+
 fn secure_registry() -> Registry {
     Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -298,31 +265,13 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (key, public)
 }
 
-/// The entries of `dir` (to show that a failed pull left nothing beside its destination).
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     let reg = secure_registry();
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let o = secure_opts(&reg, w);
     let tag = reg.image("gpusnap/secure:v1");
 
@@ -462,15 +411,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let o = secure_opts(&reg, w);
     let tag = reg.image("gpusnap/bad:v1");
     image::push(&layout, &tag, &o).unwrap();
@@ -584,15 +525,7 @@ fn signatures_require_warn_off() {
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.checkpoint_dir, &layout);
     let (key, public) = key_pair(w, "signer");
     let (_other_key, other_public) = key_pair(w, "other");
     let o = secure_opts(&reg, w);
@@ -727,15 +660,7 @@ fn signatures_require_warn_off() {
     // A valid signature of another image, replayed under this image's .sig tag, is refused:
     // the payload names the digest it was made for.
     let cri = w.join("cri-layout");
-    let cri_built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(cri.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let cri_built = build_layout(&fx.archive, &cri);
     let replay = reg.image("gpusnap/replay:v1");
     image::push(&cri, &replay, &o).unwrap();
     let signed_other = reg.image("gpusnap/replay:signed");
