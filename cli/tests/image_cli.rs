@@ -5,56 +5,17 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use gpusnap_testkit::fixtures::{fixture, tree, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::fixtures::{fixture, CONTAINER_ID, GPU_EXTENTS};
 use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
+mod common;
+use common::{assert_same_tree_with_origin, gpusnap, json, ok, registry, s};
+
 /// The GPU extent the tests follow through build, push and pull.
 const GPU_EXTENT: &str = GPU_EXTENTS[1];
-
-fn registry() -> Registry {
-    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-fn gpusnap(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(paths::binary("gpusnap"));
-    if let Some(c) = config {
-        cmd.arg("--config").arg(c);
-    }
-    cmd.args(args)
-        .env("COLUMNS", "100")
-        .env_remove("GPUSNAP_LOG")
-        .output()
-        .unwrap()
-}
-
-fn ok(config: Option<&Path>, args: &[&str]) -> Output {
-    let out = gpusnap(config, args);
-    assert!(out.status.success(), "gpusnap {args:?}: {}", describe(&out));
-    out
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// `got` holds what `want` holds, plus the origin record extract writes.
-fn assert_same_tree_with_origin(got: &Path, want: &Path) {
-    let mut g = tree(got);
-    assert!(
-        g.remove("gpusnap-origin.json").is_some(),
-        "no origin record in {}",
-        got.display()
-    );
-    assert_eq!(g, tree(want), "{} vs {}", got.display(), want.display());
-}
 
 /// Config whose `restore.checkpoint_root` is `root`, with a node store of its own in `dir`.
 fn config_with_root(dir: &Path, root: &Path) -> PathBuf {
