@@ -64,6 +64,17 @@ struct Case {
     expect: &'static str,
 }
 
+impl Case {
+    /// A case of one uncompressed layer of these entries.
+    fn one_layer(name: &'static str, entries: &[E<'_>], expect: &'static str) -> Case {
+        Case {
+            name,
+            layers: vec![(layer_tar(entries), false)],
+            expect,
+        }
+    }
+}
+
 /// A host directory an escaping entry would reach, with its tree (modes, sizes, digests).
 fn sentinel(top: &Path) -> (PathBuf, std::collections::BTreeMap<String, Node>) {
     let s = top.join("sentinel");
@@ -89,124 +100,87 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         ])
     };
     let cases = vec![
-        Case {
-            name: "absolute symlink",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/evil", &sentinel_abs),
-                ]),
-                false,
-            )],
-            expect: "absolute symlink",
-        },
-        Case {
-            name: "checkpoint is a symlink",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("real"),
-                    E::Symlink("checkpoint", "real"),
-                    E::File("checkpoint/x", b"x"),
-                ]),
-                false,
-            )],
-            expect: "symlink where the checkpoint has its own files",
-        },
-        Case {
-            name: "relative symlink out of the root",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/up", "../../sentinel"),
-                ]),
-                false,
-            )],
-            expect: "leads outside",
-        },
-        Case {
-            name: "dot-dot entry",
-            layers: vec![(layer_tar(&[E::File("../sentinel/pwned", b"x")]), false)],
-            expect: "..",
-        },
-        Case {
-            name: "dot-dot inside a path",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/../../sentinel/pwned", b"x"),
-                ]),
-                false,
-            )],
-            expect: "..",
-        },
-        Case {
-            name: "absolute entry name",
-            layers: vec![(
-                layer_tar(&[E::File(&format!("{sentinel_abs}/pwned"), b"x")]),
-                false,
-            )],
-            expect: "absolute",
-        },
-        Case {
-            name: "whiteout",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/.wh.pages-1.img", b""),
-                ]),
-                false,
-            )],
-            expect: "whiteout",
-        },
-        Case {
-            name: "opaque whiteout",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/.wh..wh..opq", b""),
-                ]),
-                false,
-            )],
-            expect: "whiteout",
-        },
-        Case {
-            name: "character device",
-            layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::CharDev("checkpoint/null")]),
-                false,
-            )],
-            expect: "character device",
-        },
-        Case {
-            name: "fifo",
-            layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")]),
-                false,
-            )],
-            expect: "FIFO",
-        },
-        Case {
-            name: "hard link out (absolute)",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::HardLink("checkpoint/hl", &passwd_abs),
-                ]),
-                false,
-            )],
-            expect: "hard link",
-        },
-        Case {
-            name: "hard link out (relative)",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
-                ]),
-                false,
-            )],
-            expect: "hard link",
-        },
+        Case::one_layer(
+            "absolute symlink",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/evil", &sentinel_abs),
+            ],
+            "absolute symlink",
+        ),
+        Case::one_layer(
+            "checkpoint is a symlink",
+            &[
+                E::Dir("real"),
+                E::Symlink("checkpoint", "real"),
+                E::File("checkpoint/x", b"x"),
+            ],
+            "symlink where the checkpoint has its own files",
+        ),
+        Case::one_layer(
+            "relative symlink out of the root",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/up", "../../sentinel"),
+            ],
+            "leads outside",
+        ),
+        Case::one_layer("dot-dot entry", &[E::File("../sentinel/pwned", b"x")], ".."),
+        Case::one_layer(
+            "dot-dot inside a path",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/../../sentinel/pwned", b"x"),
+            ],
+            "..",
+        ),
+        Case::one_layer(
+            "absolute entry name",
+            &[E::File(&format!("{sentinel_abs}/pwned"), b"x")],
+            "absolute",
+        ),
+        Case::one_layer(
+            "whiteout",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/.wh.pages-1.img", b""),
+            ],
+            "whiteout",
+        ),
+        Case::one_layer(
+            "opaque whiteout",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/.wh..wh..opq", b""),
+            ],
+            "whiteout",
+        ),
+        Case::one_layer(
+            "character device",
+            &[E::Dir("checkpoint"), E::CharDev("checkpoint/null")],
+            "character device",
+        ),
+        Case::one_layer(
+            "fifo",
+            &[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")],
+            "FIFO",
+        ),
+        Case::one_layer(
+            "hard link out (absolute)",
+            &[
+                E::Dir("checkpoint"),
+                E::HardLink("checkpoint/hl", &passwd_abs),
+            ],
+            "hard link",
+        ),
+        Case::one_layer(
+            "hard link out (relative)",
+            &[
+                E::Dir("checkpoint"),
+                E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
+            ],
+            "hard link",
+        ),
         Case {
             name: "gzip bomb",
             layers: vec![(bomb, true)],
@@ -227,18 +201,15 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
             ],
             expect: "passes through a symlink",
         },
-        Case {
-            name: "path through a symlink to the parent, same layer",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/up", ".."),
-                    E::File("checkpoint/up/config.dump", b"x"),
-                ]),
-                false,
-            )],
-            expect: "passes through a symlink",
-        },
+        Case::one_layer(
+            "path through a symlink to the parent, same layer",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/up", ".."),
+                E::File("checkpoint/up/config.dump", b"x"),
+            ],
+            "passes through a symlink",
+        ),
         Case {
             name: "file over a symlink an earlier layer made",
             layers: vec![

@@ -5,13 +5,13 @@
 
 use std::fs;
 
-use gpusnap_oci_image::{self as image, ImageError, LayerRole};
+use gpusnap_oci_image::{self as image, ImageError};
 use gpusnap_oci_image::{RegistryOptions, SourceLayout};
 use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::hand_layout::write_layout;
 
 mod common;
-use common::{build_layout, entries, registry};
+use common::{build_layout, entries, registry, second_gpu_extent};
 
 #[test]
 fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
@@ -83,15 +83,7 @@ fn failed_pull_extracts_leave_nothing() {
         assert!(!dest.exists(), "{what}: {} exists", dest.display());
         assert!(entries(&out).is_empty(), "{what}: left {:?}", entries(&out));
     };
-    let extent = built
-        .layers
-        .iter()
-        .filter(|l| l.role == LayerRole::GpuExtent)
-        .nth(1)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = second_gpu_extent(&built);
     let data = reg.blob_data(extent.as_str());
     let original = fs::read(&data).unwrap();
 

@@ -128,15 +128,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     image::push(&layout, &reference, &opts()).unwrap();
 
     // Corrupt the second GPU extent in the registry's own storage (same size).
-    let extent = built
-        .layers
-        .iter()
-        .filter(|l| l.role == LayerRole::GpuExtent)
-        .nth(1)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = second_gpu_extent(&built);
     let data = reg.blob_data(extent.as_str());
     assert!(
         data.is_file(),
@@ -224,7 +216,7 @@ use gpusnap_testkit::registry::RegistrySetup;
 use std::path::PathBuf;
 
 mod common;
-use common::{build_layout, build_unchunked, entries, registry};
+use common::{build_layout, build_unchunked, entries, registry, second_gpu_extent};
 
 fn secure_registry() -> Registry {
     Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"))

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use gpusnap_oci_image::{self as image, BuildOptions, BuiltImage};
+use gpusnap_oci_image::{self as image, BuildOptions, BuiltImage, Digest, LayerRole};
 use gpusnap_testkit::registry::Registry;
 
 /// A private plain-HTTP registry on loopback.
@@ -39,4 +39,17 @@ pub fn build_unchunked(source: &Path, layout: Option<&Path>, archive: Option<&Pa
         },
     )
     .unwrap()
+}
+
+/// The digest of the second GPU extent layer of `built` (the one tests tamper with).
+pub fn second_gpu_extent(built: &BuiltImage) -> Digest {
+    built
+        .layers
+        .iter()
+        .filter(|l| l.role == LayerRole::GpuExtent)
+        .nth(1)
+        .unwrap()
+        .descriptor
+        .digest
+        .clone()
 }
