@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpusnap_testkit::fixtures::{fixture, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::signing::{keypair, KeyPair};
 use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
@@ -350,27 +351,6 @@ fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
 
 use gpusnap_testkit::registry::RegistrySetup;
 
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(format!("{name}.key"));
-    let public = dir.join(format!("{name}.pub"));
-    for args in [
-        vec![
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            s(&key),
-        ],
-        vec!["pkey", "-in", s(&key), "-pubout", "-out", s(&public)],
-    ] {
-        let out = Command::new("openssl").args(&args).output().unwrap();
-        assert!(out.status.success(), "openssl {args:?}: {}", describe(&out));
-    }
-    (key, public)
-}
-
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .map(|d| {
@@ -392,7 +372,10 @@ fn secure_registry_sign_and_pull_by_policy() {
     let ca = reg.ca_file().unwrap();
     let docker = reg.write_docker_config(&w.join("docker")).unwrap();
     let conn = ["--ca-file", s(&ca), "--registry-config", s(&docker)];
-    let (key, public) = key_pair(w, "signer");
+    let KeyPair {
+        private: key,
+        public,
+    } = keypair(w, "signer").unwrap();
     let signed = reg.image("ckpt/trainer:signed");
     // Another repository: a signature binds a digest, so any tag of the same digest in the
     // same repository is signed too.

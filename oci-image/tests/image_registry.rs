@@ -10,6 +10,7 @@ use gpusnap_testkit::cmd::run_ok;
 use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::paths::find_tool;
 use gpusnap_testkit::registry::{free_tcp_port, Registry};
+use gpusnap_testkit::signing::{keypair, KeyPair};
 use serde_json::Value;
 
 fn opts() -> RegistryOptions {
@@ -231,30 +232,6 @@ fn secure_opts(reg: &Registry, dir: &Path) -> RegistryOptions {
         ),
         ..opts()
     }
-}
-
-/// An ECDSA P-256 key pair made with openssl: (PKCS#8 private key, PKIX public key).
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(format!("{name}.key"));
-    let public = dir.join(format!("{name}.pub"));
-    run_ok(Command::new("openssl").args([
-        "genpkey",
-        "-algorithm",
-        "EC",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-out",
-        key.to_str().unwrap(),
-    ]));
-    run_ok(Command::new("openssl").args([
-        "pkey",
-        "-in",
-        key.to_str().unwrap(),
-        "-pubout",
-        "-out",
-        public.to_str().unwrap(),
-    ]));
-    (key, public)
 }
 
 #[test]
@@ -518,8 +495,11 @@ fn signatures_require_warn_off() {
     let w = fx.work.path();
     let layout = w.join("layout");
     let built = build_layout(&fx.checkpoint_dir, &layout);
-    let (key, public) = key_pair(w, "signer");
-    let (_other_key, other_public) = key_pair(w, "other");
+    let KeyPair {
+        private: key,
+        public,
+    } = keypair(w, "signer").unwrap();
+    let other_public = keypair(w, "other").unwrap().public;
     let o = secure_opts(&reg, w);
     let signed = reg.image("gpusnap/signed:v1");
     let unsigned = reg.image("gpusnap/unsigned:v1");
@@ -626,7 +606,10 @@ fn signatures_require_warn_off() {
     assert_eq!(report.signature, SignatureCheck::NotChecked);
 
     // A second key signs the same image: both signatures are kept, either key verifies.
-    let (key2, public2) = key_pair(w, "second");
+    let KeyPair {
+        private: key2,
+        public: public2,
+    } = keypair(w, "second").unwrap();
     let second = image::sign(&signed, &key2, &o).unwrap();
     assert_eq!(second.signatures, 2);
     assert!(!second.pinned);
