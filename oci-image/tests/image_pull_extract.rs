@@ -11,7 +11,10 @@ use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::hand_layout::write_layout;
 
 mod common;
-use common::{build_layout, entries, registry, second_gpu_extent};
+use common::{
+    assert_digest_mismatch, assert_size_mismatch, build_layout, entries, registry,
+    second_gpu_extent,
+};
 
 #[test]
 fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
@@ -94,10 +97,7 @@ fn failed_pull_extracts_leave_nothing() {
     flipped[mid] ^= 0xff;
     fs::write(&data, &flipped).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     assert!(err.to_string().contains(extent.as_str()), "{err}");
     nothing_left("tampered extent");
 
@@ -106,10 +106,7 @@ fn failed_pull_extracts_leave_nothing() {
     header[10] ^= 0xff;
     fs::write(&data, &header).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     nothing_left("damaged tar header");
 
     // Longer and shorter than its descriptor.
@@ -117,17 +114,11 @@ fn failed_pull_extracts_leave_nothing() {
     longer.extend_from_slice(&[0u8; 4096]);
     fs::write(&data, &longer).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     nothing_left("longer blob");
     fs::write(&data, &original[..original.len() - 512]).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     nothing_left("shorter blob");
     fs::write(&data, &original).unwrap();
 

@@ -159,10 +159,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     let bytes = fs::read(&config).unwrap();
     fs::write(&config, &bytes[..bytes.len() / 2]).unwrap();
     let err = image::pull(&reference, &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == built.config_digest),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &built.config_digest);
     assert!(!dest.exists());
 }
 
@@ -217,7 +214,10 @@ use gpusnap_testkit::registry::RegistrySetup;
 use std::path::PathBuf;
 
 mod common;
-use common::{build_layout, build_unchunked, entries, registry, second_gpu_extent};
+use common::{
+    assert_digest_mismatch, assert_size_mismatch, build_layout, build_unchunked, entries, registry,
+    second_gpu_extent,
+};
 
 fn secure_registry() -> Registry {
     Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"))
@@ -358,16 +358,13 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
 
     // skopeo reads what we pushed, with the same CA and credentials.
     let skopeo = find_tool("skopeo").expect("skopeo (scripts/setup-env.sh)");
-    let certs = w.join("skopeo-certs");
-    fs::create_dir_all(&certs).unwrap();
-    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
-    let (user, password) = reg.credentials().unwrap();
+    let (certs, creds) = skopeo_auth(&reg, w);
     let out = run_ok(Command::new(skopeo).args([
         "inspect",
         "--cert-dir",
         certs.to_str().unwrap(),
         "--creds",
-        &format!("{user}:{password}"),
+        &creds,
         &format!("docker://{tag}"),
     ]));
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -445,10 +442,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     longer.extend_from_slice(&[0u8; 4096]);
     fs::write(&data, &longer).unwrap();
     let err = image::pull(&tag, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     check_nothing_left("oversized blob");
 
     // Same size, different bytes: the digest check while streaming refuses it.
@@ -457,10 +451,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     flipped[mid] ^= 0xff;
     fs::write(&data, &flipped).unwrap();
     let err = image::pull(&tag, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     check_nothing_left("tampered blob");
     fs::write(&data, &original).unwrap();
 
@@ -475,10 +466,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     fs::write(&index_data, &altered).unwrap();
     let pinned = reg.image(&format!("gpusnap/bad@{}", built.index_digest));
     let err = image::pull(&pinned, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == built.index_digest),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &built.index_digest);
     check_nothing_left("tampered index");
     fs::write(&index_data, &index_bytes).unwrap();
 
@@ -486,6 +474,21 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     let report = image::pull(&tag, &dest, &o).unwrap();
     assert_eq!(report.digest, built.index_digest);
     assert_eq!(entries(&out), vec!["pulled".to_owned()]);
+}
+
+/// skopeo's cert directory (the registry's CA) under `dir` and its `USER:PASSWORD`.
+fn skopeo_auth(reg: &Registry, dir: &Path) -> (PathBuf, String) {
+    let certs = dir.join("skopeo-certs");
+    fs::create_dir_all(&certs).unwrap();
+    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
+    let (user, password) = reg.credentials().unwrap();
+    (certs, format!("{user}:{password}"))
+}
+
+/// `err` refuses an image for want of a trusted signature, saying `says`.
+fn assert_signature_required(err: &ImageError, says: &str) {
+    assert!(matches!(err, ImageError::SignatureRequired { .. }), "{err}");
+    assert!(err.to_string().contains(says), "{err}");
 }
 
 #[test]
@@ -565,11 +568,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("no signature"), "{err}");
+    assert_signature_required(&err, "no signature");
     // require + a key that did not sign it: refused.
     let err = image::pull(
         &signed,
@@ -577,11 +576,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![other_public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("none by a trusted key"), "{err}");
+    assert_signature_required(&err, "none by a trusted key");
     assert_eq!(entries(&out), vec!["a".to_owned()]);
 
     // warn: proceeds, records why.
@@ -649,11 +644,7 @@ fn signatures_require_warn_off() {
     )
     .unwrap();
     let skopeo = find_tool("skopeo").expect("skopeo (scripts/setup-env.sh)");
-    let certs = w.join("skopeo-certs");
-    fs::create_dir_all(&certs).unwrap();
-    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
-    let (user, password) = reg.credentials().unwrap();
-    let creds = format!("{user}:{password}");
+    let (certs, creds) = skopeo_auth(&reg, w);
     run_ok(Command::new(skopeo).args([
         "copy",
         "--src-cert-dir",
@@ -685,15 +676,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string()
-            .contains(&format!("for {}", built.index_digest)),
-        "{err}"
-    );
+    assert_signature_required(&err, &format!("for {}", built.index_digest));
 
     // An encrypted cosign.key (scrypt + secretbox, as `cosign generate-key-pair` writes it).
     let pair = sigstore::crypto::SigningScheme::ECDSA_P256_SHA256_ASN1
@@ -837,10 +820,7 @@ fn redirected_blobs_are_held_to_their_digest() {
     );
     let dest = w.path().join("bad");
     let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == ld),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &ld);
     assert!(!dest.exists());
 
     // Storage serving more bytes: refused by size.
@@ -848,10 +828,7 @@ fn redirected_blobs_are_held_to_their_digest() {
     long.extend_from_slice(b"more");
     let (port, _) = redirecting_registry(manifest, vec![(cd, config), (ld.clone(), long)]);
     let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == ld),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &ld);
     assert!(!dest.exists());
     assert_eq!(entries(w.path()), vec!["ok".to_owned()]);
 }

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use gpusnap_oci_image::{self as image, BuildOptions, BuiltImage, Digest, LayerRole};
+use gpusnap_oci_image::{self as image, BuildOptions, BuiltImage, Digest, ImageError, LayerRole};
 use gpusnap_testkit::registry::Registry;
 
 /// A private plain-HTTP registry on loopback.
@@ -52,4 +52,20 @@ pub fn second_gpu_extent(built: &BuiltImage) -> Digest {
         .descriptor
         .digest
         .clone()
+}
+
+/// `err` is the digest check refusing the blob `digest`.
+pub fn assert_digest_mismatch(err: &ImageError, digest: &Digest) {
+    assert!(
+        matches!(err, ImageError::DigestMismatch { expected, .. } if expected == digest),
+        "{err}"
+    );
+}
+
+/// `err` is the size check refusing the blob `digest`.
+pub fn assert_size_mismatch(err: &ImageError, digest: &Digest) {
+    assert!(
+        matches!(err, ImageError::SizeMismatch { digest: d, .. } if d == digest),
+        "{err}"
+    );
 }
