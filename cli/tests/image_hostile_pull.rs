@@ -54,8 +54,8 @@ fn layer_tar(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-/// Pushes `layout` as `repo:tag` and pulls it with `--extract DEST`; returns the pull's output.
-fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &Path) -> Output {
+/// Pushes `layout` as `repo:tag`, which must succeed; returns the image reference.
+fn push(reg: &Registry, layout: &Path, repo_tag: &str) -> String {
     let reference = reg.image(repo_tag);
     let out = gpusnap(&[
         "image",
@@ -65,6 +65,12 @@ fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &
         "--plain-http",
     ]);
     assert!(out.status.success(), "push: {}", describe(&out));
+    reference
+}
+
+/// Pushes `layout` as `repo:tag` and pulls it with `--extract DEST`; returns the pull's output.
+fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &Path) -> Output {
+    let reference = push(reg, layout, repo_tag);
     gpusnap(&[
         "image",
         "pull",
@@ -353,15 +359,7 @@ fn an_oversized_json_in_a_layer_is_refused_unread() {
     let out_dir = work.path().join("out");
     fs::create_dir_all(&out_dir).unwrap();
     let dest = out_dir.join("ck");
-    let reference = reg.image("hostile/big-json:1");
-    let out = gpusnap(&[
-        "image",
-        "push",
-        layout.to_str().unwrap(),
-        &reference,
-        "--plain-http",
-    ]);
-    assert!(out.status.success(), "push: {}", describe(&out));
+    let reference = push(&reg, &layout, "hostile/big-json:1");
     // The pull's own peak resident set, from GNU time (which forks it from a small process:
     // a child spawned straight from this test would inherit the test's own high-water mark).
     let out = Command::new("/usr/bin/time")

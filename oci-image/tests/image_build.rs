@@ -14,7 +14,7 @@ use gpusnap_testkit::paths::require_tool;
 use serde_json::Value;
 
 mod common;
-use common::{build_layout, build_unchunked};
+use common::{build_layout, build_unchunked, gpu_extent};
 
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -428,14 +428,7 @@ fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     let built = build_layout(&fx.archive, &layout);
-    let extent = built
-        .layers
-        .iter()
-        .find(|l| l.role == LayerRole::GpuExtent)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = gpu_extent(&built, 0);
 
     // One flipped byte in a GPU extent layer.
     let bad = fx.work.path().join("bad");

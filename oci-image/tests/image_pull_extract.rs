@@ -12,8 +12,7 @@ use gpusnap_testkit::hand_layout::write_layout;
 
 mod common;
 use common::{
-    assert_digest_mismatch, assert_size_mismatch, build_layout, entries, registry,
-    second_gpu_extent,
+    assert_digest_mismatch, assert_size_mismatch, build_layout, entries, gpu_extent, registry,
 };
 
 #[test]
@@ -86,7 +85,7 @@ fn failed_pull_extracts_leave_nothing() {
         assert!(!dest.exists(), "{what}: {} exists", dest.display());
         assert!(entries(&out).is_empty(), "{what}: left {:?}", entries(&out));
     };
-    let extent = second_gpu_extent(&built);
+    let extent = gpu_extent(&built, 1);
     let data = reg.blob_data(extent.as_str());
     let original = fs::read(&data).unwrap();
 

@@ -129,7 +129,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     image::push(&layout, &reference, &opts()).unwrap();
 
     // Corrupt the second GPU extent in the registry's own storage (same size).
-    let extent = second_gpu_extent(&built);
+    let extent = gpu_extent(&built, 1);
     let data = reg.blob_data(extent.as_str());
     assert!(
         data.is_file(),
@@ -215,8 +215,8 @@ use std::path::PathBuf;
 
 mod common;
 use common::{
-    assert_digest_mismatch, assert_size_mismatch, build_layout, build_unchunked, entries, registry,
-    second_gpu_extent,
+    assert_digest_mismatch, assert_size_mismatch, build_layout, build_unchunked, entries,
+    gpu_extent, registry,
 };
 
 fn secure_registry() -> Registry {
@@ -270,13 +270,7 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
         },
     )
     .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
-        ),
-        "{err}"
-    );
+    assert_auth_refused(&err);
     // Wrong password.
     let err = image::push(
         &layout,
@@ -290,13 +284,7 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
         },
     )
     .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
-        ),
-        "{err}"
-    );
+    assert_auth_refused(&err);
 
     // With the CA (a bundle: an unrelated certificate first) and the docker config.
     let bundle = w.join("bundle.pem");
@@ -428,14 +416,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     check_nothing_left("blob over the cap");
 
     // The registry serves a layer longer than its descriptor (bytes appended in storage).
-    let extent = built
-        .layers
-        .iter()
-        .find(|l| l.role == LayerRole::GpuExtent)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = gpu_extent(&built, 0);
     let data = reg.blob_data(extent.as_str());
     let original = fs::read(&data).unwrap();
     let mut longer = original.clone();
@@ -474,6 +455,17 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     let report = image::pull(&tag, &dest, &o).unwrap();
     assert_eq!(report.digest, built.index_digest);
     assert_eq!(entries(&out), vec!["pulled".to_owned()]);
+}
+
+/// `err` is the registry refusing the client's credentials (none, or wrong ones).
+fn assert_auth_refused(err: &ImageError) {
+    assert!(
+        matches!(
+            err,
+            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
+        ),
+        "{err}"
+    );
 }
 
 /// skopeo's cert directory (the registry's CA) under `dir` and its `USER:PASSWORD`.

@@ -41,13 +41,13 @@ pub fn build_unchunked(source: &Path, layout: Option<&Path>, archive: Option<&Pa
     .unwrap()
 }
 
-/// The digest of the second GPU extent layer of `built` (the one tests tamper with).
-pub fn second_gpu_extent(built: &BuiltImage) -> Digest {
+/// The digest of GPU extent layer `n` (from 0) of `built`, for tests that tamper with it.
+pub fn gpu_extent(built: &BuiltImage, n: usize) -> Digest {
     built
         .layers
         .iter()
         .filter(|l| l.role == LayerRole::GpuExtent)
-        .nth(1)
+        .nth(n)
         .unwrap()
         .descriptor
         .digest
