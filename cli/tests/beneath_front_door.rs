@@ -95,25 +95,22 @@ fn push_never_reads_a_symlinked_blob() {
     fs::remove_file(&blob).unwrap();
     std::os::unix::fs::symlink(host.path(), &blob).unwrap();
     let reg = Registry::start().unwrap();
-    let out = gpusnap(&[
-        "image",
-        "push",
-        img.to_str().unwrap(),
-        &reg.image("hostile/blob:v1"),
-        "--plain-http",
-    ]);
+    let push = || {
+        gpusnap(&[
+            "image",
+            "push",
+            img.to_str().unwrap(),
+            &reg.image("hostile/blob:v1"),
+            "--plain-http",
+        ])
+    };
+    let out = push();
     refused(&out, &[&format!("blobs/sha256/{}", ld.hex()), "symlink"]);
     host.check().unwrap();
     // The same push, plain: the layout itself is fine.
     fs::remove_file(&blob).unwrap();
     fs::write(&blob, &layer).unwrap();
-    let out = gpusnap(&[
-        "image",
-        "push",
-        img.to_str().unwrap(),
-        &reg.image("hostile/blob:v1"),
-        "--plain-http",
-    ]);
+    let out = push();
     assert!(out.status.success(), "{}", describe(&out));
 }
 

@@ -5,56 +5,18 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use gpusnap_testkit::fixtures::{fixture, tree, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::fixtures::{fixture, CONTAINER_ID, GPU_EXTENTS};
+use gpusnap_testkit::signing::{keypair, KeyPair};
 use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
+mod common;
+use common::{assert_same_tree_with_origin, gpusnap, json, ok, registry, s};
+
 /// The GPU extent the tests follow through build, push and pull.
 const GPU_EXTENT: &str = GPU_EXTENTS[1];
-
-fn registry() -> Registry {
-    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-fn gpusnap(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(paths::binary("gpusnap"));
-    if let Some(c) = config {
-        cmd.arg("--config").arg(c);
-    }
-    cmd.args(args)
-        .env("COLUMNS", "100")
-        .env_remove("GPUSNAP_LOG")
-        .output()
-        .unwrap()
-}
-
-fn ok(config: Option<&Path>, args: &[&str]) -> Output {
-    let out = gpusnap(config, args);
-    assert!(out.status.success(), "gpusnap {args:?}: {}", describe(&out));
-    out
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// `got` holds what `want` holds, plus the origin record extract writes.
-fn assert_same_tree_with_origin(got: &Path, want: &Path) {
-    let mut g = tree(got);
-    assert!(
-        g.remove("gpusnap-origin.json").is_some(),
-        "no origin record in {}",
-        got.display()
-    );
-    assert_eq!(g, tree(want), "{} vs {}", got.display(), want.display());
-}
 
 /// Config whose `restore.checkpoint_root` is `root`, with a node store of its own in `dir`.
 fn config_with_root(dir: &Path, root: &Path) -> PathBuf {
@@ -389,27 +351,6 @@ fn build_from_checkpoint_dir_to_layout_and_extract_refusals() {
 
 use gpusnap_testkit::registry::RegistrySetup;
 
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(format!("{name}.key"));
-    let public = dir.join(format!("{name}.pub"));
-    for args in [
-        vec![
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            s(&key),
-        ],
-        vec!["pkey", "-in", s(&key), "-pubout", "-out", s(&public)],
-    ] {
-        let out = Command::new("openssl").args(&args).output().unwrap();
-        assert!(out.status.success(), "openssl {args:?}: {}", describe(&out));
-    }
-    (key, public)
-}
-
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .map(|d| {
@@ -431,7 +372,10 @@ fn secure_registry_sign_and_pull_by_policy() {
     let ca = reg.ca_file().unwrap();
     let docker = reg.write_docker_config(&w.join("docker")).unwrap();
     let conn = ["--ca-file", s(&ca), "--registry-config", s(&docker)];
-    let (key, public) = key_pair(w, "signer");
+    let KeyPair {
+        private: key,
+        public,
+    } = keypair(w, "signer").unwrap();
     let signed = reg.image("ckpt/trainer:signed");
     // Another repository: a signature binds a digest, so any tag of the same digest in the
     // same repository is signed too.

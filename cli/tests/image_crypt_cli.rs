@@ -6,31 +6,16 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use gpusnap_testkit::fixtures::{fixture, tree};
+use gpusnap_testkit::crypt_doors::TlsRegistry;
+use gpusnap_testkit::describe;
+use gpusnap_testkit::fixtures::fixture;
 use gpusnap_testkit::ocicrypt::{key_pair, KeyKind};
-use gpusnap_testkit::registry::RegistrySetup;
-use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::Value;
 
-fn gpusnap(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(paths::binary("gpusnap"));
-    if let Some(c) = config {
-        cmd.arg("--config").arg(c);
-    }
-    cmd.args(args).env_remove("GPUSNAP_LOG").output().unwrap()
-}
-
-fn ok(config: Option<&Path>, args: &[&str]) -> Output {
-    let out = gpusnap(config, args);
-    assert!(out.status.success(), "gpusnap {args:?}: {}", describe(&out));
-    out
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+mod common;
+use common::{assert_same_tree_with_origin, gpusnap, ok, s};
 
 /// (skopeo 1.9 reads PKCS#8 private keys only; gpusnap also reads SEC1, which `other` is.)
 fn skopeo(args: &[&str]) {
@@ -74,34 +59,17 @@ fn config(dir: &Path, root: &Path, keys: &[&Path]) -> PathBuf {
     p
 }
 
-/// `got` holds what `want` holds, plus the origin record extract writes.
-fn assert_same_tree_with_origin(got: &Path, want: &Path) {
-    let mut g = tree(got);
-    assert!(g.remove("gpusnap-origin.json").is_some());
-    assert_eq!(g, tree(want), "{} vs {}", got.display(), want.display());
-}
-
 #[test]
 fn encrypted_images_through_tls_registry_and_skopeo() {
-    let reg = Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"));
+    let reg = TlsRegistry::start().unwrap_or_else(|e| panic!("{e:#}"));
     let fx = fixture();
     let w = fx.work.path();
     let (ec_key, ec_pub) = key_pair(w, "node", KeyKind::EcP256).unwrap();
     let (rsa_key, rsa_pub) = key_pair(w, "rsa", KeyKind::Rsa2048).unwrap();
     let (other_key, _) = key_pair(w, "other", KeyKind::EcSec1P384).unwrap();
-    let certs = w.join("certs");
-    fs::create_dir(&certs).unwrap();
-    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
-    let (user, pass) = reg.credentials().unwrap();
-    let creds = format!("{user}:{pass}");
-    let docker = reg.write_docker_config(&w.join("docker")).unwrap();
-    let conn = [
-        "--ca-file",
-        s(&reg.ca_file().unwrap()),
-        "--registry-config",
-        s(&docker),
-    ]
-    .map(str::to_owned);
+    let certs = reg.cert_dir();
+    let creds = reg.creds();
+    let conn = reg.gpusnap_args();
     let with_conn = |args: &[&str]| -> Vec<String> {
         args.iter()
             .map(|a| a.to_string())
@@ -149,7 +117,7 @@ fn encrypted_images_through_tls_registry_and_skopeo() {
     skopeo(&[
         "copy",
         "--src-cert-dir",
-        s(&certs),
+        s(certs),
         "--src-creds",
         &creds,
         "--decryption-key",
@@ -208,7 +176,7 @@ fn encrypted_images_through_tls_registry_and_skopeo() {
     skopeo(&[
         "copy",
         "--dest-cert-dir",
-        s(&certs),
+        s(certs),
         "--dest-creds",
         &creds,
         "--encryption-key",

@@ -5,12 +5,11 @@
 //! it, leaves nothing at the destination or beside it, and changes no host file.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpusnap_oci_image::Digest;
 use gpusnap_testkit::fixtures::fixture;
+use gpusnap_testkit::hand_layout::{gzip, put_blob, write_index, write_layout};
 use gpusnap_testkit::{describe, paths, Registry};
 use serde_json::json;
 
@@ -55,67 +54,8 @@ fn layer_tar(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    e.write_all(data).unwrap();
-    e.finish().unwrap()
-}
-
-fn put_blob(layout: &Path, bytes: &[u8]) -> (Digest, u64) {
-    let d = Digest::of(bytes);
-    fs::write(layout.join("blobs/sha256").join(d.hex()), bytes).unwrap();
-    (d, bytes.len() as u64)
-}
-
-/// An OCI layout with these layers (tar bytes, gzip-compressed when `gz`) and manifest
-/// annotations.
-fn image_layout(layout: &Path, layers: &[(Vec<u8>, bool)], annotations: serde_json::Value) {
-    fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .unwrap();
-    let mut descs = Vec::new();
-    let mut diff_ids = Vec::new();
-    for (tar, gz) in layers {
-        diff_ids.push(Digest::of(tar).to_string());
-        let (blob, mt) = if *gz {
-            (gzip(tar), "application/vnd.oci.image.layer.v1.tar+gzip")
-        } else {
-            (tar.clone(), "application/vnd.oci.image.layer.v1.tar")
-        };
-        let (d, size) = put_blob(layout, &blob);
-        descs.push(json!({"mediaType": mt, "digest": d.to_string(), "size": size}));
-    }
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64", "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids}
-    }))
-    .unwrap();
-    let (cd, cs) = put_blob(layout, &config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": cs},
-        "layers": descs,
-        "annotations": annotations,
-    }))
-    .unwrap();
-    let (md, ms) = put_blob(layout, &manifest);
-    fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md.to_string(), "size": ms}],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-}
-
-/// Pushes `layout` as `repo:tag` and pulls it with `--extract DEST`; returns the pull's output.
-fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &Path) -> Output {
+/// Pushes `layout` as `repo:tag`, which must succeed; returns the image reference.
+fn push(reg: &Registry, layout: &Path, repo_tag: &str) -> String {
     let reference = reg.image(repo_tag);
     let out = gpusnap(&[
         "image",
@@ -125,6 +65,12 @@ fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &
         "--plain-http",
     ]);
     assert!(out.status.success(), "push: {}", describe(&out));
+    reference
+}
+
+/// Pushes `layout` as `repo:tag` and pulls it with `--extract DEST`; returns the pull's output.
+fn push_then_pull_extract(reg: &Registry, layout: &Path, repo_tag: &str, dest: &Path) -> Output {
+    let reference = push(reg, layout, repo_tag);
     gpusnap(&[
         "image",
         "pull",
@@ -198,10 +144,10 @@ fn chained_symlinks_never_reach_a_host_file() {
         entries.push(E::File("checkpoint/gpusnap-manifest.json", &manifest));
         let layout = work.path().join(format!("layout-{case}"));
         // A checkpoint-directory image: the origin record goes into `checkpoint/`.
-        image_layout(
+        write_layout(
             &layout,
             &[(layer_tar(&entries), false)],
-            json!({"io.gpusnap.source.layout": "checkpoint-dir"}),
+            Some(json!({"io.gpusnap.source.layout": "checkpoint-dir"})),
         );
         let out_dir = work.path().join(format!("out-{case}"));
         fs::create_dir_all(&out_dir).unwrap();
@@ -224,10 +170,10 @@ fn chained_symlinks_never_reach_a_host_file() {
     entries.push(E::Symlink("checkpoint/descriptors.json", &planted_target));
     entries.push(E::File("checkpoint/gpusnap-manifest.json", &manifest));
     let layout = work.path().join("layout-chain-only");
-    image_layout(
+    write_layout(
         &layout,
         &[(layer_tar(&entries), false)],
-        json!({"io.gpusnap.source.layout": "checkpoint-dir"}),
+        Some(json!({"io.gpusnap.source.layout": "checkpoint-dir"})),
     );
     let out_dir = work.path().join("out-chain-only");
     fs::create_dir_all(&out_dir).unwrap();
@@ -279,7 +225,7 @@ fn looping_symlinks_are_refused() {
         ),
     ] {
         let layout = work.path().join(format!("layout-{case}"));
-        image_layout(&layout, &[(layer_tar(&entries), false)], json!({}));
+        write_layout(&layout, &[(layer_tar(&entries), false)], Some(json!({})));
         let out_dir = work.path().join(format!("out-{case}"));
         fs::create_dir_all(&out_dir).unwrap();
         let dest = out_dir.join("ck");
@@ -340,7 +286,7 @@ fn gzip_bombs_are_refused_before_they_fill_the_disk() {
         E::File("checkpoint/pages-1.img", &zeros),
     ]);
     let layout = work.path().join("layout-layer");
-    image_layout(&layout, &[(layer, true)], json!({}));
+    write_layout(&layout, &[(layer, true)], Some(json!({})));
     let disk = SmallDisk::new(64);
     let dest = disk.path().join("ck");
     let out = push_then_pull_extract(&reg, &layout, "hostile/bomb-layer:1", &dest);
@@ -353,7 +299,7 @@ fn gzip_bombs_are_refused_before_they_fill_the_disk() {
         E::File("checkpoint/pages-1.img", &zeros[..4 << 20]),
     ]);
     let layout = work.path().join("layout-declared");
-    image_layout(&layout, &[(layer, true)], json!({}));
+    write_layout(&layout, &[(layer, true)], Some(json!({})));
     declare_uncompressed(&layout, 1 << 20);
     let out_dir = work.path().join("out-declared");
     fs::create_dir_all(&out_dir).unwrap();
@@ -369,7 +315,7 @@ fn gzip_bombs_are_refused_before_they_fill_the_disk() {
         E::File("rootfs-diff.tar", &inner),
     ]);
     let layout = work.path().join("layout-diff");
-    image_layout(&layout, &[(layer, false)], json!({}));
+    write_layout(&layout, &[(layer, false)], Some(json!({})));
     let dest = disk.path().join("ck-diff");
     let out = push_then_pull_extract(&reg, &layout, "hostile/bomb-diff:1", &dest);
     assert_refused(&out, "rootfs-diff.tar, once decompressed,", &dest);
@@ -391,15 +337,7 @@ fn declare_uncompressed(layout: &Path, bytes: u64) {
         json!({"io.gpusnap.layer.uncompressed-size": bytes.to_string()});
     let bytes = serde_json::to_vec(&m).unwrap();
     let (d, size) = put_blob(layout, &bytes);
-    fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": d.to_string(), "size": size}],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    write_index(layout, &d, size);
 }
 
 /// A 300 MiB gpusnap manifest in a layer (300 KiB compressed) is refused by its size, not
@@ -417,19 +355,11 @@ fn an_oversized_json_in_a_layer_is_refused_unread() {
     ]);
     drop(big);
     let layout = work.path().join("layout");
-    image_layout(&layout, &[(layer, true)], json!({}));
+    write_layout(&layout, &[(layer, true)], Some(json!({})));
     let out_dir = work.path().join("out");
     fs::create_dir_all(&out_dir).unwrap();
     let dest = out_dir.join("ck");
-    let reference = reg.image("hostile/big-json:1");
-    let out = gpusnap(&[
-        "image",
-        "push",
-        layout.to_str().unwrap(),
-        &reference,
-        "--plain-http",
-    ]);
-    assert!(out.status.success(), "push: {}", describe(&out));
+    let reference = push(&reg, &layout, "hostile/big-json:1");
     // The pull's own peak resident set, from GNU time (which forks it from a small process:
     // a child spawned straight from this test would inherit the test's own high-water mark).
     let out = Command::new("/usr/bin/time")

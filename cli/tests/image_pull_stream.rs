@@ -14,24 +14,11 @@ use std::process::{Command, Output};
 use gpusnap_checkpoint::chunks::{ChunkDigest, ChunkList, CHUNK_DIR};
 use gpusnap_oci_image::Digest;
 use gpusnap_testkit::fixtures::{fixture, GPU_EXTENTS};
-use gpusnap_testkit::{describe, paths, Registry};
+use gpusnap_testkit::{describe, Registry};
 use serde_json::Value;
 
-fn gpusnap(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(paths::binary("gpusnap"));
-    if let Some(c) = config {
-        cmd.arg("--config").arg(c);
-    }
-    cmd.args(args)
-        .env("COLUMNS", "100")
-        .env_remove("GPUSNAP_LOG")
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+mod common;
+use common::{gpusnap, s};
 
 /// A chunked (default) layout of the fixture's checkpoint directory.
 fn build(cp: &Path, layout: &Path) {

@@ -7,8 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use gpusnap_testkit::fixtures::{fixture, tree};
-use gpusnap_testkit::{describe, paths, Registry};
+use gpusnap_testkit::{describe, paths};
 use serde_json::Value;
+
+mod common;
+use common::{json, registry, s};
 
 fn gpusnap(config: &Path, args: &[&str]) -> Output {
     Command::new(paths::binary("gpusnap"))
@@ -25,15 +28,6 @@ fn ok(config: &Path, args: &[&str]) -> Output {
     let out = gpusnap(config, args);
     assert!(out.status.success(), "gpusnap {args:?}: {}", describe(&out));
     out
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// A config with its own checkpoint root and node store under `dir`.
@@ -70,9 +64,32 @@ fn layer_digests(built: &Value) -> Vec<String> {
         .collect()
 }
 
+/// `gpusnap image build SOURCE -t REFERENCE --layout LAYOUT`, then a plain-HTTP push of the
+/// layout to `reference`; returns the build's JSON report.
+fn build_and_push(cfg: &Path, source: &Path, layout: &Path, reference: &str) -> Value {
+    let built = json(&ok(
+        cfg,
+        &[
+            "image",
+            "build",
+            s(source),
+            "-t",
+            reference,
+            "--layout",
+            s(layout),
+            "--json",
+        ],
+    ));
+    ok(
+        cfg,
+        &["image", "push", s(layout), reference, "--plain-http"],
+    );
+    built
+}
+
 #[test]
 fn pulls_fetch_only_missing_blobs_and_pushes_upload_only_missing_ones() {
-    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let reg = registry();
     let fx = fixture();
     let w = fx.work.path();
     let (cfg, store) = config(w);
@@ -243,30 +260,14 @@ fn pulls_fetch_only_missing_blobs_and_pushes_upload_only_missing_ones() {
 
 #[test]
 fn a_failed_pull_leaves_no_blob_in_the_store() {
-    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let reg = registry();
     let fx = fixture();
     let w = fx.work.path();
     let (cfg, store) = config(w);
     let reference = reg.image("ckpt/damaged:v1");
     let layout = w.join("layout");
-    let built = json(&ok(
-        &cfg,
-        &[
-            "image",
-            "build",
-            s(&fx.archive),
-            "-t",
-            &reference,
-            "--layout",
-            s(&layout),
-            "--json",
-        ],
-    ));
-    // Push, then damage one layer in the registry.
-    ok(
-        &cfg,
-        &["image", "push", s(&layout), &reference, "--plain-http"],
-    );
+    // Build and push, then damage one layer in the registry.
+    let built = build_and_push(&cfg, &fx.archive, &layout, &reference);
     let layers = layer_digests(&built);
     let victim = layers.last().unwrap();
     let data = reg.blob_data(victim);
@@ -360,29 +361,13 @@ fn stalling_proxy(upstream: u16, stall: String, after: usize, throttle: bool) ->
 #[test]
 fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
     use std::time::Duration;
-    let reg = Registry::start().unwrap_or_else(|e| panic!("{e:#}"));
+    let reg = registry();
     let fx = fixture();
     let w = fx.work.path();
     let (cfg, store) = config(w);
     let reference = reg.image("ckpt/slow:v1");
     let layout = w.join("layout");
-    let built = json(&ok(
-        &cfg,
-        &[
-            "image",
-            "build",
-            s(&fx.archive),
-            "-t",
-            &reference,
-            "--layout",
-            s(&layout),
-            "--json",
-        ],
-    ));
-    ok(
-        &cfg,
-        &["image", "push", s(&layout), &reference, "--plain-http"],
-    );
+    let built = build_and_push(&cfg, &fx.archive, &layout, &reference);
     // The largest layer stalls a quarter of the way in.
     let (victim, size) = built["layers"]
         .as_array()

@@ -13,6 +13,9 @@ use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::paths::require_tool;
 use serde_json::Value;
 
+mod common;
+use common::{build_layout, build_unchunked, gpu_extent};
+
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -48,16 +51,7 @@ fn build_from_cri_archive_writes_a_valid_annotated_layout_and_archive() {
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     let archive = fx.work.path().join("image.oci.tar");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_unchunked(&fx.archive, Some(&layout), Some(&archive));
     assert_eq!(built.container_name, CONTAINER_NAME);
     assert_eq!(
         built.image_name,
@@ -346,16 +340,7 @@ fn extract_round_trips_the_archive_byte_for_byte_from_layout_and_archive() {
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     let archive = fx.work.path().join("image.oci.tar");
-    image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_unchunked(&fx.archive, Some(&layout), Some(&archive));
     for (src, name) in [(&layout, "from-layout"), (&archive, "from-archive")] {
         let dest = fx.work.path().join(name);
         let out = image::extract(src, &dest).unwrap();
@@ -382,27 +367,11 @@ fn extract_round_trips_the_archive_byte_for_byte_from_layout_and_archive() {
 #[test]
 fn rebuilding_from_the_extracted_tree_reproduces_the_same_image() {
     let fx = fixture();
-    let a = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(fx.work.path().join("a")),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let a = build_layout(&fx.archive, &fx.work.path().join("a"));
     let dest = fx.work.path().join("extracted");
     image::extract(&fx.work.path().join("a"), &dest).unwrap();
     // From the extracted directory (an "archive directory" source): same layers, same digests.
-    let b = image::build(
-        &dest,
-        &BuildOptions {
-            layout_dir: Some(fx.work.path().join("b")),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = build_layout(&dest, &fx.work.path().join("b"));
     assert_eq!(a.layers, b.layers);
     assert_eq!(a.manifest_digest, b.manifest_digest);
     assert_eq!(a.index_digest, b.index_digest);
@@ -416,15 +385,7 @@ fn build_from_checkpoint_dir_round_trips_and_names_by_container_id() {
     // A pre-dump chain link (CRIU's `parent` symlink; outside the inventory, kept as-is).
     std::os::unix::fs::symlink("../pre-dump-1", cp.join("parent")).unwrap();
     let archive = work.path().join("cp.oci.tar");
-    let built = image::build(
-        &cp,
-        &BuildOptions {
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_unchunked(&cp, None, Some(&archive));
     assert_eq!(built.layout_dir, None);
     assert_eq!(built.source_layout, SourceLayout::CheckpointDir);
     // No CRI metadata: the container is named by the manifest's container id.
@@ -466,23 +427,8 @@ fn build_from_checkpoint_dir_round_trips_and_names_by_container_id() {
 fn tampered_or_truncated_blobs_are_refused_and_leave_nothing_behind() {
     let fx = fixture();
     let layout = fx.work.path().join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let extent = built
-        .layers
-        .iter()
-        .find(|l| l.role == LayerRole::GpuExtent)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let built = build_layout(&fx.archive, &layout);
+    let extent = gpu_extent(&built, 0);
 
     // One flipped byte in a GPU extent layer.
     let bad = fx.work.path().join("bad");
@@ -664,16 +610,7 @@ fn skopeo_reads_the_layout_and_the_oci_archive() {
     let fx = fixture();
     let layout = fx.work.path().join("layout");
     let archive = fx.work.path().join("image.oci.tar");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_unchunked(&fx.archive, Some(&layout), Some(&archive));
     for transport in [
         format!("oci-archive:{}", archive.display()),
         format!("oci:{}:{}", layout.display(), built.image_name),

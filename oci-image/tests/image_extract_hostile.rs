@@ -3,12 +3,11 @@
 //! a sentinel directory on the host (compared by a full tree checksum before and after).
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gpusnap_oci_image::{self as image, Digest, ExtractOptions, ImageError, OriginSeed};
+use gpusnap_oci_image::{self as image, ExtractOptions, ImageError, OriginSeed};
 use gpusnap_testkit::fixtures::{tree, Node};
-use serde_json::json;
+use gpusnap_testkit::hand_layout::write_layout;
 
 /// One tar entry, its name written verbatim into the header (the `tar` crate's builder refuses
 /// the names these tests need).
@@ -58,68 +57,22 @@ fn layer_tar(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    e.write_all(data).unwrap();
-    e.finish().unwrap()
-}
-
-fn put_blob(layout: &Path, bytes: &[u8]) -> (Digest, u64) {
-    let d = Digest::of(bytes);
-    fs::write(layout.join("blobs/sha256").join(d.hex()), bytes).unwrap();
-    (d, bytes.len() as u64)
-}
-
-/// An OCI layout at `layout` with these layers (tar bytes; gzip-compressed when `gz`).
-fn hostile_image(layout: &Path, layers: &[(Vec<u8>, bool)]) {
-    fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .unwrap();
-    let mut descs = Vec::new();
-    let mut diff_ids = Vec::new();
-    for (tar, gz) in layers {
-        diff_ids.push(Digest::of(tar).to_string());
-        let (blob, mt) = if *gz {
-            (gzip(tar), "application/vnd.oci.image.layer.v1.tar+gzip")
-        } else {
-            (tar.clone(), "application/vnd.oci.image.layer.v1.tar")
-        };
-        let (d, size) = put_blob(layout, &blob);
-        descs.push(json!({"mediaType": mt, "digest": d.to_string(), "size": size}));
-    }
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64", "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids}
-    }))
-    .unwrap();
-    let (cd, cs) = put_blob(layout, &config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": cs},
-        "layers": descs,
-    }))
-    .unwrap();
-    let (md, ms) = put_blob(layout, &manifest);
-    fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md.to_string(), "size": ms}],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-}
-
 struct Case {
     name: &'static str,
     layers: Vec<(Vec<u8>, bool)>,
     /// A word the error must contain.
     expect: &'static str,
+}
+
+impl Case {
+    /// A case of one uncompressed layer of these entries.
+    fn one_layer(name: &'static str, entries: &[E<'_>], expect: &'static str) -> Case {
+        Case {
+            name,
+            layers: vec![(layer_tar(entries), false)],
+            expect,
+        }
+    }
 }
 
 /// A host directory an escaping entry would reach, with its tree (modes, sizes, digests).
@@ -147,124 +100,87 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
         ])
     };
     let cases = vec![
-        Case {
-            name: "absolute symlink",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/evil", &sentinel_abs),
-                ]),
-                false,
-            )],
-            expect: "absolute symlink",
-        },
-        Case {
-            name: "checkpoint is a symlink",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("real"),
-                    E::Symlink("checkpoint", "real"),
-                    E::File("checkpoint/x", b"x"),
-                ]),
-                false,
-            )],
-            expect: "symlink where the checkpoint has its own files",
-        },
-        Case {
-            name: "relative symlink out of the root",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/up", "../../sentinel"),
-                ]),
-                false,
-            )],
-            expect: "leads outside",
-        },
-        Case {
-            name: "dot-dot entry",
-            layers: vec![(layer_tar(&[E::File("../sentinel/pwned", b"x")]), false)],
-            expect: "..",
-        },
-        Case {
-            name: "dot-dot inside a path",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/../../sentinel/pwned", b"x"),
-                ]),
-                false,
-            )],
-            expect: "..",
-        },
-        Case {
-            name: "absolute entry name",
-            layers: vec![(
-                layer_tar(&[E::File(&format!("{sentinel_abs}/pwned"), b"x")]),
-                false,
-            )],
-            expect: "absolute",
-        },
-        Case {
-            name: "whiteout",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/.wh.pages-1.img", b""),
-                ]),
-                false,
-            )],
-            expect: "whiteout",
-        },
-        Case {
-            name: "opaque whiteout",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::File("checkpoint/.wh..wh..opq", b""),
-                ]),
-                false,
-            )],
-            expect: "whiteout",
-        },
-        Case {
-            name: "character device",
-            layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::CharDev("checkpoint/null")]),
-                false,
-            )],
-            expect: "character device",
-        },
-        Case {
-            name: "fifo",
-            layers: vec![(
-                layer_tar(&[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")]),
-                false,
-            )],
-            expect: "FIFO",
-        },
-        Case {
-            name: "hard link out (absolute)",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::HardLink("checkpoint/hl", &passwd_abs),
-                ]),
-                false,
-            )],
-            expect: "hard link",
-        },
-        Case {
-            name: "hard link out (relative)",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
-                ]),
-                false,
-            )],
-            expect: "hard link",
-        },
+        Case::one_layer(
+            "absolute symlink",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/evil", &sentinel_abs),
+            ],
+            "absolute symlink",
+        ),
+        Case::one_layer(
+            "checkpoint is a symlink",
+            &[
+                E::Dir("real"),
+                E::Symlink("checkpoint", "real"),
+                E::File("checkpoint/x", b"x"),
+            ],
+            "symlink where the checkpoint has its own files",
+        ),
+        Case::one_layer(
+            "relative symlink out of the root",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/up", "../../sentinel"),
+            ],
+            "leads outside",
+        ),
+        Case::one_layer("dot-dot entry", &[E::File("../sentinel/pwned", b"x")], ".."),
+        Case::one_layer(
+            "dot-dot inside a path",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/../../sentinel/pwned", b"x"),
+            ],
+            "..",
+        ),
+        Case::one_layer(
+            "absolute entry name",
+            &[E::File(&format!("{sentinel_abs}/pwned"), b"x")],
+            "absolute",
+        ),
+        Case::one_layer(
+            "whiteout",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/.wh.pages-1.img", b""),
+            ],
+            "whiteout",
+        ),
+        Case::one_layer(
+            "opaque whiteout",
+            &[
+                E::Dir("checkpoint"),
+                E::File("checkpoint/.wh..wh..opq", b""),
+            ],
+            "whiteout",
+        ),
+        Case::one_layer(
+            "character device",
+            &[E::Dir("checkpoint"), E::CharDev("checkpoint/null")],
+            "character device",
+        ),
+        Case::one_layer(
+            "fifo",
+            &[E::Dir("checkpoint"), E::Fifo("checkpoint/fifo")],
+            "FIFO",
+        ),
+        Case::one_layer(
+            "hard link out (absolute)",
+            &[
+                E::Dir("checkpoint"),
+                E::HardLink("checkpoint/hl", &passwd_abs),
+            ],
+            "hard link",
+        ),
+        Case::one_layer(
+            "hard link out (relative)",
+            &[
+                E::Dir("checkpoint"),
+                E::HardLink("checkpoint/hl", "../../sentinel/passwd"),
+            ],
+            "hard link",
+        ),
         Case {
             name: "gzip bomb",
             layers: vec![(bomb, true)],
@@ -285,18 +201,15 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
             ],
             expect: "passes through a symlink",
         },
-        Case {
-            name: "path through a symlink to the parent, same layer",
-            layers: vec![(
-                layer_tar(&[
-                    E::Dir("checkpoint"),
-                    E::Symlink("checkpoint/up", ".."),
-                    E::File("checkpoint/up/config.dump", b"x"),
-                ]),
-                false,
-            )],
-            expect: "passes through a symlink",
-        },
+        Case::one_layer(
+            "path through a symlink to the parent, same layer",
+            &[
+                E::Dir("checkpoint"),
+                E::Symlink("checkpoint/up", ".."),
+                E::File("checkpoint/up/config.dump", b"x"),
+            ],
+            "passes through a symlink",
+        ),
         Case {
             name: "file over a symlink an earlier layer made",
             layers: vec![
@@ -312,7 +225,7 @@ fn hostile_layers_are_refused_and_touch_nothing_outside() {
     assert!(cases.len() >= 8);
     for (i, case) in cases.into_iter().enumerate() {
         let layout = top.path().join(format!("image-{i}"));
-        hostile_image(&layout, &case.layers);
+        write_layout(&layout, &case.layers, None);
         let out = top.path().join(format!("out-{i}"));
         fs::create_dir_all(&out).unwrap();
         let dest = out.join("ck");
@@ -366,7 +279,7 @@ fn benign_layers_get_private_modes_and_inside_symlinks_are_data() {
         ]),
         false,
     )];
-    hostile_image(&layout, &layers);
+    write_layout(&layout, &layers, None);
     let dest = top.path().join("ck");
     let seed = OriginSeed {
         source: "benign".into(),
@@ -433,7 +346,7 @@ fn absurd_entry_times_are_clamped_not_a_crash() {
         h.set_cksum();
         b.append(&h, data).unwrap();
     }
-    hostile_image(&layout, &[(b.into_inner().unwrap(), false)]);
+    write_layout(&layout, &[(b.into_inner().unwrap(), false)], None);
     let dest = top.path().join("ck");
     let seed = OriginSeed {
         source: "absurd-times".into(),

@@ -4,26 +4,16 @@
 //! hostile layer racing another layer) must leave nothing at the destination or beside it.
 
 use std::fs;
-use std::path::Path;
 
-use gpusnap_oci_image::{self as image, BuildOptions, Digest, ImageError, LayerRole};
+use gpusnap_oci_image::{self as image, ImageError};
 use gpusnap_oci_image::{RegistryOptions, SourceLayout};
 use gpusnap_testkit::fixtures::*;
-use gpusnap_testkit::registry::Registry;
-use serde_json::json;
+use gpusnap_testkit::hand_layout::write_layout;
 
-fn registry() -> Registry {
-    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+mod common;
+use common::{
+    assert_digest_mismatch, assert_size_mismatch, build_layout, entries, gpu_extent, registry,
+};
 
 #[test]
 fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
@@ -31,15 +21,7 @@ fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let reference = reg.url("gpusnap/trainer:v1");
     image::push(&layout, &reference, &RegistryOptions::default()).unwrap();
 
@@ -75,15 +57,7 @@ fn pull_extract_equals_pull_then_extract_at_any_parallelism() {
 
     // An image of the bare checkpoint directory extracts to the checkpoint itself.
     let cp_layout = w.join("cp-layout");
-    image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            layout_dir: Some(cp_layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_layout(&fx.checkpoint_dir, &cp_layout);
     let cp_ref = reg.url("gpusnap/trainer:cp");
     image::push(&cp_layout, &cp_ref, &RegistryOptions::default()).unwrap();
     let dest = out.join("cp");
@@ -100,15 +74,7 @@ fn failed_pull_extracts_leave_nothing() {
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let reference = reg.url("gpusnap/bad:v1");
     let o = RegistryOptions::default();
     image::push(&layout, &reference, &o).unwrap();
@@ -119,15 +85,7 @@ fn failed_pull_extracts_leave_nothing() {
         assert!(!dest.exists(), "{what}: {} exists", dest.display());
         assert!(entries(&out).is_empty(), "{what}: left {:?}", entries(&out));
     };
-    let extent = built
-        .layers
-        .iter()
-        .filter(|l| l.role == LayerRole::GpuExtent)
-        .nth(1)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = gpu_extent(&built, 1);
     let data = reg.blob_data(extent.as_str());
     let original = fs::read(&data).unwrap();
 
@@ -138,10 +96,7 @@ fn failed_pull_extracts_leave_nothing() {
     flipped[mid] ^= 0xff;
     fs::write(&data, &flipped).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     assert!(err.to_string().contains(extent.as_str()), "{err}");
     nothing_left("tampered extent");
 
@@ -150,10 +105,7 @@ fn failed_pull_extracts_leave_nothing() {
     header[10] ^= 0xff;
     fs::write(&data, &header).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     nothing_left("damaged tar header");
 
     // Longer and shorter than its descriptor.
@@ -161,17 +113,11 @@ fn failed_pull_extracts_leave_nothing() {
     longer.extend_from_slice(&[0u8; 4096]);
     fs::write(&data, &longer).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     nothing_left("longer blob");
     fs::write(&data, &original[..original.len() - 512]).unwrap();
     let err = image::pull_extract(&reference, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     nothing_left("shorter blob");
     fs::write(&data, &original).unwrap();
 
@@ -202,63 +148,23 @@ fn failed_pull_extracts_leave_nothing() {
     assert_eq!(entries(&out), vec!["ck".to_owned()]);
 }
 
-/// A tar header with the name written verbatim (the `tar` builder refuses hostile names).
-fn entry(b: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, link: &str, data: &[u8]) {
-    let mut h = tar::Header::new_ustar();
-    h.set_entry_type(kind);
-    h.set_size(data.len() as u64);
-    h.set_mode(0o644);
-    h.set_mtime(1_700_000_000);
-    let raw = h.as_old_mut();
-    raw.name[..name.len()].copy_from_slice(name.as_bytes());
-    raw.linkname[..link.len()].copy_from_slice(link.as_bytes());
-    h.set_cksum();
-    b.append(&h, data).unwrap();
-}
-
-/// An OCI layout of uncompressed layers (each a list of entries), digests all correct.
-fn hand_made_image(layout: &Path, layers: &[Vec<u8>]) {
-    fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .unwrap();
-    let put = |bytes: &[u8]| {
-        let d = Digest::of(bytes);
-        fs::write(layout.join("blobs/sha256").join(d.hex()), bytes).unwrap();
-        (d.to_string(), bytes.len())
-    };
-    let mut descs = Vec::new();
-    let mut diff_ids = Vec::new();
-    for l in layers {
-        let (d, size) = put(l);
-        diff_ids.push(d.clone());
-        descs.push(json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": size}));
+/// An uncompressed layer of these entries (name, kind, link target, data), each header's name
+/// and link written verbatim (the `tar` builder refuses hostile names).
+fn layer(entries: &[(&str, tar::EntryType, &str, &[u8])]) -> (Vec<u8>, bool) {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, link, data) in entries {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(*kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        let raw = h.as_old_mut();
+        raw.name[..name.len()].copy_from_slice(name.as_bytes());
+        raw.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
     }
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64", "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids}
-    }))
-    .unwrap();
-    let (cd, cs) = put(&config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},
-        "layers": descs,
-    }))
-    .unwrap();
-    let (md, ms) = put(&manifest);
-    fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": ms}],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    (b.into_inner().unwrap(), false)
 }
 
 #[test]
@@ -274,105 +180,42 @@ fn hostile_layers_racing_each_other_are_refused() {
     let before = tree(&sentinel);
 
     let big = vec![7u8; 8 << 20];
-    let cases: Vec<(&str, Vec<Vec<u8>>, &str)> = vec![
+    use tar::EntryType::{Directory, Regular, Symlink};
+    let cases = vec![
         // Layer 0 plants a symlink inside the root; layer 1, unpacked at the same time, writes
         // through it. Whichever runs first, one of them is refused.
         (
             "symlink-then-write",
             vec![
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(&mut b, "checkpoint/", tar::EntryType::Directory, "", &[]);
-                    entry(
-                        &mut b,
-                        "checkpoint/pages-9.img",
-                        tar::EntryType::Regular,
-                        "",
-                        &big,
-                    );
-                    entry(
-                        &mut b,
-                        "checkpoint/d/up",
-                        tar::EntryType::Symlink,
-                        "../..",
-                        &[],
-                    );
-                    b.into_inner().unwrap()
-                },
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(
-                        &mut b,
-                        "checkpoint/d/up/escaped",
-                        tar::EntryType::Regular,
-                        "",
-                        b"x",
-                    );
-                    b.into_inner().unwrap()
-                },
+                layer(&[
+                    ("checkpoint/", Directory, "", &[]),
+                    ("checkpoint/pages-9.img", Regular, "", &big),
+                    ("checkpoint/d/up", Symlink, "../..", &[]),
+                ]),
+                layer(&[("checkpoint/d/up/escaped", Regular, "", b"x")]),
             ],
             "refused",
         ),
         (
             "dot-dot",
             vec![
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(
-                        &mut b,
-                        "checkpoint/pages-9.img",
-                        tar::EntryType::Regular,
-                        "",
-                        &big,
-                    );
-                    b.into_inner().unwrap()
-                },
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(
-                        &mut b,
-                        "../../sentinel/keep",
-                        tar::EntryType::Regular,
-                        "",
-                        b"owned",
-                    );
-                    b.into_inner().unwrap()
-                },
+                layer(&[("checkpoint/pages-9.img", Regular, "", &big)]),
+                layer(&[("../../sentinel/keep", Regular, "", b"owned")]),
             ],
             "",
         ),
         (
             "same-file-in-two-layers",
             vec![
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(
-                        &mut b,
-                        "checkpoint/pages-1.img",
-                        tar::EntryType::Regular,
-                        "",
-                        &big,
-                    );
-                    b.into_inner().unwrap()
-                },
-                {
-                    let mut b = tar::Builder::new(Vec::new());
-                    entry(
-                        &mut b,
-                        "checkpoint/pages-1.img",
-                        tar::EntryType::Regular,
-                        "",
-                        b"other",
-                    );
-                    b.into_inner().unwrap()
-                },
+                layer(&[("checkpoint/pages-1.img", Regular, "", &big)]),
+                layer(&[("checkpoint/pages-1.img", Regular, "", b"other")]),
             ],
             "twice",
         ),
     ];
     for (name, layers, expect) in cases {
         let layout = w.path().join(format!("layout-{name}"));
-        hand_made_image(&layout, &layers);
+        write_layout(&layout, &layers, None);
         let reference = reg.url(&format!("gpusnap/hostile:{name}"));
         image::push(&layout, &reference, &RegistryOptions::default()).unwrap();
         let dest = out.join("ck");

@@ -5,16 +5,13 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use gpusnap_oci_image::{self as image, BuildOptions, ImageError, LayerRole, RegistryOptions};
+use gpusnap_oci_image::{self as image, ImageError, LayerRole, RegistryOptions};
 use gpusnap_testkit::cmd::run_ok;
 use gpusnap_testkit::fixtures::*;
 use gpusnap_testkit::paths::find_tool;
 use gpusnap_testkit::registry::{free_tcp_port, Registry};
+use gpusnap_testkit::signing::{keypair, KeyPair};
 use serde_json::Value;
-
-fn registry() -> Registry {
-    Registry::start().unwrap_or_else(|e| panic!("{e:#}"))
-}
 
 fn opts() -> RegistryOptions {
     RegistryOptions::default()
@@ -37,15 +34,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     let reg = registry();
     let fx = fixture();
     let archive = fx.work.path().join("image.oci.tar");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            archive_path: Some(archive.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_unchunked(&fx.archive, None, Some(&archive));
     let reference = reg.url("gpusnap/trainer:v1");
 
     let first = image::push(&archive, &reference, &opts()).unwrap();
@@ -101,15 +90,7 @@ fn push_then_pull_round_trips_and_skips_blobs_the_registry_has() {
     // A second image of the same checkpoint (built from the bare directory) shares its GPU
     // extent layers with the first: the registry already has them, so they are not re-sent.
     let cp_image = fx.work.path().join("cp.oci.tar");
-    image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            archive_path: Some(cp_image.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_unchunked(&fx.checkpoint_dir, None, Some(&cp_image));
     let second = image::push(&cp_image, &reg.url("gpusnap/trainer:cp-only"), &opts()).unwrap();
     for l in built
         .layers
@@ -143,28 +124,12 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let reference = reg.url("gpusnap/trainer:tampered");
     image::push(&layout, &reference, &opts()).unwrap();
 
     // Corrupt the second GPU extent in the registry's own storage (same size).
-    let extent = built
-        .layers
-        .iter()
-        .filter(|l| l.role == LayerRole::GpuExtent)
-        .nth(1)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = gpu_extent(&built, 1);
     let data = reg.blob_data(extent.as_str());
     assert!(
         data.is_file(),
@@ -194,10 +159,7 @@ fn pulling_a_tampered_blob_fails_with_a_digest_mismatch() {
     let bytes = fs::read(&config).unwrap();
     fs::write(&config, &bytes[..bytes.len() / 2]).unwrap();
     let err = image::pull(&reference, &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == built.config_digest),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &built.config_digest);
     assert!(!dest.exists());
 }
 
@@ -206,15 +168,7 @@ fn plain_http_is_explicit_and_registry_errors_are_reported() {
     let reg = registry();
     let fx = fixture();
     let layout = fx.work.path().join("layout");
-    image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    build_layout(&fx.checkpoint_dir, &layout);
     // Without http:// (and without plain_http) the client speaks TLS, which a plain-HTTP
     // registry does not: the handshake fails, nothing falls back to plain HTTP.
     let bare = format!("127.0.0.1:{}/gpusnap/x:y", reg.port());
@@ -259,6 +213,12 @@ use gpusnap_oci_image::{Credentials, Digest, SignatureOptions};
 use gpusnap_testkit::registry::RegistrySetup;
 use std::path::PathBuf;
 
+mod common;
+use common::{
+    assert_digest_mismatch, assert_size_mismatch, build_layout, build_unchunked, entries,
+    gpu_extent, registry,
+};
+
 fn secure_registry() -> Registry {
     Registry::start_with(RegistrySetup::secure()).unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -274,55 +234,13 @@ fn secure_opts(reg: &Registry, dir: &Path) -> RegistryOptions {
     }
 }
 
-/// An ECDSA P-256 key pair made with openssl: (PKCS#8 private key, PKIX public key).
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = dir.join(format!("{name}.key"));
-    let public = dir.join(format!("{name}.pub"));
-    run_ok(Command::new("openssl").args([
-        "genpkey",
-        "-algorithm",
-        "EC",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-out",
-        key.to_str().unwrap(),
-    ]));
-    run_ok(Command::new("openssl").args([
-        "pkey",
-        "-in",
-        key.to_str().unwrap(),
-        "-pubout",
-        "-out",
-        public.to_str().unwrap(),
-    ]));
-    (key, public)
-}
-
-/// The entries of `dir` (to show that a failed pull left nothing beside its destination).
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
     let reg = secure_registry();
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let o = secure_opts(&reg, w);
     let tag = reg.image("gpusnap/secure:v1");
 
@@ -352,13 +270,7 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
         },
     )
     .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
-        ),
-        "{err}"
-    );
+    assert_auth_refused(&err);
     // Wrong password.
     let err = image::push(
         &layout,
@@ -372,13 +284,7 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
         },
     )
     .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
-        ),
-        "{err}"
-    );
+    assert_auth_refused(&err);
 
     // With the CA (a bundle: an unrelated certificate first) and the docker config.
     let bundle = w.join("bundle.pem");
@@ -440,16 +346,13 @@ fn tls_and_htpasswd_registry_push_pull_by_tag_and_digest_extract() {
 
     // skopeo reads what we pushed, with the same CA and credentials.
     let skopeo = find_tool("skopeo").expect("skopeo (scripts/setup-env.sh)");
-    let certs = w.join("skopeo-certs");
-    fs::create_dir_all(&certs).unwrap();
-    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
-    let (user, password) = reg.credentials().unwrap();
+    let (certs, creds) = skopeo_auth(&reg, w);
     let out = run_ok(Command::new(skopeo).args([
         "inspect",
         "--cert-dir",
         certs.to_str().unwrap(),
         "--creds",
-        &format!("{user}:{password}"),
+        &creds,
         &format!("docker://{tag}"),
     ]));
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -462,15 +365,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let built = build_layout(&fx.archive, &layout);
     let o = secure_opts(&reg, w);
     let tag = reg.image("gpusnap/bad:v1");
     image::push(&layout, &tag, &o).unwrap();
@@ -521,24 +416,14 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     check_nothing_left("blob over the cap");
 
     // The registry serves a layer longer than its descriptor (bytes appended in storage).
-    let extent = built
-        .layers
-        .iter()
-        .find(|l| l.role == LayerRole::GpuExtent)
-        .unwrap()
-        .descriptor
-        .digest
-        .clone();
+    let extent = gpu_extent(&built, 0);
     let data = reg.blob_data(extent.as_str());
     let original = fs::read(&data).unwrap();
     let mut longer = original.clone();
     longer.extend_from_slice(&[0u8; 4096]);
     fs::write(&data, &longer).unwrap();
     let err = image::pull(&tag, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == extent),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &extent);
     check_nothing_left("oversized blob");
 
     // Same size, different bytes: the digest check while streaming refuses it.
@@ -547,10 +432,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     flipped[mid] ^= 0xff;
     fs::write(&data, &flipped).unwrap();
     let err = image::pull(&tag, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == extent),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &extent);
     check_nothing_left("tampered blob");
     fs::write(&data, &original).unwrap();
 
@@ -565,10 +447,7 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     fs::write(&index_data, &altered).unwrap();
     let pinned = reg.image(&format!("gpusnap/bad@{}", built.index_digest));
     let err = image::pull(&pinned, &dest, &o).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == built.index_digest),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &built.index_digest);
     check_nothing_left("tampered index");
     fs::write(&index_data, &index_bytes).unwrap();
 
@@ -578,23 +457,44 @@ fn failed_pulls_fail_cleanly_and_leave_nothing() {
     assert_eq!(entries(&out), vec!["pulled".to_owned()]);
 }
 
+/// `err` is the registry refusing the client's credentials (none, or wrong ones).
+fn assert_auth_refused(err: &ImageError) {
+    assert!(
+        matches!(
+            err,
+            ImageError::AuthRequired { .. } | ImageError::AuthFailed { .. }
+        ),
+        "{err}"
+    );
+}
+
+/// skopeo's cert directory (the registry's CA) under `dir` and its `USER:PASSWORD`.
+fn skopeo_auth(reg: &Registry, dir: &Path) -> (PathBuf, String) {
+    let certs = dir.join("skopeo-certs");
+    fs::create_dir_all(&certs).unwrap();
+    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
+    let (user, password) = reg.credentials().unwrap();
+    (certs, format!("{user}:{password}"))
+}
+
+/// `err` refuses an image for want of a trusted signature, saying `says`.
+fn assert_signature_required(err: &ImageError, says: &str) {
+    assert!(matches!(err, ImageError::SignatureRequired { .. }), "{err}");
+    assert!(err.to_string().contains(says), "{err}");
+}
+
 #[test]
 fn signatures_require_warn_off() {
     let reg = secure_registry();
     let fx = fixture();
     let w = fx.work.path();
     let layout = w.join("layout");
-    let built = image::build(
-        &fx.checkpoint_dir,
-        &BuildOptions {
-            layout_dir: Some(layout.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let (key, public) = key_pair(w, "signer");
-    let (_other_key, other_public) = key_pair(w, "other");
+    let built = build_layout(&fx.checkpoint_dir, &layout);
+    let KeyPair {
+        private: key,
+        public,
+    } = keypair(w, "signer").unwrap();
+    let other_public = keypair(w, "other").unwrap().public;
     let o = secure_opts(&reg, w);
     let signed = reg.image("gpusnap/signed:v1");
     let unsigned = reg.image("gpusnap/unsigned:v1");
@@ -660,11 +560,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("no signature"), "{err}");
+    assert_signature_required(&err, "no signature");
     // require + a key that did not sign it: refused.
     let err = image::pull(
         &signed,
@@ -672,11 +568,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![other_public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("none by a trusted key"), "{err}");
+    assert_signature_required(&err, "none by a trusted key");
     assert_eq!(entries(&out), vec!["a".to_owned()]);
 
     // warn: proceeds, records why.
@@ -701,7 +593,10 @@ fn signatures_require_warn_off() {
     assert_eq!(report.signature, SignatureCheck::NotChecked);
 
     // A second key signs the same image: both signatures are kept, either key verifies.
-    let (key2, public2) = key_pair(w, "second");
+    let KeyPair {
+        private: key2,
+        public: public2,
+    } = keypair(w, "second").unwrap();
     let second = image::sign(&signed, &key2, &o).unwrap();
     assert_eq!(second.signatures, 2);
     assert!(!second.pinned);
@@ -727,15 +622,7 @@ fn signatures_require_warn_off() {
     // A valid signature of another image, replayed under this image's .sig tag, is refused:
     // the payload names the digest it was made for.
     let cri = w.join("cri-layout");
-    let cri_built = image::build(
-        &fx.archive,
-        &BuildOptions {
-            layout_dir: Some(cri.clone()),
-            chunking: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let cri_built = build_layout(&fx.archive, &cri);
     let replay = reg.image("gpusnap/replay:v1");
     image::push(&cri, &replay, &o).unwrap();
     let signed_other = reg.image("gpusnap/replay:signed");
@@ -749,11 +636,7 @@ fn signatures_require_warn_off() {
     )
     .unwrap();
     let skopeo = find_tool("skopeo").expect("skopeo (scripts/setup-env.sh)");
-    let certs = w.join("skopeo-certs");
-    fs::create_dir_all(&certs).unwrap();
-    fs::copy(reg.ca_file().unwrap(), certs.join("ca.crt")).unwrap();
-    let (user, password) = reg.credentials().unwrap();
-    let creds = format!("{user}:{password}");
+    let (certs, creds) = skopeo_auth(&reg, w);
     run_ok(Command::new(skopeo).args([
         "copy",
         "--src-cert-dir",
@@ -785,15 +668,7 @@ fn signatures_require_warn_off() {
         &with(SignaturePolicy::Require, vec![public.clone()]),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SignatureRequired { .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string()
-            .contains(&format!("for {}", built.index_digest)),
-        "{err}"
-    );
+    assert_signature_required(&err, &format!("for {}", built.index_digest));
 
     // An encrypted cosign.key (scrypt + secretbox, as `cosign generate-key-pair` writes it).
     let pair = sigstore::crypto::SigningScheme::ECDSA_P256_SHA256_ASN1
@@ -937,10 +812,7 @@ fn redirected_blobs_are_held_to_their_digest() {
     );
     let dest = w.path().join("bad");
     let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::DigestMismatch { expected, .. } if *expected == ld),
-        "{err}"
-    );
+    assert_digest_mismatch(&err, &ld);
     assert!(!dest.exists());
 
     // Storage serving more bytes: refused by size.
@@ -948,10 +820,7 @@ fn redirected_blobs_are_held_to_their_digest() {
     long.extend_from_slice(b"more");
     let (port, _) = redirecting_registry(manifest, vec![(cd, config), (ld.clone(), long)]);
     let err = image::pull(&format!("http://127.0.0.1:{port}/r/x:v1"), &dest, &opts()).unwrap_err();
-    assert!(
-        matches!(&err, ImageError::SizeMismatch { digest, .. } if *digest == ld),
-        "{err}"
-    );
+    assert_size_mismatch(&err, &ld);
     assert!(!dest.exists());
     assert_eq!(entries(w.path()), vec!["ok".to_owned()]);
 }

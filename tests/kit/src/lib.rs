@@ -64,6 +64,7 @@ pub mod crypt_doors;
 pub mod faults;
 pub mod fixtures;
 pub mod gpu;
+pub mod hand_layout;
 pub mod ocicrypt;
 pub mod paths;
 pub mod podman;
