@@ -84,8 +84,9 @@ for c in a1 b1 a2; do
         -t "localhost/fleet/model:$c" --json
     record_image "image-$c" "$WORK/layouts/$c"
     record "layout-$c" dir "$(dbytes "$WORK/layouts/$c")"
-    # The layout holds the checkpoint now: disk is what limits TOTAL_MIB.
-    [[ ${KEEP_CKPT:-0} == 1 || ${DRY_RUN:-0} == 1 ]] || rm -rf "${WORK:?}/ckpt/$c"
+    # The layout holds the checkpoint now: disk is what limits TOTAL_MIB. a1 stays for the
+    # push straight from the checkpoint directory.
+    [[ $c == a1 || ${KEEP_CKPT:-0} == 1 || ${DRY_RUN:-0} == 1 ]] || rm -rf "${WORK:?}/ckpt/$c"
 done
 # Blobs the three images share (what a registry or a node needs to hold only once).
 for c in a1 b1 a2; do layout_blobs "$WORK/layouts/$c"; done | sort -u >"$WORK/union"
@@ -98,6 +99,9 @@ fi
 
 # --- push ------------------------------------------------------------------------------------
 push_gpusnap() { "$GPUSNAP" image push --plain-http --json "$WORK/layouts/$1" "127.0.0.1:$PORT/fleet/model:$1"; }
+# Straight from the checkpoint directory: built and pushed in one command, the packs read
+# from the checkpoint's files as they upload (no layout). Only a1 is kept for it.
+push_direct() { "$GPUSNAP" image push --plain-http --json "$WORK/ckpt/$1" "127.0.0.1:$PORT/fleet/model:$1"; }
 push_skopeo() {
     "$SKOPEO" --insecure-policy copy --all --preserve-digests --dest-tls-verify=false \
         "oci:$WORK/layouts/$1" "docker://127.0.0.1:$PORT/fleet/model:$1"
@@ -110,10 +114,11 @@ push_all() { # SIDE PREFIX: a1, b1, a2 into a fresh registry
     local side=$1 prefix=$2 before c
     start_registry push
     for c in a1 b1 a2; do
+        [[ $side == direct && $c != a1 ]] && continue
         before=$(dbytes "$REG_BLOBS")
         timed "${prefix}push-$side-$c" "push_$side" "$c"
         record "${prefix}push-$side-$c" registry-growth $(($(dbytes "$REG_BLOBS") - before))
-        [[ $side == gpusnap ]] && record "${prefix}push-$side-$c" reported "$(push_reported)"
+        [[ $side == skopeo ]] || record "${prefix}push-$side-$c" reported "$(push_reported)"
     done
     stop_registry
 }
@@ -122,11 +127,12 @@ SIDES=(gpusnap)
 ((HAVE_SKOPEO)) && SIDES+=(skopeo)
 ((HAVE_SKOPEO)) || echo "   no skopeo here: gpusnap only" >&2
 WARMUP=${WARMUP:-1}
-say "push a1, b1, a2 ($( ((WARMUP)) && echo 'warm-up, then ')$ROUNDS rounds)"
-if ((WARMUP)); then for s in "${SIDES[@]}"; do push_all "$s" warmup-; done; fi
+say "push a1, b1, a2, and a1 straight from its checkpoint directory ($( ((WARMUP)) && echo 'warm-up, then ')$ROUNDS rounds)"
+if ((WARMUP)); then for s in "${SIDES[@]}" direct; do push_all "$s" warmup-; done; fi
 for r in $(seq "$ROUNDS"); do
-    for s in $(side_order "$r" "${SIDES[@]}"); do push_all "$s" ""; done
+    for s in $(side_order "$r" direct "${SIDES[@]}"); do push_all "$s" ""; done
 done
+[[ ${KEEP_CKPT:-0} == 1 ]] || rm -rf "${WORK:?}/ckpt/a1"
 
 # --- pull onto a second node --------------------------------------------------------------------
 # Does this gpusnap keep pulled blobs in a node store ([store] root in its config)?
@@ -257,7 +263,8 @@ echo "Issue 21's targets (scaled to $TOTAL_MIB MiB: x/8 is the fraction of the d
 echo "- first push (a1) uploaded $(mib "$up1") = $(frac8 "$up1") (target ≤ 5.6/8)"
 echo "- second replica's push (b1) uploaded $(mib "$up2") = $(frac8 "$up2") (target ≤ 0.6/8); replica a's second checkpoint (a2): $(frac8 "$(b_med push-gpusnap-a2 reported)")"
 echo "- b1 pulled onto the node holding a1: $(mib "$dn_w") = $(frac8 "$dn_w") (target ≤ 0.6/8), $(t_med pull-gpusnap-b1-warm) s = $(ratio "$(t_med pull-gpusnap-b1-warm)" "$(t_med pull-gpusnap-b1-cold)") of b1's cold pull ($(t_med pull-gpusnap-b1-cold) s; target ≤ 0.25×)"
-echo "- push time / skopeo copy (a1): $(ratio "$(t_med push-gpusnap-a1)" "$(t_med push-skopeo-a1)") (target ≤ 1.1×); with image build: $(ratio "$(awk -v a="$(t_med build-a1)" -v b="$(t_med push-gpusnap-a1)" 'BEGIN{print a+b}')" "$(t_med push-skopeo-a1)")"
+echo "- push straight from the checkpoint directory (a1: \`gpusnap image push CHECKPOINT-DIR\`, $(t_med push-direct-a1) s, uploaded $(mib "$(b_med push-direct-a1 reported)")) / skopeo copy of its image: $(ratio "$(t_med push-direct-a1)" "$(t_med push-skopeo-a1)") (target ≤ 1.1×)"
+echo "- push of the built layout / skopeo copy (a1): $(ratio "$(t_med push-gpusnap-a1)" "$(t_med push-skopeo-a1)"); image build + push of the layout: $(ratio "$(awk -v a="$(t_med build-a1)" -v b="$(t_med push-gpusnap-a1)" 'BEGIN{print a+b}')" "$(t_med push-skopeo-a1)")"
 echo "- pull + verify + assemble (a1 cold) / plain write of the same bytes: $(ratio "$(t_med pull-gpusnap-a1-cold)" "$(t_med plain-write-a1)") (target ≤ 1.3×)"
 echo
 echo "versions: $("$GPUSNAP" --version 2>/dev/null || echo gpusnap ?) from $BIN_DIR (script at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')); $( ((HAVE_SKOPEO)) && "$SKOPEO" --version)"

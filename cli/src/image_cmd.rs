@@ -28,7 +28,7 @@ use crate::term;
 pub enum ImageCommand {
     /// Build a combined OCI checkpoint image from a CRI checkpoint archive or checkpoint directory.
     Build(BuildArgs),
-    /// Push an OCI checkpoint image (oci-archive or layout) to a registry.
+    /// Push an OCI checkpoint image (oci-archive or layout), or a checkpoint itself, to a registry.
     Push(PushArgs),
     /// Pull a checkpoint image from a registry: save it, or extract the checkpoint (verified).
     Pull(PullArgs),
@@ -140,7 +140,9 @@ pub struct BuildArgs {
 
 #[derive(Args)]
 pub struct PushArgs {
-    /// oci-archive tar or OCI image layout directory (what `gpusnap image build` wrote).
+    /// oci-archive tar or OCI image layout directory (what `gpusnap image build` wrote); or a
+    /// checkpoint (gpusnap checkpoint directory, CRI checkpoint archive or its tree), built as
+    /// `gpusnap image build` would and pushed straight from its files, with no copy of it.
     pub image: PathBuf,
     /// Destination: [http://]REGISTRY/REPOSITORY:TAG.
     pub reference: String,
@@ -153,9 +155,22 @@ pub struct PushArgs {
     #[arg(long, value_name = "NAME")]
     pub image_name: Option<String>,
     /// Push the image with every layer encrypted for this recipient (jwe:PUBKEY.pem,
-    /// repeatable); IMAGE must be a layout directory, which is left unencrypted.
+    /// repeatable); IMAGE must be a layout directory (left unencrypted) or a checkpoint.
     #[arg(long = "encrypt-recipient", value_name = "jwe:PUBKEY.pem")]
     pub encrypt_recipients: Vec<String>,
+    /// A checkpoint as IMAGE: container name for the engines' checkpoint annotations
+    /// [default: from config.dump / spec.dump, else the manifest's container id].
+    #[arg(long, value_name = "NAME")]
+    pub container_name: Option<String>,
+    /// A checkpoint as IMAGE: extra annotation on the image index and manifest (repeatable).
+    #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = parse_annotation)]
+    pub annotations: Vec<(String, String)>,
+    /// A checkpoint as IMAGE: do not re-hash it against its sealed gpusnap manifest.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// A checkpoint as IMAGE: the classic layout (see `gpusnap image build --classic`).
+    #[arg(long)]
+    pub classic: bool,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -336,6 +351,25 @@ fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
         progress,
         ..a.registry.options()
     };
+    if !image::is_image(&a.image)
+        .with_context(|| format!("gpusnap image push {}", a.image.display()))?
+    {
+        return push_checkpoint(a, &opts);
+    }
+    for (flag, set) in [
+        ("--container-name", a.container_name.is_some()),
+        ("--annotation", !a.annotations.is_empty()),
+        ("--no-verify", a.no_verify),
+        ("--classic", a.classic),
+    ] {
+        if set {
+            bail!(
+                "{flag} applies when IMAGE is a checkpoint; {} is already an image (give it to \
+                 `gpusnap image build` instead)",
+                a.image.display()
+            );
+        }
+    }
     // Encrypting on push: an encrypted copy of the layout beside it, pushed, then removed.
     let scratch;
     let source = if a.encrypt_recipients.is_empty() {
@@ -363,6 +397,55 @@ fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
         print_json(&report)?;
     } else {
         print!("{}", render_push(&report));
+    }
+    Ok(0)
+}
+
+/// `gpusnap image push CHECKPOINT REF`: built and pushed in one go; the packs are read from
+/// the checkpoint's files as they upload, the small blobs staged in a scratch directory beside
+/// it (removed afterwards).
+fn push_checkpoint(a: PushArgs, opts: &RegistryOptions) -> Result<u8> {
+    let build = BuildOptions {
+        container_name: a.container_name.clone(),
+        verify_checkpoint: !a.no_verify,
+        annotations: a.annotations.iter().cloned().collect(),
+        chunking: (!a.classic).then(image::Chunking::default),
+        encrypt_to: if a.encrypt_recipients.is_empty() {
+            None
+        } else {
+            Some(image::crypt::recipients(&a.encrypt_recipients)?)
+        },
+        ..BuildOptions::default()
+    };
+    let parent = a
+        .image
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let scratch = tempfile::Builder::new()
+        .prefix(".gpusnap-push-")
+        .tempdir_in(parent)
+        .with_context(|| format!("creating a scratch directory in {}", parent.display()))?;
+    let layout = scratch.path().join("layout");
+    let (built, report) = image::push_checkpoint(&a.image, &layout, &a.reference, &build, opts)
+        .with_context(|| format!("gpusnap image push {} {}", a.image.display(), a.reference))?;
+    if a.json {
+        #[derive(Serialize)]
+        struct Both<'a> {
+            #[serde(flatten)]
+            push: &'a PushReport,
+            built: &'a BuiltImage,
+        }
+        print_json(&Both {
+            push: &report,
+            built: &built,
+        })?;
+    } else {
+        print!(
+            "{}{}",
+            render_built(&built, &a.image, !a.no_verify),
+            render_push(&report)
+        );
     }
     Ok(0)
 }

@@ -10,8 +10,8 @@ use super::annotations::{
     default_image_name, image_annotations, keys, CriMetadata, LayerRole, SourceLayout,
 };
 use super::chunked::{
-    chunk_dir_path, read_chunked, write_packs, ChunkSummary, ChunkedSource, Chunking, Packs,
-    CHUNK_DIR_META,
+    chunk_dir_path, read_chunked, write_packs, ChunkSummary, ChunkedSource, Chunking,
+    DeferredPacks, PackOutput, Packs, CHUNK_DIR_META,
 };
 use super::digest::{hex, Digest};
 use super::error::ImageError;
@@ -106,6 +106,18 @@ pub struct BuiltImage {
 /// Builds a combined checkpoint image from `source`: a CRI checkpoint archive (tar file, or a
 /// directory it was extracted to) or a gpusnap checkpoint directory.
 pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageError> {
+    build_with(source, opts, false).map(|(b, _)| b)
+}
+
+/// [`build`], with a chunked image's packs hashed but not written when `defer_packs` (and
+/// nothing is encrypted): the layout then lacks the pack blobs, which the returned
+/// [`DeferredPacks`] produce from the source's files for a push.
+pub(crate) fn build_with(
+    source: &Path,
+    opts: &BuildOptions,
+    defer_packs: bool,
+) -> Result<(BuiltImage, Option<DeferredPacks>), ImageError> {
+    let defer_packs = defer_packs && opts.encrypt_to.is_none() && opts.archive_path.is_none();
     if opts.layout_dir.is_none() && opts.archive_path.is_none() {
         return Err(ImageError::NoOutput);
     }
@@ -134,7 +146,7 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
 
     let mut asm = Assembler::new(&src, opts.verify_checkpoint, opts.chunking);
     for_each_entry(&src, &mut |e| asm.add(&mut layout, e))?;
-    let (mut built, index_size) = asm.finish(&mut layout, &src, opts)?;
+    let (mut built, index_size, deferred) = asm.finish(&mut layout, &src, opts, defer_packs)?;
     let index = single_entry_index(index_json_entry(&built, index_size), BTreeMap::new());
     layout.finish(&index)?;
     if let Some(recipients) = &opts.encrypt_to {
@@ -175,9 +187,10 @@ pub fn build(source: &Path, opts: &BuildOptions) -> Result<BuiltImage, ImageErro
         gpu_extents = built.layers.iter().filter(|l| l.role == LayerRole::GpuExtent).count(),
         total_layer_bytes = built.total_layer_bytes,
         elapsed_ms = started.elapsed().as_millis() as u64,
+        deferred_packs = deferred.is_some(),
         "checkpoint image built"
     );
-    Ok(built)
+    Ok((built, deferred))
 }
 
 /// The index.json entry: the image index, named for importers.
@@ -552,7 +565,8 @@ impl Assembler {
         layout: &mut LayoutWriter,
         src: &BuildSource,
         opts: &BuildOptions,
-    ) -> Result<(BuiltImage, u64), ImageError> {
+        defer_packs: bool,
+    ) -> Result<(BuiltImage, u64, Option<DeferredPacks>), ImageError> {
         let Some((manifest_meta, manifest_bytes)) = self.manifest_entry.clone() else {
             return Err(ImageError::ManifestMissing {
                 source_path: src.path().to_path_buf(),
@@ -595,10 +609,17 @@ impl Assembler {
         // Chunked: the packs, and the chunk list in a small layer of its own (what a pull
         // reads first to know what to assemble).
         let mut chunk_layers: Option<(Packs, FinishedLayer, ChunkSummary)> = None;
+        let mut deferred = None;
         if let Some(c) = chunking {
             // The chunk directory's entry, with the other directories: packs need no parents.
             lazily(&mut criu, layout)?.append_dir(&chunk_dir_path(), &CHUNK_DIR_META)?;
-            let (packs, list, summary) = write_packs(layout, chunked, &c)?;
+            let out = if defer_packs {
+                PackOutput::Deferred
+            } else {
+                PackOutput::Layout(layout)
+            };
+            let (packs, list, summary, d) = write_packs(out, chunked, &c)?;
+            deferred = d;
             let mut lw = LayerWriter::create(layout)?;
             lw.append_file(
                 &format!("{CHECKPOINT_DIR}/{CHUNK_LIST_FILE}"),
@@ -782,7 +803,7 @@ impl Assembler {
             total_layer_bytes,
             chunks: summary,
         };
-        Ok((built, index_size))
+        Ok((built, index_size, deferred))
     }
 }
 

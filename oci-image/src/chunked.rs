@@ -5,12 +5,13 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::chunks::{
     split, ChunkDigest, ChunkList, ChunkParams, ChunkRef, ChunkedFile, CHUNK_DIR, MAX_MTIME,
 };
 
+use super::digest::HashingWriter;
 use super::error::ImageError;
 use super::layer::{EntryMeta, FinishedLayer, LayerWriter};
 use super::oci_layout::LayoutWriter;
@@ -210,38 +211,273 @@ fn plan_packs(distinct: &[(ChunkDigest, u64)], c: &Chunking) -> Vec<Vec<usize>> 
     }
 }
 
-/// Reads `len` bytes at `base + off` of a file by position.
-struct At<'a> {
-    file: &'a File,
-    pos: u64,
-    left: u64,
+/// One chunk of a pack: its digest and length, and where to read it (file index, offset).
+#[derive(Debug, Clone, Copy)]
+struct PackMember {
+    digest: ChunkDigest,
+    len: u64,
+    file: usize,
+    off: u64,
 }
 
-impl Read for At<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let want = (buf.len() as u64).min(self.left) as usize;
-        if want == 0 {
-            return Ok(0);
+/// A source file the packs read their chunks from, by position.
+struct PackFile {
+    reread: Reread,
+    stamp: (u64, i64),
+    shown: PathBuf,
+    rel: String,
+}
+
+/// The bytes of one pack layer, produced from the source files on demand: the tar stream a
+/// [`LayerWriter`] would write for the same chunks (GNU headers with [`CHUNK_META`], each body
+/// padded to 512 bytes, two zero blocks at the end). Identical bytes whether written to a
+/// layout or streamed to a registry, so both make the same blob.
+struct PackStream {
+    files: std::sync::Arc<Vec<PackFile>>,
+    members: std::sync::Arc<Vec<PackMember>>,
+    /// Next member to start.
+    next: usize,
+    /// Bytes staged for the reader (a header, padding or the trailer) and how far it got.
+    staged: Vec<u8>,
+    staged_at: usize,
+    /// The member whose body is being read: (file, position, bytes left, padding after).
+    body: Option<(usize, u64, u64, usize)>,
+    trailer_done: bool,
+}
+
+const BLOCK: usize = 512;
+
+impl PackStream {
+    fn new(files: std::sync::Arc<Vec<PackFile>>, members: std::sync::Arc<Vec<PackMember>>) -> Self {
+        PackStream {
+            files,
+            members,
+            next: 0,
+            staged: Vec::new(),
+            staged_at: 0,
+            body: None,
+            trailer_done: false,
         }
-        let n = self.file.read_at(&mut buf[..want], self.pos)?;
-        self.pos += n as u64;
-        self.left -= n as u64;
-        Ok(n)
+    }
+
+    fn header(m: &PackMember) -> io::Result<tar::Header> {
+        let mut h = LayerWriter::header(tar::EntryType::Regular, &CHUNK_META);
+        h.set_size(m.len);
+        // Short names only ("checkpoint/chunks/<64 hex>"): no GNU long-name entry, so the
+        // header alone is what tar::Builder writes for it.
+        h.set_path(format!("{CHECKPOINT_DIR}/{CHUNK_DIR}/{}", m.digest.hex()))?;
+        h.set_cksum();
+        Ok(h)
+    }
+
+    /// Stages what comes next; false at the end of the stream.
+    fn advance(&mut self) -> io::Result<bool> {
+        if let Some(m) = self.members.get(self.next).copied() {
+            self.next += 1;
+            self.staged = Self::header(&m)?.as_bytes().to_vec();
+            self.staged_at = 0;
+            let f = &self.files[m.file];
+            let pad = (BLOCK - (m.len % BLOCK as u64) as usize) % BLOCK;
+            self.body = Some((m.file, f.reread.base + m.off, m.len, pad));
+            return Ok(true);
+        }
+        if !self.trailer_done {
+            self.trailer_done = true;
+            self.staged = vec![0; 2 * BLOCK];
+            self.staged_at = 0;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+impl Read for PackStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.staged_at < self.staged.len() {
+                let n = buf.len().min(self.staged.len() - self.staged_at);
+                buf[..n].copy_from_slice(&self.staged[self.staged_at..self.staged_at + n]);
+                self.staged_at += n;
+                return Ok(n);
+            }
+            if let Some((file, pos, left, pad)) = self.body {
+                if left > 0 {
+                    let want = (buf.len() as u64).min(left) as usize;
+                    let n = self.files[file]
+                        .reread
+                        .file
+                        .read_at(&mut buf[..want], pos)?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("{}: shorter than when it was split", self.files[file].rel),
+                        ));
+                    }
+                    self.body = Some((file, pos + n as u64, left - n as u64, pad));
+                    return Ok(n);
+                }
+                self.body = None;
+                self.staged = vec![0; pad];
+                self.staged_at = 0;
+                continue;
+            }
+            if buf.is_empty() || !self.advance()? {
+                return Ok(0);
+            }
+        }
     }
 }
 
 /// Pack layers with their chunk counts.
 pub(crate) type Packs = Vec<(FinishedLayer, usize)>;
 
-/// Writes the pack layers and returns them with the chunk list's bytes and the summary.
+/// Packs whose bytes were hashed but not written: a push streams them from the checkpoint's
+/// files (see [`crate::registry::push_checkpoint`]). The files stay open, so the bytes are the
+/// ones that were split; any change shows as a digest mismatch when they are read again.
+pub struct DeferredPacks {
+    files: std::sync::Arc<Vec<PackFile>>,
+    packs: std::collections::HashMap<crate::Digest, std::sync::Arc<Vec<PackMember>>>,
+}
+
+impl std::fmt::Debug for DeferredPacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredPacks")
+            .field("files", &self.files.len())
+            .field("packs", &self.packs.len())
+            .finish()
+    }
+}
+
+impl DeferredPacks {
+    /// The pack blob `digest`, generated again from the checkpoint's files.
+    pub(crate) fn reader(&self, digest: &crate::Digest) -> Option<Box<dyn Read + Send>> {
+        let members = self.packs.get(digest)?;
+        Some(Box::new(PackStream::new(
+            self.files.clone(),
+            members.clone(),
+        )))
+    }
+
+    /// Fails when a source file changed since it was split.
+    pub(crate) fn check_unchanged(&self) -> Result<(), ImageError> {
+        check_stamps(&self.files)
+    }
+}
+
+fn check_stamps(files: &[PackFile]) -> Result<(), ImageError> {
+    for f in files {
+        if stamp_of(&f.reread.file, &f.shown)? != f.stamp {
+            return Err(ImageError::CheckpointMismatch {
+                file: f.rel.clone(),
+                reason: "changed while the image was built; build it again".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Where pack bytes go: into scratch files of the layout, or only through the hash.
+pub(crate) enum PackOutput<'a> {
+    Layout(&'a mut LayoutWriter),
+    /// Hash only; the packs are returned as [`DeferredPacks`].
+    Deferred,
+}
+
+/// Hashes (and writes, into the layout) every pack, several at once: one worker per core up
+/// to 8, each taking the next pack not yet started.
+fn produce_packs(
+    files: &std::sync::Arc<Vec<PackFile>>,
+    plan: &[std::sync::Arc<Vec<PackMember>>],
+    mut sinks: Vec<Option<(PathBuf, File)>>,
+) -> Result<Vec<(crate::Digest, u64)>, ImageError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let workers = std::thread::available_parallelism()
+        .map_or(2, usize::from)
+        .clamp(1, 8)
+        .min(plan.len().max(1));
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<(PathBuf, File)>>> = sinks.drain(..).map(Mutex::new).collect();
+    type Produced = Option<Result<(crate::Digest, u64), ImageError>>;
+    let results: Vec<Mutex<Produced>> = plan.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= plan.len() {
+                    break;
+                }
+                let sink = slots[i].lock().map(|mut g| g.take()).unwrap_or(None);
+                let r = hash_pack(files, &plan[i], sink);
+                let failed = r.is_err();
+                if let Ok(mut g) = results[i].lock() {
+                    *g = Some(r);
+                }
+                if failed {
+                    // Others stop at their next pack.
+                    next.store(plan.len(), Ordering::Relaxed);
+                    break;
+                }
+            });
+        }
+    });
+    let mut out = Vec::with_capacity(plan.len());
+    for r in results {
+        match r.into_inner().ok().flatten() {
+            Some(r) => out.push(r?),
+            None => {
+                return Err(ImageError::io("writing pack layers", Path::new("(packs)"))(
+                    io::Error::other("a pack was not produced (an earlier one failed)"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn hash_pack(
+    files: &std::sync::Arc<Vec<PackFile>>,
+    members: &std::sync::Arc<Vec<PackMember>>,
+    sink: Option<(PathBuf, File)>,
+) -> Result<(crate::Digest, u64), ImageError> {
+    let mut stream = PackStream::new(files.clone(), members.clone());
+    let shown = sink
+        .as_ref()
+        .map_or_else(|| PathBuf::from("(pack)"), |(p, _)| p.clone());
+    let err = |e| ImageError::io("writing pack layer", &shown)(e);
+    match sink {
+        Some((_, f)) => {
+            let mut w = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, f));
+            io::copy(&mut stream, &mut w).map_err(err)?;
+            let (digest, size, buf) = w.finish();
+            buf.into_inner().map_err(|e| err(e.into_error()))?;
+            Ok((digest, size))
+        }
+        None => {
+            let mut w = HashingWriter::new(io::sink());
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = stream.read(&mut buf).map_err(err)?;
+                if n == 0 {
+                    break;
+                }
+                w.write_all(&buf[..n]).map_err(err)?;
+            }
+            let (digest, size, _) = w.finish();
+            Ok((digest, size))
+        }
+    }
+}
+
+/// Writes (or, [`PackOutput::Deferred`], only hashes) the pack layers and returns them with
+/// the chunk list's bytes and the summary.
 pub(crate) fn write_packs(
-    layout: &mut LayoutWriter,
+    out: PackOutput<'_>,
     mut files: Vec<ChunkedSource>,
     c: &Chunking,
-) -> Result<(Packs, Vec<u8>, ChunkSummary), ImageError> {
+) -> Result<(Packs, Vec<u8>, ChunkSummary, Option<DeferredPacks>), ImageError> {
     files.sort_by(|a, b| a.rel.cmp(&b.rel));
     let mut seen = HashSet::new();
-    // (digest, len) and where to read it: (file index, offset)
     let mut distinct: Vec<(ChunkDigest, u64)> = Vec::new();
     let mut at: Vec<(usize, u64)> = Vec::new();
     for (fi, f) in files.iter().enumerate() {
@@ -252,51 +488,35 @@ pub(crate) fn write_packs(
             }
         }
     }
-    let plan = plan_packs(&distinct, c);
-    let mut packs = Vec::with_capacity(plan.len());
-    for members in &plan {
-        let mut w = LayerWriter::create(layout)?;
-        for &i in members {
-            let (d, len) = distinct[i];
-            let (fi, off) = at[i];
-            let f = &files[fi];
-            let mut r = At {
-                file: &f.reread.file,
-                pos: f.reread.base + off,
-                left: len,
-            };
-            w.append_file(
-                &format!("{CHECKPOINT_DIR}/{CHUNK_DIR}/{}", d.hex()),
-                len,
-                &mut r,
-                &CHUNK_META,
-            )?;
-        }
-        packs.push((w.finish(layout)?, members.len()));
-    }
-    // The packs were read back by position: the files must not have changed since they were
-    // split and verified.
-    for f in &files {
-        if stamp_of(&f.reread.file, &f.shown)? != f.stamp {
-            return Err(ImageError::CheckpointMismatch {
-                file: f.rel.clone(),
-                reason: "changed while the image was built; build it again".into(),
-            });
-        }
-    }
+    let plan: Vec<std::sync::Arc<Vec<PackMember>>> = plan_packs(&distinct, c)
+        .into_iter()
+        .map(|members| {
+            std::sync::Arc::new(
+                members
+                    .into_iter()
+                    .map(|i| PackMember {
+                        digest: distinct[i].0,
+                        len: distinct[i].1,
+                        file: at[i].0,
+                        off: at[i].1,
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
     let summary = ChunkSummary {
         files: files.len(),
         chunks: files.iter().map(|f| f.chunks.len()).sum(),
         distinct_chunks: distinct.len(),
         logical_bytes: files.iter().map(|f| f.size).sum(),
         stored_bytes: distinct.iter().map(|d| d.1).sum(),
-        packs: packs.len(),
+        packs: plan.len(),
     };
     let list = ChunkList::new(
         files
-            .into_iter()
+            .iter()
             .map(|f| ChunkedFile {
-                path: f.rel,
+                path: f.rel.clone(),
                 size: f.size,
                 // Assembly refuses a time past MAX_MTIME (year 9999); a source file that claims
                 // one gets the latest accepted instead of an image no door would restore.
@@ -305,12 +525,130 @@ pub(crate) fn write_packs(
             })
             .collect(),
     );
-    Ok((packs, list.to_bytes(), summary))
+    let pack_files: std::sync::Arc<Vec<PackFile>> = std::sync::Arc::new(
+        files
+            .into_iter()
+            .map(|f| PackFile {
+                reread: f.reread,
+                stamp: f.stamp,
+                shown: f.shown,
+                rel: f.rel,
+            })
+            .collect(),
+    );
+    let (layout, sinks) = match out {
+        PackOutput::Layout(layout) => {
+            let mut sinks = Vec::with_capacity(plan.len());
+            for _ in &plan {
+                sinks.push(Some(layout.tmp_file()?));
+            }
+            (Some(layout), sinks)
+        }
+        PackOutput::Deferred => (None, plan.iter().map(|_| None).collect()),
+    };
+    let tmps: Vec<Option<PathBuf>> = sinks
+        .iter()
+        .map(|s| s.as_ref().map(|(p, _)| p.clone()))
+        .collect();
+    let hashed = produce_packs(&pack_files, &plan, sinks)?;
+    // The packs were read back by position: the files must not have changed since they were
+    // split and verified.
+    check_stamps(&pack_files)?;
+    let mut packs = Vec::with_capacity(plan.len());
+    for ((digest, size), (members, tmp)) in hashed.iter().zip(plan.iter().zip(&tmps)) {
+        if let (Some(layout), Some(tmp)) = (layout.as_deref(), tmp) {
+            layout.commit(tmp, digest)?;
+        }
+        packs.push((
+            FinishedLayer {
+                digest: digest.clone(),
+                size: *size,
+                entries: members.len() as u64,
+                content_bytes: members.iter().map(|m| m.len).sum(),
+            },
+            members.len(),
+        ));
+    }
+    let deferred = layout.is_none().then(|| DeferredPacks {
+        files: pack_files.clone(),
+        packs: hashed
+            .iter()
+            .zip(&plan)
+            .map(|((d, _), m)| (d.clone(), m.clone()))
+            .collect(),
+    });
+    Ok((packs, list.to_bytes(), summary, deferred))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A push from a checkpoint directory streams packs that were never written: their bytes
+    /// must be exactly what `image build` writes, or the two would make different images.
+    #[test]
+    fn pack_stream_is_what_the_layer_writer_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("pages-1.img");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&src, &data).unwrap();
+        let cuts = [
+            (0usize, 1000usize),
+            (1000, 512),
+            (1512, 70_001),
+            (71_513, 4096),
+            (90_000, 1),
+        ];
+        let mut members = Vec::new();
+        let root = dir.path().join("layout");
+        let mut layout = LayoutWriter::create(&root).unwrap();
+        let mut w = LayerWriter::create(&mut layout).unwrap();
+        for &(off, len) in &cuts {
+            let digest = ChunkDigest::of(&data[off..off + len]);
+            members.push(PackMember {
+                digest,
+                len: len as u64,
+                file: 0,
+                off: off as u64,
+            });
+            w.append_file(
+                &format!("{CHECKPOINT_DIR}/{CHUNK_DIR}/{}", digest.hex()),
+                len as u64,
+                &mut &data[off..off + len],
+                &CHUNK_META,
+            )
+            .unwrap();
+        }
+        let written = w.finish(&layout).unwrap();
+        let expected = std::fs::read(layout.blob_path(&written.digest)).unwrap();
+
+        let file = File::open(&src).unwrap();
+        let stamp = stamp_of(&file, &src).unwrap();
+        let files = std::sync::Arc::new(vec![PackFile {
+            reread: Reread { file, base: 0 },
+            stamp,
+            shown: src.clone(),
+            rel: "pages-1.img".into(),
+        }]);
+        let members = std::sync::Arc::new(members);
+        // Whole reads, and reads of a few bytes that end inside headers, bodies and padding.
+        for step in [1 << 20, 7, 512, 1] {
+            let mut got = Vec::new();
+            let mut s = PackStream::new(files.clone(), members.clone());
+            let mut buf = vec![0u8; step];
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(got.len(), expected.len(), "read {step} at a time");
+            assert!(got == expected, "read {step} at a time: bytes differ");
+        }
+        let (digest, size) = hash_pack(&files, &members, None).unwrap();
+        assert_eq!((digest, size), (written.digest, written.size));
+    }
 
     #[test]
     fn packs_are_content_defined_and_capped() {

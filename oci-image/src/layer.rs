@@ -55,7 +55,7 @@ impl LayerWriter {
         })
     }
 
-    fn header(kind: tar::EntryType, meta: &EntryMeta) -> tar::Header {
+    pub(crate) fn header(kind: tar::EntryType, meta: &EntryMeta) -> tar::Header {
         // GNU headers: long names and sizes above 8 GiB (GPU extents) are encoded the way Go's
         // archive/tar (containerd, CRI-O) reads them.
         let mut h = tar::Header::new_gnu();

@@ -139,12 +139,24 @@ pub use extract::{
 };
 pub use inspect::{inspect, inspect_named, inspect_with, EncryptionInfo, ImageInfo, ManifestLayer};
 pub use registry::{
-    pull, pull_extract, push, sign, Credentials, NodeStore, Progress, ProgressSnapshot, PullReport,
-    PushReport, Reference, RegistryOptions, SignReport, SignatureOptions, Transfer,
+    pull, pull_extract, push, push_checkpoint, sign, Credentials, NodeStore, Progress,
+    ProgressSnapshot, PullReport, PushReport, Reference, RegistryOptions, SignReport,
+    SignatureOptions, Transfer,
 };
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 
 use spec::Descriptor;
+
+/// Whether `path` is an OCI image (layout directory or oci-archive, as [`push`] takes) rather
+/// than something else, such as a checkpoint for [`push_checkpoint`]. Errors other than "not
+/// an image" (unreadable, malformed `oci-layout`) are returned.
+pub fn is_image(path: &std::path::Path) -> Result<bool, ImageError> {
+    match oci_layout::ImageSource::open(path) {
+        Ok(_) => Ok(true),
+        Err(ImageError::NotAnImage { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
 
 /// One layer of a checkpoint image.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

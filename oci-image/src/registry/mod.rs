@@ -262,11 +262,63 @@ pub fn push(
         Some(k) => Some(cosign::load_private_key(k)?),
         None => None,
     };
-    block_on(push_async(image, &r, opts, keypair.as_ref()))
+    block_on(push_async(image, image, None, &r, opts, keypair.as_ref()))
 }
 
+/// Builds the checkpoint `source` (a gpusnap checkpoint directory, or a CRI checkpoint archive
+/// or its tree) as [`crate::build`] would, and pushes it to `reference` without writing its
+/// pack layers anywhere: each pack the registry lacks is read from the checkpoint's files
+/// while it uploads. Only the small blobs (config, manifests, chunk list, the CRIU-images and
+/// rootfs-diff layers) go into `scratch`, an empty directory the caller removes afterwards.
+/// Encrypted and classic images are written into `scratch` whole, then pushed.
+pub fn push_checkpoint(
+    source: &Path,
+    scratch: &Path,
+    reference: &str,
+    build: &crate::BuildOptions,
+    opts: &RegistryOptions,
+) -> Result<(crate::BuiltImage, PushReport), ImageError> {
+    let r = Reference::parse(reference, opts.plain_http)?;
+    let keypair = match &opts.sign_key {
+        Some(k) => Some(cosign::load_private_key(k)?),
+        None => None,
+    };
+    let build = crate::BuildOptions {
+        layout_dir: Some(scratch.to_path_buf()),
+        archive_path: None,
+        image_name: Some(build.image_name.clone().unwrap_or_else(|| r.name())),
+        ..build.clone()
+    };
+    let (mut built, deferred) = crate::build::build_with(source, &build, true)?;
+    // The scratch layout is the caller's to remove, not an image to keep.
+    built.layout_dir = None;
+    let opts = RegistryOptions {
+        image_name: Some(built.image_name.clone()),
+        ..opts.clone()
+    };
+    let report = block_on(push_async(
+        scratch,
+        source,
+        deferred.as_ref(),
+        &r,
+        &opts,
+        keypair.as_ref(),
+    ))?;
+    if let Some(d) = &deferred {
+        // Every pack was hashed again on its way out, so a change shows as a digest mismatch;
+        // this names the file when it is one the registry already had.
+        d.check_unchanged()?;
+    }
+    Ok((built, report))
+}
+
+/// Pushes the image in the layout or archive `image`. `deferred`: pack blobs missing from the
+/// layout, produced from a checkpoint's files. `held_by`: what the node store records as the
+/// pushed blobs' holder.
 async fn push_async(
     image: &Path,
+    held_by: &Path,
+    deferred: Option<&crate::chunked::DeferredPacks>,
     r: &Reference,
     opts: &RegistryOptions,
     keypair: Option<&sigstore::crypto::signing_key::SigStoreKeyPair>,
@@ -386,7 +438,16 @@ async fn push_async(
                             client::Mount::Upload(l) => upload_session = Some(l),
                         }
                     }
-                    let body = src.blob(blob, "blob")?;
+                    let body = match deferred.and_then(|d| d.reader(&blob.digest)) {
+                        Some(r) => VerifyingReader::new(
+                            r,
+                            &blob.digest,
+                            blob.size,
+                            "pack layer",
+                            format!("checkpoint {}", held_by.display()),
+                        ),
+                        None => src.blob(blob, "blob")?,
+                    };
                     session
                         .upload_blob(&blob.digest, blob.size, body, upload_session)
                         .await?;
@@ -461,11 +522,16 @@ async fn push_async(
                 .collect::<Result<Vec<_>, _>>()?;
             let lease = ns.store.lease()?;
             let holder =
-                gpusnap_node_store::Holder::of(image).map_err(ImageError::io("stat", image))?;
+                gpusnap_node_store::Holder::of(held_by).map_err(ImageError::io("stat", held_by))?;
             ns.store.record(
                 &lease,
                 &gpusnap_node_store::RefRecord {
-                    name: format!("push {}@{} from {}", r.name(), top.digest, image.display()),
+                    name: format!(
+                        "push {}@{} from {}",
+                        r.name(),
+                        top.digest,
+                        held_by.display()
+                    ),
                     source: Some(format!("{}/{}", r.registry, r.repository)),
                     holder: Some(holder),
                     blobs: ids,
