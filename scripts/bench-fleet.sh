@@ -12,11 +12,13 @@
 # Three checkpoints are taken through the front door — `ctr tasks checkpoint --image-path` on a
 # container run by the gpusnap shim — : replica a (a1), replica b (b1), replica a again after
 # its state changed (a2). Each is built into an OCI layout with `gpusnap image build` and pushed
-# with `gpusnap image push` to Debian's docker-registry; then pulled with `gpusnap image pull
-# --extract` onto a second node (its own checkpoint root and, when the CLI has a node store,
-# its own store root): a1 cold, then b1 and a2 onto the node that holds a1, and b1 cold onto a
-# third, empty node. The same images go through `skopeo copy` (push from the layout; pull into
-# one OCI layout per node, which reuses blobs it holds, then untar the layers).
+# with `gpusnap image push` to Debian's docker-registry (and a1 once more straight from its
+# checkpoint directory, `gpusnap image push CHECKPOINT-DIR REF`, with no layout); then pulled
+# with `gpusnap image pull --extract` onto a second node (its own checkpoint root and, when the
+# CLI has a node store, its own store root): a1 cold, then b1 and a2 onto the node that holds
+# a1, and b1 cold onto a third, empty node. The same images go through `skopeo copy` (push from
+# the layout; pull into one OCI layout per node, which reuses blobs it holds, then untar the
+# layers).
 #
 # Bytes are measured, not assumed: the CLI's own --json reports (bytes moved where the CLI
 # reports them, else every byte of the image), the registry storage's growth per push (`du`

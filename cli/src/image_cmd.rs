@@ -13,7 +13,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{ArgGroup, Args, Subcommand};
 use gpusnap_checkpoint::origin::SignatureCheck;
 use gpusnap_oci_image::registry::{
-    DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES, DEFAULT_PARALLEL_BLOBS,
+    default_parallel_blobs, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES,
 };
 use gpusnap_oci_image::{
     self as image, BuildOptions, BuiltImage, Credentials, Extracted, ImageError, ImageInfo,
@@ -61,9 +61,9 @@ pub struct RegistryArgs {
     #[arg(long, value_name = "BYTES")]
     pub max_blob_bytes: Option<u64>,
     /// Blobs uploaded or downloaded at once (each hashed, written or unpacked on its own
-    /// thread while it streams).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PARALLEL_BLOBS as u64,
-          value_parser = clap::value_parser!(u64).range(1..=64))]
+    /// thread while it streams) [default: one per two cores, 4 to 8].
+    #[arg(long, value_name = "N", default_value_t = default_parallel_blobs() as u64,
+          hide_default_value = true, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub parallel_blobs: u64,
 }
 

@@ -78,9 +78,19 @@ use gpusnap_checkpoint::chunks::StreamAssembly;
 pub use reference::Reference;
 pub use transfer::{NodeStore, Progress, ProgressSnapshot, Transfer};
 
-/// Default number of blobs moved at once: enough to keep a loopback or LAN link and a local
+/// Fewest blobs moved at once by default: enough to keep a loopback or LAN link and a local
 /// disk busy while one blob's consumer waits on the other, few enough not to thrash one disk.
 pub const DEFAULT_PARALLEL_BLOBS: usize = 4;
+
+/// Default number of blobs moved at once on this machine: one per two cores, from
+/// [`DEFAULT_PARALLEL_BLOBS`] up to 8. Each moving blob is hashed (and for an encrypted layer
+/// decrypted and authenticated, three passes over its bytes) on a thread of its own, so a
+/// many-core node keeps its link busy while it checks what arrives.
+pub fn default_parallel_blobs() -> usize {
+    std::thread::available_parallelism()
+        .map_or(DEFAULT_PARALLEL_BLOBS, |n| n.get() / 2)
+        .clamp(DEFAULT_PARALLEL_BLOBS, 8)
+}
 /// Default cap on a manifest, index, image config or signature manifest read from a registry.
 pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// Default cap on one blob: none of its own. A checkpoint of a node with 8 GPUs of 141 GB
@@ -134,7 +144,7 @@ impl Default for RegistryOptions {
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
             signatures: SignatureOptions::default(),
             sign_key: None,
-            parallel_blobs: DEFAULT_PARALLEL_BLOBS,
+            parallel_blobs: default_parallel_blobs(),
             store: None,
             progress: None,
             decryption: Default::default(),
