@@ -182,33 +182,54 @@ pub(crate) fn chunk_dir_path() -> String {
 
 /// The packs: distinct chunks in order of first appearance (files by name), cut where a
 /// chunk's digest meets the boundary condition, so the same content yields the same packs in
-/// another image. Returns indices into `distinct`.
-fn plan_packs(distinct: &[(ChunkDigest, u64)], c: &Chunking) -> Vec<Vec<usize>> {
+/// another image. A pack also ends before a chunk marked in `breaks` (new content after a long
+/// run of content already packed, such as a zero-filled buffer between two allocations),
+/// unless those cuts alone would exceed the pack cap. Returns indices into `distinct`.
+fn plan_packs(distinct: &[(ChunkDigest, u64)], breaks: &[bool], c: &Chunking) -> Vec<Vec<usize>> {
     let avg = u64::from(c.chunk.avg).max(1);
-    let mut k = (c.pack_bytes / avg).max(1).next_power_of_two();
-    loop {
-        let cap = k.saturating_mul(avg).saturating_mul(4);
-        let mut packs: Vec<Vec<usize>> = Vec::new();
-        let mut cur = Vec::new();
-        let mut bytes = 0u64;
-        for (i, (d, len)) in distinct.iter().enumerate() {
-            cur.push(i);
-            bytes += len;
-            if d.prefix_u64() & (k - 1) == 0 || bytes >= cap {
-                packs.push(std::mem::take(&mut cur));
-                bytes = 0;
+    for use_breaks in [true, false] {
+        let mut k = (c.pack_bytes / avg).max(1).next_power_of_two();
+        loop {
+            let cap = k.saturating_mul(avg).saturating_mul(4);
+            let mut packs: Vec<Vec<usize>> = Vec::new();
+            let mut cur = Vec::new();
+            let mut bytes = 0u64;
+            for (i, (d, len)) in distinct.iter().enumerate() {
+                if use_breaks && breaks.get(i).copied().unwrap_or(false) && !cur.is_empty() {
+                    packs.push(std::mem::take(&mut cur));
+                    bytes = 0;
+                }
+                cur.push(i);
+                bytes += len;
+                if d.prefix_u64() & (k - 1) == 0 || bytes >= cap {
+                    packs.push(std::mem::take(&mut cur));
+                    bytes = 0;
+                }
             }
+            if !cur.is_empty() {
+                packs.push(cur);
+            }
+            if packs.len() <= c.max_packs {
+                return packs;
+            }
+            if k >= 1 << 40 {
+                break;
+            }
+            // Doubling k keeps every boundary a subset of the previous ones: packs merge, they
+            // do not shift.
+            k *= 2;
         }
-        if !cur.is_empty() {
-            packs.push(cur);
-        }
-        if packs.len() <= c.max_packs || k >= 1 << 40 {
-            return packs;
-        }
-        // Doubling k keeps every boundary a subset of the previous ones: packs merge, they do
-        // not shift.
-        k *= 2;
     }
+    // Unreachable in practice: at k = 2^40 without breaks there is one pack per 4 TiB.
+    vec![(0..distinct.len()).collect()]
+}
+
+/// Bytes of chunks already packed, in a row, after which new content starts a pack of its own:
+/// half the pack size. A run that long is a region of its own in the checkpoint (zeros of a
+/// pre-allocated buffer, a second copy of weights), so what follows it is likely to change
+/// independently of what precedes it.
+fn break_run(c: &Chunking) -> u64 {
+    (c.pack_bytes / 2).max(u64::from(c.chunk.max))
 }
 
 /// One chunk of a pack: its digest and length, and where to read it (file index, offset).
@@ -480,15 +501,22 @@ pub(crate) fn write_packs(
     let mut seen = HashSet::new();
     let mut distinct: Vec<(ChunkDigest, u64)> = Vec::new();
     let mut at: Vec<(usize, u64)> = Vec::new();
+    let mut breaks: Vec<bool> = Vec::new();
+    let run_needed = break_run(c);
+    let mut run = 0u64;
     for (fi, f) in files.iter().enumerate() {
         for &(d, len, off) in &f.chunks {
             if seen.insert(d) {
                 distinct.push((d, len));
                 at.push((fi, off));
+                breaks.push(run >= run_needed);
+                run = 0;
+            } else {
+                run += len;
             }
         }
     }
-    let plan: Vec<std::sync::Arc<Vec<PackMember>>> = plan_packs(&distinct, c)
+    let plan: Vec<std::sync::Arc<Vec<PackMember>>> = plan_packs(&distinct, &breaks, c)
         .into_iter()
         .map(|members| {
             std::sync::Arc::new(
@@ -664,16 +692,62 @@ mod tests {
         let chunks: Vec<(ChunkDigest, u64)> = (0..2000u32)
             .map(|i| (ChunkDigest::of(&i.to_le_bytes()), 256))
             .collect();
-        let a = plan_packs(&chunks, &c);
+        let none = vec![false; chunks.len()];
+        let a = plan_packs(&chunks, &none, &c);
         assert!(a.len() > 50 && a.len() < 250, "{} packs", a.len());
         // A different first chunk changes the first pack only.
         let mut other = chunks.clone();
         other[0] = (ChunkDigest::of(b"other"), 256);
-        let b = plan_packs(&other, &c);
+        let b = plan_packs(&other, &none, &c);
         assert_eq!(a[1..], b[1..]);
         // Capped: fewer, larger packs whose boundaries are a subset of the first ones.
-        let few = plan_packs(&chunks, &Chunking { max_packs: 10, ..c });
+        let few = plan_packs(&chunks, &none, &Chunking { max_packs: 10, ..c });
         assert!(few.len() <= 10 && few.len() > 1, "{}", few.len());
         assert_eq!(few.concat(), (0..2000).collect::<Vec<_>>());
+    }
+
+    /// New content after a long run of repeats (the zeros between weights and state) starts
+    /// its own pack: the packs before it stay those of an image where that content differs.
+    #[test]
+    fn new_content_after_a_long_repeat_run_starts_a_pack() {
+        let c = Chunking {
+            chunk: ChunkParams {
+                min: 64,
+                avg: 256,
+                max: 1024,
+            },
+            pack_bytes: 256 * 64,
+            max_packs: 1000,
+        };
+        let mk = |salt: u32| -> Vec<(ChunkDigest, u64)> {
+            (0..2000u32)
+                .map(|i| {
+                    let v = if i >= 1000 { i + salt } else { i };
+                    (ChunkDigest::of(&v.to_le_bytes()), 256)
+                })
+                .collect()
+        };
+        let (a, b) = (mk(0), mk(1 << 20));
+        let mut breaks = vec![false; 2000];
+        breaks[1000] = true;
+        let pa = plan_packs(&a, &breaks, &c);
+        let pb = plan_packs(&b, &breaks, &c);
+        let before = |p: &[Vec<usize>]| -> Vec<Vec<usize>> {
+            p.iter().filter(|m| m[0] < 1000).cloned().collect()
+        };
+        assert!(
+            pa.iter().any(|m| m[0] == 1000),
+            "no pack starts at the break"
+        );
+        assert_eq!(before(&pa), before(&pb));
+        for m in before(&pa) {
+            let digests = |d: &[(ChunkDigest, u64)]| m.iter().map(|&i| d[i].0).collect::<Vec<_>>();
+            assert_eq!(digests(&a), digests(&b), "a pack before the break changed");
+        }
+        // Breaks that alone exceed the cap are dropped rather than breaking the cap.
+        let all = vec![true; 2000];
+        let capped = plan_packs(&a, &all, &Chunking { max_packs: 10, ..c });
+        assert!(capped.len() <= 10, "{}", capped.len());
+        assert_eq!(capped.concat(), (0..2000).collect::<Vec<_>>());
     }
 }

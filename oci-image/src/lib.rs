@@ -69,15 +69,17 @@
 //! | `chunk-pack` | chunk files `checkpoint/.gpusnap-chunks/<sha256 hex>`, each distinct chunk of the image once; annotated `io.gpusnap.chunk.count` |
 //! | `gpusnap-manifest` | as above, last |
 //!
-//! **Packs.** The distinct chunks, in order of first appearance (files sorted by name), are
-//! grouped into packs: a pack closes after a chunk whose digest has its low
-//! `log2(pack_bytes / avg chunk)` bits zero (128 MiB of new chunks on average), or at four
-//! times that. Boundaries therefore follow content, and chunk entries have fixed headers
-//! (mode 0600, owner 0:0, mtime 0), so the same run of chunks makes the same pack blob — the
-//! same layer digest — in another replica's image and on another node; a zero region is one
-//! chunk in one pack. Lower layers are bounded (overlayfs stacks at most 500, Docker uses
-//! 125): an image has at most [`Chunking::max_packs`] (64) packs plus five other layers; past
-//! that the pack size doubles, which merges packs along the same boundaries.
+//! **Packs.** The distinct chunks, in order of first appearance (files sorted by name), are grouped
+//! into packs: a pack closes after a chunk whose digest has its low `log2(pack_bytes / avg chunk)`
+//! bits zero (128 MiB of new chunks on average), or at four times that. Boundaries therefore follow
+//! content, and chunk entries have fixed headers (mode 0600, owner 0:0, mtime 0), so the same run
+//! of chunks makes the same pack blob — the same layer digest — in another replica's image and on
+//! another node; a zero region is one chunk in one pack. New content that follows a long run of
+//! chunks already packed (half a pack: the zeros of a pre-allocated buffer between weights and
+//! state) starts a pack of its own, so the pack before it stays the same when only what follows
+//! changes. Lower layers are bounded (overlayfs stacks at most 500, Docker uses 125): an image has
+//! at most [`Chunking::max_packs`] (64) packs plus five other layers; past that the pack size
+//! doubles, which merges packs along the same boundaries.
 //!
 //! **Assembly.** Every door turns the chunks back into the flat checkpoint directory before
 //! anything reads it, with [`gpusnap_checkpoint::chunks::assemble`]: [`extract`] and `gpusnap
