@@ -43,7 +43,9 @@
 # RIG (containerd, ctr, criu; default /opt/gpusnap-rig), REGISTRY_BIN (default
 # /usr/bin/docker-registry), SKOPEO (default: skopeo on PATH; none: gpusnap only), KEEP=1 keeps BENCH_DIR,
 # BUILD_ARGS (extra `gpusnap image build` arguments, e.g. --classic: whole-file layers),
-# DRY_RUN=1 takes the checkpoints and prints the plan without pushing or pulling.
+# DRY_RUN=1 takes the checkpoints and prints the plan without pushing or pulling, SLOW_MBIT=N
+# also pulls b1 cold and warm through a relay paced to N Mbit/s (scripts/lib/slowlink.py),
+# SLOW_ROUNDS times (default ROUNDS).
 # Disk: about 12 × TOTAL_MIB in BENCH_DIR.
 set -euo pipefail
 
@@ -154,9 +156,9 @@ node_bytes() { # NODE SIDE: what the node holds for that side, besides the extra
     skopeo) dbytes "$WORK/node-$1/skopeo/layout" ;;
     esac
 }
-pull_gpusnap() { # NODE IMAGE
+pull_gpusnap() { # NODE IMAGE (from the registry at PULL_PORT, default PORT)
     "$GPUSNAP" --config "$WORK/node-$1/gpusnap.toml" image pull --plain-http --json \
-        --extract "$WORK/node-$1/checkpoints/$2" "127.0.0.1:$PORT/fleet/model:$2"
+        --extract "$WORK/node-$1/checkpoints/$2" "127.0.0.1:${PULL_PORT:-$PORT}/fleet/model:$2"
 }
 pull_skopeo() { # NODE IMAGE: into the node's one layout (skopeo reuses blobs it holds), untarred
     "$SKOPEO" --insecure-policy copy --all --preserve-digests --src-tls-verify=false \
@@ -219,6 +221,40 @@ for r in $(seq "$ROUNDS"); do
     for s in $(side_order "$r" "${SIDES[@]}"); do pull_all "$s" ""; done
     plain_round ""
 done
+
+# --- over a slower link (SLOW_MBIT) -------------------------------------------------------------
+# On loopback a pull is bound by writing and checking the checkpoint, which a warm pull does as
+# much as a cold one. Through scripts/lib/slowlink.py (the registry behind a relay paced to
+# SLOW_MBIT Mbit/s each way), b1 is pulled cold onto an empty node and warm onto a node whose
+# store holds a1 (pulled there over loopback first, not timed); order alternating per round.
+SLOW=0
+if [[ ${SLOW_MBIT:-0} != 0 ]] && command -v python3 >/dev/null; then
+    SLOW=1
+    SLOW_PORT=$(free_port)
+    python3 "$ROOT/scripts/lib/slowlink.py" "$SLOW_PORT" "127.0.0.1:$PORT" "$SLOW_MBIT" >"$WORK/slowlink.out" 2>&1 &
+    SLOW_PID=$!
+    for _ in $(seq 50); do grep -q ready "$WORK/slowlink.out" 2>/dev/null && break; sleep 0.1; done
+    slow_warm() {
+        node_reset 4
+        pull_gpusnap 4 a1 >/dev/null
+        rm -rf "${WORK:?}/node-4/checkpoints/a1"
+        PULL_PORT=$SLOW_PORT pull_one gpusnap 4 b1 "$1slow-pull-b1-warm"
+        rm -rf "${WORK:?}/node-4"
+    }
+    slow_cold() {
+        node_reset 5
+        PULL_PORT=$SLOW_PORT pull_one gpusnap 5 b1 "$1slow-pull-b1-cold"
+        rm -rf "${WORK:?}/node-5"
+    }
+    say "pull b1 over a $SLOW_MBIT Mbit/s link: cold, and onto a node holding a1 (${SLOW_ROUNDS:-$ROUNDS} rounds)"
+    for r in $(seq "${SLOW_ROUNDS:-$ROUNDS}"); do
+        for s in $(side_order "$r" warm cold); do "slow_$s" ""; done
+    done
+    kill "$SLOW_PID" 2>/dev/null || true
+    wait "$SLOW_PID" 2>/dev/null || true
+elif [[ ${SLOW_MBIT:-0} != 0 ]]; then
+    echo "   SLOW_MBIT: no python3 here, the slow-link pulls are skipped" >&2
+fi
 stop_registry
 
 # --- report ----------------------------------------------------------------------------------
@@ -265,6 +301,9 @@ echo "Issue 21's targets (scaled to $TOTAL_MIB MiB: x/8 is the fraction of the d
 echo "- first push (a1) uploaded $(mib "$up1") = $(frac8 "$up1") (target ≤ 5.6/8)"
 echo "- second replica's push (b1) uploaded $(mib "$up2") = $(frac8 "$up2") (target ≤ 0.6/8); replica a's second checkpoint (a2): $(frac8 "$(b_med push-gpusnap-a2 reported)")"
 echo "- b1 pulled onto the node holding a1: $(mib "$dn_w") = $(frac8 "$dn_w") (target ≤ 0.6/8), $(t_med pull-gpusnap-b1-warm) s = $(ratio "$(t_med pull-gpusnap-b1-warm)" "$(t_med pull-gpusnap-b1-cold)") of b1's cold pull ($(t_med pull-gpusnap-b1-cold) s; target ≤ 0.25×)"
+if ((SLOW)); then
+    echo "- over a $SLOW_MBIT Mbit/s link: b1 onto the node holding a1 fetched $(mib "$(b_med slow-pull-b1-warm reported)") in $(t_med slow-pull-b1-warm) s = $(ratio "$(t_med slow-pull-b1-warm)" "$(t_med slow-pull-b1-cold)") of its cold pull over the same link ($(t_med slow-pull-b1-cold) s; target ≤ 0.25×)"
+fi
 echo "- push straight from the checkpoint directory (a1: \`gpusnap image push CHECKPOINT-DIR\`, $(t_med push-direct-a1) s, uploaded $(mib "$(b_med push-direct-a1 reported)")) / skopeo copy of its image: $(ratio "$(t_med push-direct-a1)" "$(t_med push-skopeo-a1)") (target ≤ 1.1×)"
 echo "- push of the built layout / skopeo copy (a1): $(ratio "$(t_med push-gpusnap-a1)" "$(t_med push-skopeo-a1)"); image build + push of the layout: $(ratio "$(awk -v a="$(t_med build-a1)" -v b="$(t_med push-gpusnap-a1)" 'BEGIN{print a+b}')" "$(t_med push-skopeo-a1)")"
 echo "- pull + verify + assemble (a1 cold) / plain write of the same bytes: $(ratio "$(t_med pull-gpusnap-a1-cold)" "$(t_med plain-write-a1)") (target ≤ 1.3×)"

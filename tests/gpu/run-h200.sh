@@ -65,6 +65,8 @@
 #   --fleet-mib N        fleet: device memory per replica (default 8192)
 #   --fleet-rounds N     fleet: counted rounds (default 1); --fleet-warmup 0|1 (default 0)
 #   --fleet-dir DIR      fleet: where images, registry and node stores go (default: the tmpfs)
+#   --fleet-slow-mbit N  fleet: also pull b1 cold and warm through a relay paced to N Mbit/s,
+#                        --fleet-slow-rounds N times (default: --fleet-rounds)
 #   --crypt-mib N        crypt: device memory of the checkpoint (default 8192)
 #   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
 #                        --crypt-warmup 0|1 (default 0); --crypt-dir DIR (default: the tmpfs)
@@ -110,6 +112,8 @@ while (($#)); do
     --fleet-mib) FLEET_MIB=$2; shift ;;
     --fleet-rounds) FLEET_ROUNDS=$2; shift ;;
     --fleet-warmup) FLEET_WARMUP=$2; shift ;;
+    --fleet-slow-mbit) FLEET_SLOW_MBIT=$2; shift ;;
+    --fleet-slow-rounds) FLEET_SLOW_ROUNDS=$2; shift ;;
     --fleet-dir) FLEET_DIR=$2; shift ;;
     --crypt-mib) CRYPT_MIB=$2; shift ;;
     --crypt-rounds) CRYPT_ROUNDS=$2; shift ;;

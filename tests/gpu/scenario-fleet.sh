@@ -62,7 +62,8 @@ if has fleet; then
         t0=$(now_ms)
         FLEET_DRIVER=gpu FLEET_GPU_HOOKS=$hooks BIN_DIR=$B/bin RIG=$B PREBUILT=1 \
             REGISTRY_BIN=$B/bin/docker-registry SKOPEO=$SKOPEO_B BENCH_DIR=$fdir \
-            WARMUP=${FLEET_WARMUP:-0} \
+            WARMUP=${FLEET_WARMUP:-0} SLOW_MBIT=${FLEET_SLOW_MBIT:-0} \
+            SLOW_ROUNDS=${FLEET_SLOW_ROUNDS:-${FLEET_ROUNDS:-1}} \
             timeout $((DEADLINE - $(elapsed_s) + 5)) \
             bash "$REPO/scripts/bench-fleet.sh" "$fmib" "${FLEET_ROUNDS:-1}" 2>&1 | tee "$flog"
         rc=${PIPESTATUS[0]}
