@@ -2,8 +2,9 @@
 //! real `docker-registry` on loopback. The image is the one `gpusnap image build` + `push`
 //! would make (same digest), its packs are never written anywhere, a second push moves
 //! nothing, nothing is left beside the checkpoint, the pull extracts the checkpoint byte for
-//! byte, and a checkpoint that no longer matches its sealed manifest is refused before
-//! anything reaches the registry.
+//! byte, a checkpoint that no longer matches its sealed manifest is refused before anything
+//! reaches the registry, and an encrypted push leaves only ocicrypt layers there, opened by the
+//! key's holder alone.
 
 use std::fs;
 use std::path::Path;
@@ -209,4 +210,87 @@ fn a_checkpoint_that_no_longer_matches_its_manifest_is_not_pushed() {
         "{}",
         describe(&out)
     );
+}
+
+/// Encrypted straight from the checkpoint: every layer in ocicrypt's format at the registry,
+/// nothing readable without the key, and the key's holder extracts the checkpoint byte for byte.
+#[test]
+fn a_checkpoint_pushes_encrypted_straight_from_its_files() {
+    use gpusnap_testkit::ocicrypt::{key_pair, KeyKind};
+    let reg = registry();
+    let fx = fixture();
+    let w = fx.work.path();
+    let (key, public) = key_pair(w, "node", KeyKind::EcP256).unwrap();
+    let reference = reg.image("ckpt/sealed:v1");
+    let recipient = format!("jwe:{}", s(&public));
+    let pushed = json(&ok(
+        None,
+        &[
+            "image",
+            "push",
+            s(&fx.checkpoint_dir),
+            &reference,
+            "--plain-http",
+            "--encrypt-recipient",
+            &recipient,
+            "--json",
+        ],
+    ));
+    assert!(
+        scratch_left(fx.archive_root.as_path()).is_empty(),
+        "scratch left"
+    );
+    let layers = pushed["built"]["layers"].as_array().unwrap();
+    assert!(!layers.is_empty(), "{pushed}");
+    for l in layers {
+        let mt = l["descriptor"]["mediaType"].as_str().unwrap();
+        assert!(mt.ends_with("+encrypted"), "a plain layer was pushed: {l}");
+    }
+
+    let without = w.join("without/dest");
+    let out = gpusnap(
+        None,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            s(&without),
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "extracted without the key: {}",
+        describe(&out)
+    );
+    assert!(!without.exists(), "left {}", without.display());
+
+    let dest = w.join("with/dest");
+    let out = gpusnap(
+        None,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            s(&dest),
+            "--decryption-key",
+            s(&key),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "pull with the key: {}",
+        describe(&out)
+    );
+    for name in ["pages-1.img", GPU_EXTENTS[0], GPU_EXTENTS[1]] {
+        assert_eq!(
+            fs::read(dest.join(name)).unwrap(),
+            fs::read(fx.checkpoint_dir.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    gpusnap_checkpoint::validate_for_restore(&dest).unwrap();
 }
