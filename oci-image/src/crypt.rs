@@ -127,6 +127,7 @@ impl Rewriter<'_> {
         } else if is_manifest_media_type(&desc.media_type) {
             let mut manifest: ImageManifest = self.read_json(desc)?;
             self.kept.insert(manifest.config.digest.clone());
+            self.encrypt_all(&manifest.layers)?;
             manifest.layers = manifest
                 .layers
                 .iter()
@@ -139,6 +140,69 @@ impl Rewriter<'_> {
                 media_type: desc.media_type.clone(),
                 location: self.root.display().to_string(),
             })
+        }
+    }
+
+    /// Encrypts the distinct layers of `layers` not yet rewritten, several at once (one per core,
+    /// up to 8): each is a read, a cipher and a write of its own. [`Rewriter::layer`] then
+    /// finds them done.
+    fn encrypt_all(&mut self, layers: &[Descriptor]) -> Result<(), ImageError> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Mutex;
+        let mut todo: Vec<&Descriptor> = Vec::new();
+        for l in layers {
+            if plain_media_type(&l.media_type).is_none()
+                && !self.rewritten.contains_key(&l.digest)
+                && !todo.iter().any(|t| t.digest == l.digest)
+            {
+                todo.push(l);
+            }
+        }
+        let base = self.seq;
+        self.seq += todo.len() as u64;
+        let workers = std::thread::available_parallelism()
+            .map_or(2, usize::from)
+            .clamp(1, 8)
+            .min(todo.len().max(1));
+        let next = AtomicUsize::new(0);
+        let results: Vec<Mutex<Option<Result<Descriptor, ImageError>>>> =
+            todo.iter().map(|_| Mutex::new(None)).collect();
+        let (root, recipients) = (self.root, self.recipients);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= todo.len() {
+                        break;
+                    }
+                    let r = encrypt_one(root, recipients, todo[i], base + i as u64 + 1);
+                    if let Ok(mut g) = results[i].lock() {
+                        *g = Some(r);
+                    }
+                });
+            }
+        });
+        let mut first_err = None;
+        for (d, r) in todo.iter().zip(results) {
+            match r.into_inner().ok().flatten() {
+                Some(Ok(new)) => {
+                    self.replaced.insert(d.digest.clone());
+                    self.kept.insert(new.digest.clone());
+                    self.rewritten.insert(d.digest.clone(), new);
+                }
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                None => {
+                    first_err.get_or_insert(ImageError::io("encrypting", root)(
+                        std::io::Error::other("a layer was not encrypted"),
+                    ));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -162,83 +226,93 @@ impl Rewriter<'_> {
                 ..prev.clone()
             });
         }
-        let src = self.blob(&desc.digest);
-        let location = format!("{} layer {}", self.root.display(), desc.digest);
-        let crypt = |source| ImageError::Crypt {
-            location: location.clone(),
-            reason: source,
-        };
-        let file = File::open(&src).map_err(ImageError::io("opening", &src))?;
-        // The blob was just written under its digest: not hashed again.
-        let mut reader = EncryptingReader::with_plain_digest(
-            BufReader::with_capacity(1 << 20, file),
-            desc.digest.as_str(),
-        )
-        .map_err(crypt)?;
         self.seq += 1;
-        let tmp = self.root.join(BLOBS_DIR).join(format!(
-            ".encrypting-{}-{}",
-            std::process::id(),
-            self.seq
-        ));
-        let out = File::create(&tmp).map_err(ImageError::io("creating", &tmp))?;
-        let mut w = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, out));
-        let copied = (|| -> std::io::Result<()> {
-            let mut buf = vec![0u8; 1 << 20];
-            loop {
-                let n = reader.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(());
-                }
-                std::io::Write::write_all(&mut w, &buf[..n])?;
-            }
-        })();
-        let finished = copied.and_then(|()| {
-            let (digest, size, inner) = w.finish();
-            let file = inner.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            Ok((digest, size))
-        });
-        let (digest, size) = match finished {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(ImageError::io("encrypting", &src)(e));
-            }
-        };
-        let enc = match reader.finish(self.recipients) {
-            Ok(enc) => enc,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(crypt(e));
-            }
-        };
-        if enc.plain_size != desc.size {
-            let _ = fs::remove_file(&tmp);
-            return Err(ImageError::SizeMismatch {
-                what: "layer (while encrypting)".into(),
-                digest: desc.digest.clone(),
-                expected: desc.size,
-                actual: enc.plain_size,
-                location,
-            });
-        }
-        let dst = self.blob(&digest);
-        fs::rename(&tmp, &dst).map_err(ImageError::io("renaming into place", &dst))?;
+        let new = encrypt_one(self.root, self.recipients, desc, self.seq)?;
         self.replaced.insert(desc.digest.clone());
-        self.kept.insert(digest.clone());
-        let mut annotations = desc.annotations.clone();
-        annotations.extend(enc.annotations);
-        let new = Descriptor {
-            media_type: encrypted_media_type(&desc.media_type),
-            digest,
-            size,
-            annotations,
-            platform: desc.platform.clone(),
-        };
+        self.kept.insert(new.digest.clone());
         self.rewritten.insert(desc.digest.clone(), new.clone());
         Ok(new)
     }
+}
+
+/// Encrypts the layer blob `desc` of the layout at `root` into a new blob (its scratch file
+/// named with `seq`) and returns the encrypted layer's descriptor. The plain blob stays.
+fn encrypt_one(
+    root: &Path,
+    recipients: &[Recipient],
+    desc: &Descriptor,
+    seq: u64,
+) -> Result<Descriptor, ImageError> {
+    let src = root.join(BLOBS_DIR).join(desc.digest.hex());
+    let location = format!("{} layer {}", root.display(), desc.digest);
+    let crypt = |source| ImageError::Crypt {
+        location: location.clone(),
+        reason: source,
+    };
+    let file = File::open(&src).map_err(ImageError::io("opening", &src))?;
+    // The blob was just written under its digest: not hashed again.
+    let mut reader = EncryptingReader::with_plain_digest(
+        BufReader::with_capacity(1 << 20, file),
+        desc.digest.as_str(),
+    )
+    .map_err(crypt)?;
+    let tmp = root
+        .join(BLOBS_DIR)
+        .join(format!(".encrypting-{}-{}", std::process::id(), seq));
+    let out = File::create(&tmp).map_err(ImageError::io("creating", &tmp))?;
+    let mut w = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, out));
+    let copied = (|| -> std::io::Result<()> {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = reader.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            std::io::Write::write_all(&mut w, &buf[..n])?;
+        }
+    })();
+    let finished = copied.and_then(|()| {
+        let (digest, size, inner) = w.finish();
+        let file = inner.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok((digest, size))
+    });
+    let (digest, size) = match finished {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(ImageError::io("encrypting", &src)(e));
+        }
+    };
+    let enc = match reader.finish(recipients) {
+        Ok(enc) => enc,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(crypt(e));
+        }
+    };
+    if enc.plain_size != desc.size {
+        let _ = fs::remove_file(&tmp);
+        return Err(ImageError::SizeMismatch {
+            what: "layer (while encrypting)".into(),
+            digest: desc.digest.clone(),
+            expected: desc.size,
+            actual: enc.plain_size,
+            location,
+        });
+    }
+    let dst = root.join(BLOBS_DIR).join(digest.hex());
+    fs::rename(&tmp, &dst).map_err(ImageError::io("renaming into place", &dst))?;
+    let mut annotations = desc.annotations.clone();
+    annotations.extend(enc.annotations);
+    let new = Descriptor {
+        media_type: encrypted_media_type(&desc.media_type),
+        digest,
+        size,
+        annotations,
+        platform: desc.platform.clone(),
+    };
+    Ok(new)
 }
 
 /// Encrypts every layer of the OCI layout at `root` (the gpusnap manifest's included) for
