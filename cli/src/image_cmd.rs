@@ -99,6 +99,56 @@ pub struct SignArgs {
     pub json: bool,
 }
 
+/// How a checkpoint becomes an image: `gpusnap image build`, and `push` of a checkpoint.
+#[derive(Args)]
+pub struct ImageShapeArgs {
+    /// Container name for the engines' checkpoint annotations [default: from config.dump /
+    /// spec.dump, else the manifest's container id].
+    #[arg(long, value_name = "NAME")]
+    pub container_name: Option<String>,
+    /// Extra annotation on the image index and manifest (repeatable).
+    #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = parse_annotation)]
+    pub annotations: Vec<(String, String)>,
+    /// Do not re-hash the checkpoint against its sealed gpusnap manifest while building.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// The classic layout: page images whole in the CRIU-images layer, one layer per GPU
+    /// extent, no chunks [default: chunked, which every gpusnap restore door assembles].
+    #[arg(long)]
+    pub classic: bool,
+}
+
+impl ImageShapeArgs {
+    /// Build options for these flags, encrypting for `recipients` (`--encrypt-recipient`).
+    fn options(&self, recipients: &[String]) -> Result<BuildOptions> {
+        Ok(BuildOptions {
+            container_name: self.container_name.clone(),
+            verify_checkpoint: !self.no_verify,
+            annotations: self.annotations.iter().cloned().collect(),
+            chunking: (!self.classic).then(image::Chunking::default),
+            encrypt_to: if recipients.is_empty() {
+                None
+            } else {
+                Some(image::crypt::recipients(recipients)?)
+            },
+            ..BuildOptions::default()
+        })
+    }
+
+    /// The flags given, by name (refused when the source is already an image).
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("--container-name", self.container_name.is_some()),
+            ("--annotation", !self.annotations.is_empty()),
+            ("--no-verify", self.no_verify),
+            ("--classic", self.classic),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect()
+    }
+}
+
 #[derive(Args)]
 #[command(group(ArgGroup::new("outputs").required(true).multiple(true).args(["output", "layout"])))]
 pub struct BuildArgs {
@@ -115,20 +165,8 @@ pub struct BuildArgs {
     /// Write an OCI image layout directory here (must not exist or be empty).
     #[arg(long, value_name = "DIR")]
     pub layout: Option<PathBuf>,
-    /// Container name for the engines' checkpoint annotations [default: from config.dump /
-    /// spec.dump, else the manifest's container id].
-    #[arg(long, value_name = "NAME")]
-    pub container_name: Option<String>,
-    /// Extra annotation on the image index and manifest (repeatable).
-    #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = parse_annotation)]
-    pub annotations: Vec<(String, String)>,
-    /// Do not re-hash the checkpoint against its sealed gpusnap manifest while building.
-    #[arg(long)]
-    pub no_verify: bool,
-    /// The classic layout: page images whole in the CRIU-images layer, one layer per GPU
-    /// extent, no chunks [default: chunked, which every gpusnap restore door assembles].
-    #[arg(long)]
-    pub classic: bool,
+    #[command(flatten)]
+    pub shape: ImageShapeArgs,
     /// Encrypt every layer (ocicrypt format, as skopeo/buildah/imgcrypt read it) for this
     /// recipient: jwe:PUBLIC-KEY.pem, RSA or EC (repeatable: any one recipient's key opens it).
     #[arg(long = "encrypt-recipient", value_name = "jwe:PUBKEY.pem")]
@@ -158,19 +196,9 @@ pub struct PushArgs {
     /// repeatable); IMAGE must be a layout directory (left unencrypted) or a checkpoint.
     #[arg(long = "encrypt-recipient", value_name = "jwe:PUBKEY.pem")]
     pub encrypt_recipients: Vec<String>,
-    /// A checkpoint as IMAGE: container name for the engines' checkpoint annotations
-    /// [default: from config.dump / spec.dump, else the manifest's container id].
-    #[arg(long, value_name = "NAME")]
-    pub container_name: Option<String>,
-    /// A checkpoint as IMAGE: extra annotation on the image index and manifest (repeatable).
-    #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = parse_annotation)]
-    pub annotations: Vec<(String, String)>,
-    /// A checkpoint as IMAGE: do not re-hash it against its sealed gpusnap manifest.
-    #[arg(long)]
-    pub no_verify: bool,
-    /// A checkpoint as IMAGE: the classic layout (see `gpusnap image build --classic`).
-    #[arg(long)]
-    pub classic: bool,
+    /// With a checkpoint as IMAGE, how it becomes one (as `gpusnap image build` takes them).
+    #[command(flatten)]
+    pub shape: ImageShapeArgs,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -260,22 +288,14 @@ fn cmd_build(a: BuildArgs) -> Result<u8> {
         layout_dir: a.layout.clone(),
         archive_path: a.output.clone(),
         image_name: a.tag.clone(),
-        container_name: a.container_name.clone(),
-        verify_checkpoint: !a.no_verify,
-        annotations: a.annotations.iter().cloned().collect(),
-        chunking: (!a.classic).then(image::Chunking::default),
-        encrypt_to: if a.encrypt_recipients.is_empty() {
-            None
-        } else {
-            Some(image::crypt::recipients(&a.encrypt_recipients)?)
-        },
+        ..a.shape.options(&a.encrypt_recipients)?
     };
     let built = image::build(&a.source, &opts)
         .with_context(|| format!("gpusnap image build {}", a.source.display()))?;
     if a.json {
         print_json(&built)?;
     } else {
-        print!("{}", render_built(&built, &a.source, !a.no_verify));
+        print!("{}", render_built(&built, &a.source, !a.shape.no_verify));
     }
     Ok(0)
 }
@@ -356,19 +376,12 @@ fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
     {
         return push_checkpoint(a, &opts);
     }
-    for (flag, set) in [
-        ("--container-name", a.container_name.is_some()),
-        ("--annotation", !a.annotations.is_empty()),
-        ("--no-verify", a.no_verify),
-        ("--classic", a.classic),
-    ] {
-        if set {
-            bail!(
-                "{flag} applies when IMAGE is a checkpoint; {} is already an image (give it to \
-                 `gpusnap image build` instead)",
-                a.image.display()
-            );
-        }
+    if let Some(flag) = a.shape.given().first() {
+        bail!(
+            "{flag} applies when IMAGE is a checkpoint; {} is already an image (give it to \
+             `gpusnap image build` instead)",
+            a.image.display()
+        );
     }
     // Encrypting on push: an encrypted copy of the layout beside it, pushed, then removed.
     let scratch;
@@ -405,18 +418,7 @@ fn cmd_push(config: &Path, a: PushArgs) -> Result<u8> {
 /// the checkpoint's files as they upload, the small blobs staged in a scratch directory beside
 /// it (removed afterwards).
 fn push_checkpoint(a: PushArgs, opts: &RegistryOptions) -> Result<u8> {
-    let build = BuildOptions {
-        container_name: a.container_name.clone(),
-        verify_checkpoint: !a.no_verify,
-        annotations: a.annotations.iter().cloned().collect(),
-        chunking: (!a.classic).then(image::Chunking::default),
-        encrypt_to: if a.encrypt_recipients.is_empty() {
-            None
-        } else {
-            Some(image::crypt::recipients(&a.encrypt_recipients)?)
-        },
-        ..BuildOptions::default()
-    };
+    let build = a.shape.options(&a.encrypt_recipients)?;
     let parent = a
         .image
         .parent()
@@ -443,7 +445,7 @@ fn push_checkpoint(a: PushArgs, opts: &RegistryOptions) -> Result<u8> {
     } else {
         print!(
             "{}{}",
-            render_built(&built, &a.image, !a.no_verify),
+            render_built(&built, &a.image, !a.shape.no_verify),
             render_push(&report)
         );
     }

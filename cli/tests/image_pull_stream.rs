@@ -18,7 +18,7 @@ use gpusnap_testkit::{describe, Registry};
 use serde_json::Value;
 
 mod common;
-use common::{gpusnap, s};
+use common::{gpusnap, pull_extract, s};
 
 /// A chunked (default) layout of the fixture's checkpoint directory.
 fn build(cp: &Path, layout: &Path) {
@@ -155,20 +155,6 @@ fn push(reg: &Registry, layout: &Path, repo_tag: &str) -> String {
     reference
 }
 
-fn pull_extract(config: Option<&Path>, reference: &str, dest: &Path) -> Output {
-    gpusnap(
-        config,
-        &[
-            "image",
-            "pull",
-            reference,
-            "--plain-http",
-            "--extract",
-            s(dest),
-        ],
-    )
-}
-
 /// Asserts a refused pull: non-zero exit, `says` in its stderr, nothing at or beside `dest`.
 fn assert_refused(what: &str, out: &Output, says: &str, dest: &Path) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -211,7 +197,7 @@ fn chunked_pulls_assemble_while_downloading_with_and_without_the_store() {
     let reference = push(&reg, &layout, "ckpt/stream:v1");
 
     let dest = w.join("plain/dest");
-    let out = pull_extract(None, &reference, &dest);
+    let out = pull_extract(None, &reference, &dest, &[]);
     assert!(out.status.success(), "{}", describe(&out));
     assert_assembled(&dest, &fx.checkpoint_dir);
 
@@ -225,7 +211,7 @@ fn chunked_pulls_assemble_while_downloading_with_and_without_the_store() {
     .unwrap();
     for n in ["first", "second"] {
         let dest = w.join(n).join("dest");
-        let out = pull_extract(Some(&cfg), &reference, &dest);
+        let out = pull_extract(Some(&cfg), &reference, &dest, &[]);
         assert!(out.status.success(), "{n}: {}", describe(&out));
         assert_assembled(&dest, &fx.checkpoint_dir);
     }
@@ -310,7 +296,7 @@ fn hostile_packs_and_chunk_lists_are_refused_with_nothing_left() {
         let reference = push(&reg, &layout, &format!("ckpt/hostile-{i}:v1"));
         let dest = w.join(format!("case-{i}/dest"));
         fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        let out = pull_extract(None, &reference, &dest);
+        let out = pull_extract(None, &reference, &dest, &[]);
         assert_refused(what, &out, says, &dest);
         fs::remove_dir_all(&layout).unwrap();
     }

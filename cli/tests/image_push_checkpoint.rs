@@ -14,7 +14,7 @@ use gpusnap_testkit::fixtures::{fixture, tree, GPU_EXTENTS};
 use serde_json::Value;
 
 mod common;
-use common::{gpusnap, json, ok, registry, s};
+use common::{gpusnap, json, ok, pull_extract, registry, s};
 
 /// `image build --layout` of `source` under `tag`, then the index digest it built.
 fn built_digest(source: &Path, layout: &Path, tag: &str) -> String {
@@ -46,6 +46,18 @@ fn push(source: &Path, reference: &str) -> Value {
             "--json",
         ],
     ))
+}
+
+/// The chunked files extracted at `got` are `want`'s, and the tree is restorable.
+fn assert_extracted(what: &str, got: &Path, want: &Path) {
+    for name in ["pages-1.img", GPU_EXTENTS[0], GPU_EXTENTS[1]] {
+        assert_eq!(
+            fs::read(got.join(name)).unwrap(),
+            fs::read(want.join(name)).unwrap(),
+            "{what}: {name}"
+        );
+    }
+    gpusnap_checkpoint::validate_for_restore(got).unwrap();
 }
 
 fn scratch_left(dir: &Path) -> Vec<String> {
@@ -102,31 +114,14 @@ fn a_checkpoint_pushes_straight_from_its_files() {
         assert_eq!(again["bytes_uploaded"].as_u64(), Some(0), "{what}: {again}");
 
         let dest = w.join(format!("pulled-{}", repo.replace(['/', ':'], "-")));
-        let out = gpusnap(
-            None,
-            &[
-                "image",
-                "pull",
-                &reference,
-                "--plain-http",
-                "--extract",
-                s(&dest),
-            ],
-        );
+        let out = pull_extract(None, &reference, &dest, &[]);
         assert!(out.status.success(), "{what}: pull: {}", describe(&out));
         // A CRI archive's image extracts to its tree: the checkpoint under checkpoint/.
         let dest = match dest.join("checkpoint") {
             cp if cp.is_dir() => cp,
             _ => dest,
         };
-        for name in ["pages-1.img", GPU_EXTENTS[0], GPU_EXTENTS[1]] {
-            assert_eq!(
-                fs::read(dest.join(name)).unwrap(),
-                fs::read(fx.checkpoint_dir.join(name)).unwrap(),
-                "{what}: {name}"
-            );
-        }
-        gpusnap_checkpoint::validate_for_restore(&dest).unwrap();
+        assert_extracted(what, &dest, &fx.checkpoint_dir);
     }
 
     // The human summary names the build and the push.
@@ -248,17 +243,7 @@ fn a_checkpoint_pushes_encrypted_straight_from_its_files() {
     }
 
     let without = w.join("without/dest");
-    let out = gpusnap(
-        None,
-        &[
-            "image",
-            "pull",
-            &reference,
-            "--plain-http",
-            "--extract",
-            s(&without),
-        ],
-    );
+    let out = pull_extract(None, &reference, &without, &[]);
     assert!(
         !out.status.success(),
         "extracted without the key: {}",
@@ -267,30 +252,11 @@ fn a_checkpoint_pushes_encrypted_straight_from_its_files() {
     assert!(!without.exists(), "left {}", without.display());
 
     let dest = w.join("with/dest");
-    let out = gpusnap(
-        None,
-        &[
-            "image",
-            "pull",
-            &reference,
-            "--plain-http",
-            "--extract",
-            s(&dest),
-            "--decryption-key",
-            s(&key),
-        ],
-    );
+    let out = pull_extract(None, &reference, &dest, &["--decryption-key", s(&key)]);
     assert!(
         out.status.success(),
         "pull with the key: {}",
         describe(&out)
     );
-    for name in ["pages-1.img", GPU_EXTENTS[0], GPU_EXTENTS[1]] {
-        assert_eq!(
-            fs::read(dest.join(name)).unwrap(),
-            fs::read(fx.checkpoint_dir.join(name)).unwrap(),
-            "{name}"
-        );
-    }
-    gpusnap_checkpoint::validate_for_restore(&dest).unwrap();
+    assert_extracted("encrypted", &dest, &fx.checkpoint_dir);
 }

@@ -404,47 +404,22 @@ pub(crate) enum PackOutput<'a> {
     Deferred,
 }
 
-/// Hashes (and writes, into the layout) every pack, several at once: one worker per core up
-/// to 8, each taking the next pack not yet started.
+/// Hashes (and writes, into the layout) every pack, several at once
+/// ([`crate::parallel::run_each`]).
 fn produce_packs(
     files: &std::sync::Arc<Vec<PackFile>>,
     plan: &[std::sync::Arc<Vec<PackMember>>],
-    mut sinks: Vec<Option<(PathBuf, File)>>,
+    sinks: Vec<Option<(PathBuf, File)>>,
 ) -> Result<Vec<(crate::Digest, u64)>, ImageError> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    let workers = std::thread::available_parallelism()
-        .map_or(2, usize::from)
-        .clamp(1, 8)
-        .min(plan.len().max(1));
-    let next = AtomicUsize::new(0);
-    let slots: Vec<Mutex<Option<(PathBuf, File)>>> = sinks.drain(..).map(Mutex::new).collect();
-    type Produced = Option<Result<(crate::Digest, u64), ImageError>>;
-    let results: Vec<Mutex<Produced>> = plan.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= plan.len() {
-                    break;
-                }
-                let sink = slots[i].lock().map(|mut g| g.take()).unwrap_or(None);
-                let r = hash_pack(files, &plan[i], sink);
-                let failed = r.is_err();
-                if let Ok(mut g) = results[i].lock() {
-                    *g = Some(r);
-                }
-                if failed {
-                    // Others stop at their next pack.
-                    next.store(plan.len(), Ordering::Relaxed);
-                    break;
-                }
-            });
-        }
+    let slots: Vec<std::sync::Mutex<Option<(PathBuf, File)>>> =
+        sinks.into_iter().map(std::sync::Mutex::new).collect();
+    let results = crate::parallel::run_each(plan, |i, members| {
+        let sink = slots[i].lock().map(|mut g| g.take()).unwrap_or(None);
+        hash_pack(files, members, sink)
     });
     let mut out = Vec::with_capacity(plan.len());
     for r in results {
-        match r.into_inner().ok().flatten() {
+        match r {
             Some(r) => out.push(r?),
             None => {
                 return Err(ImageError::io("writing pack layers", Path::new("(packs)"))(

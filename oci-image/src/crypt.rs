@@ -143,12 +143,9 @@ impl Rewriter<'_> {
         }
     }
 
-    /// Encrypts the distinct layers of `layers` not yet rewritten, several at once (one per core,
-    /// up to 8): each is a read, a cipher and a write of its own. [`Rewriter::layer`] then
-    /// finds them done.
+    /// Encrypts the distinct layers of `layers` not yet rewritten, several at once
+    /// ([`crate::parallel::run_each`]); [`Rewriter::layer`] then finds them done.
     fn encrypt_all(&mut self, layers: &[Descriptor]) -> Result<(), ImageError> {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::Mutex;
         let mut todo: Vec<&Descriptor> = Vec::new();
         for l in layers {
             if plain_media_type(&l.media_type).is_none()
@@ -160,31 +157,13 @@ impl Rewriter<'_> {
         }
         let base = self.seq;
         self.seq += todo.len() as u64;
-        let workers = std::thread::available_parallelism()
-            .map_or(2, usize::from)
-            .clamp(1, 8)
-            .min(todo.len().max(1));
-        let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Result<Descriptor, ImageError>>>> =
-            todo.iter().map(|_| Mutex::new(None)).collect();
         let (root, recipients) = (self.root, self.recipients);
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= todo.len() {
-                        break;
-                    }
-                    let r = encrypt_one(root, recipients, todo[i], base + i as u64 + 1);
-                    if let Ok(mut g) = results[i].lock() {
-                        *g = Some(r);
-                    }
-                });
-            }
+        let results = crate::parallel::run_each(&todo, |i, d| {
+            encrypt_one(root, recipients, d, base + i as u64 + 1)
         });
         let mut first_err = None;
         for (d, r) in todo.iter().zip(results) {
-            match r.into_inner().ok().flatten() {
+            match r {
                 Some(Ok(new)) => {
                     self.replaced.insert(d.digest.clone());
                     self.kept.insert(new.digest.clone());
@@ -193,11 +172,7 @@ impl Rewriter<'_> {
                 Some(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
-                None => {
-                    first_err.get_or_insert(ImageError::io("encrypting", root)(
-                        std::io::Error::other("a layer was not encrypted"),
-                    ));
-                }
+                None => {}
             }
         }
         match first_err {

@@ -127,6 +127,7 @@ mod inspect;
 pub mod interrupt;
 mod layer;
 mod oci_layout;
+mod parallel;
 pub mod registry;
 mod source;
 pub mod spec;

@@ -39,6 +39,20 @@ pub fn json(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
 }
 
+/// `gpusnap [--config CONFIG] image pull REFERENCE --plain-http --extract DEST EXTRA...`.
+pub fn pull_extract(config: Option<&Path>, reference: &str, dest: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "image",
+        "pull",
+        reference,
+        "--plain-http",
+        "--extract",
+        s(dest),
+    ];
+    args.extend_from_slice(extra);
+    gpusnap(config, &args)
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
