@@ -14,17 +14,24 @@ fn finds_only_the_processes_the_driver_knows() {
     let me = std::process::id() as i32;
     // A real process, so that /proc has its NSpid.
     let parent = std::os::unix::process::parent_id() as i32;
-    env.register(&[parent, me, 4001], FakeState::Running);
-    env.register(&[4002], FakeState::Locked);
+    // Fake pids above the kernel's pid_max: no real process can hold them, so /proc has no
+    // entry for them however busy the machine is.
+    let pid_max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4_194_304);
+    let [f0, f1, f2, f3] = [1, 2, 3, 4].map(|n| pid_max + n);
+    env.register(&[parent, me, f1], FakeState::Running);
+    env.register(&[f2], FakeState::Locked);
 
     let found = find_cuda_processes(
         &env.driver,
-        &[4000, parent, me, 4001, 4002, 4003],
+        &[f0, parent, me, f1, f2, f3],
         &DiscoveryOptions::default(),
     )
     .expect("discovery works");
     let pids: Vec<i32> = found.iter().map(|p| p.host_pid).collect();
-    assert_eq!(pids, vec![parent, 4001, 4002], "never the caller itself");
+    assert_eq!(pids, vec![parent, f1, f2], "never the caller itself");
 
     let mine = &found[0];
     assert_eq!(
