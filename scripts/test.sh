@@ -20,12 +20,24 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/root}/.cargo/bin/cargo ]
     export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 fi
 if [[ -n ${CI:-} ]]; then
-    export CARGO_TERM_COLOR=never CARGO_TERM_PROGRESS_WHEN=never
+    # A one-shot build gains nothing from incremental state, which would add a gigabyte.
+    export CARGO_TERM_COLOR=never CARGO_TERM_PROGRESS_WHEN=never CARGO_INCREMENTAL=0
 fi
+# The build takes about 3 GB and the tests' containers, checkpoints and registries a few more;
+# a disk that fills mid-run fails far from its cause, so say how much there is up front.
+free_gib() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+mkdir -p "$TARGET_DIR"
+for d in "$TARGET_DIR" "${TMPDIR:-/tmp}"; do
+    printf '==> free space: %s GiB on %s\n' "$(free_gib "$d")" "$d"
+    if (($(free_gib "$d") < ${GPUSNAP_TEST_MIN_FREE_GIB:-8})); then
+        echo "warning: less than ${GPUSNAP_TEST_MIN_FREE_GIB:-8} GiB free on $d: the build and tests may fail with ENOSPC; free some space or set CARGO_TARGET_DIR/TMPDIR elsewhere" >&2
+    fi
+done
 T0=$SECONDS
 step() { printf '\n==> %s  [t+%ds]\n' "$*" "$((SECONDS - T0))"; }
 # The total, also when a step fails.
-trap 'rc=$?; printf "\n==> scripts/test.sh: %s after %dm%02ds (exit %d)\n" "$([[ $rc -eq 0 ]] && echo passed || echo FAILED)" "$(((SECONDS - T0) / 60))" "$(((SECONDS - T0) % 60))" "$rc"' EXIT
+trap 'rc=$?; ((rc == 0)) || df -h "$TARGET_DIR" "${TMPDIR:-/tmp}"; printf "\n==> scripts/test.sh: %s after %dm%02ds (exit %d)\n" "$([[ $rc -eq 0 ]] && echo passed || echo FAILED)" "$(((SECONDS - T0) / 60))" "$(((SECONDS - T0) % 60))" "$rc"' EXIT
 
 step "cargo build --workspace --all-targets"
 cargo build --workspace --all-targets
