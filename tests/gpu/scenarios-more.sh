@@ -918,10 +918,10 @@ bench2_annot() {
 # beside the shim's phase sum for that restore (validate + privilege check + GPU gate + rootfs
 # diff + CRIU + CUDA, from its "restore complete" line).
 bench2_own() {
-    local size=$1 procs=$2 name=b2-own-$1-$2 log m0 mk first t_first="" t_start="" ck="" rc t0 sh=""
+    local size=$1 procs=$2 rep=$3 order=$4 name=b2-own-$1-$2-r$3 log m0 mk first t_first="" t_start="" ck="" rc t0 sh=""
     local dir=$WORK/ramtmp/checkpoints/$name
     log=$WORK/gpu/log/$name.log
-    say "bench2 $size MiB x $procs proc (vi): gpusnap, the node's own checkpoint restored by gpusnap.io/restore-from through CRI"
+    say "bench2 $size MiB x $procs proc (vi), rep $rep ($order in its rep): gpusnap, the node's own checkpoint restored by gpusnap.io/restore-from through CRI"
     b2_pod_up vi "$name" "$size" "$procs" || return 1
     local pod=$KPOD
     m0=$(WL mark "$log")
@@ -968,7 +968,7 @@ bench2_own() {
     for v in $(grep -oE '\b(validate|privilege_check|gpu_gate|rootfs_diff|criu_restore|cuda_restore)_ms=[0-9]+' <<<"$sh" | cut -d= -f2); do
         psum=$((${psum:-0} + v))
     done
-    b2_emit size_mib="$size" procs="$procs" rep=0 side=gpusnap position=0 \
+    b2_emit size_mib="$size" procs="$procs" rep="$rep" side=gpusnap position=0 own_order="$order" \
         own_first_step_ms="$t_first" own_start_first_step_ms="$t_start" own_phase_sum_ms="$psum" \
         own_detail="ctr t checkpoint --image-path ${ck} ms, create ${K_CREATE_MS} + start ${K_START_MS} ms; $sh"
     rm -rf "$dir"
@@ -984,7 +984,15 @@ if has bench2; then
         why=$(plugin_missing)
         if [[ -n $why ]]; then note "bench2: reference side skipped: $why"; else sides+=(reference); fi
     fi
-    if ((${#sides[@]})); then
+    # (vi) runs in every repetition beside the sides, first in one and last in the next, so
+    # that its ratio to the reference's (iii) is a median of alternating pairs. It needs only
+    # the gpusnap shim: `--bench2-sides reference --bench2-own on` measures (vi) against the
+    # reference without gpusnap's own (i)-(iii).
+    own=0
+    if [[ $BENCH2_OWN == on ]] || [[ $BENCH2_OWN == auto && " ${sides[*]} " == *" gpusnap "* ]]; then own=1; fi
+    warm=("${sides[@]}")
+    ((own)) && [[ " ${sides[*]} " != *" gpusnap "* ]] && warm+=(gpusnap)
+    if ((${#sides[@]} || own)); then
         [[ " ${sides[*]} " == *" reference "* ]] && plugin_install
         # Touch RAM once: the VM's memory is slow the first time it is used.
         max=0
@@ -1004,7 +1012,7 @@ if has bench2; then
             info "bench2: touched $pf GiB of RAM through the tmpfs in $(($(now_ms) - t0)) ms"
         fi
         # Warm-up: one small throw-away checkpoint per side.
-        for side in "${sides[@]}"; do
+        for side in "${warm[@]}"; do
             time_left 60 || break
             id=b2-warm-$side
             rt=$RT
@@ -1028,9 +1036,21 @@ if has bench2; then
                 for ((rep = 1; rep <= BENCH2_REPS; rep++)); do
                     order=("${sides[@]}")
                     if ((${#sides[@]} == 2 && k % 2 == 1)); then order=("${sides[1]}" "${sides[0]}"); fi
+                    if ((own)); then
+                        if ((k % 2 == 1)); then order=(own "${order[@]}"); else order+=(own); fi
+                    fi
                     k=$((k + 1))
                     pos=1
                     for side in "${order[@]}"; do
+                        if [[ $side == own ]]; then
+                            est=$((30 + size * 6 / 1024))
+                            if time_left "$est"; then
+                                bench2_own "$size" "$procs" "$rep" "$([[ ${order[0]} == own ]] && echo first || echo last)"
+                            else
+                                note "bench2 (vi) $size MiB x $procs, rep $rep: skipped: about ${est}s needed"
+                            fi
+                            continue
+                        fi
                         est=$(b2_est "$size")
                         if time_left "$est"; then
                             bench2_side "$side" "$size" "$procs" "$rep" "$pos"
@@ -1048,10 +1068,6 @@ if has bench2; then
                 if ((annot)) && [[ " ${sides[*]} " == *" gpusnap "* ]]; then
                     est=$((30 + size * 10 / 1024))
                     if time_left "$est"; then bench2_annot "$size" "$procs"; else note "bench2 (v) $size MiB x $procs: skipped: about ${est}s needed"; fi
-                fi
-                if [[ $BENCH2_OWN != off ]] && [[ " ${sides[*]} " == *" gpusnap "* ]]; then
-                    est=$((30 + size * 6 / 1024))
-                    if time_left "$est"; then bench2_own "$size" "$procs"; else note "bench2 (vi) $size MiB x $procs: skipped: about ${est}s needed"; fi
                 fi
             done
         done

@@ -220,9 +220,11 @@ def cmd_bench2_table(jsonl, out):
         g, ref = side("gpusnap"), side("reference")
         annot = [r for r in cr if r.get("position") == 0]
         w("")
+        vi_first_reps = {r["rep"] for r in annot if r.get("own_order") == "first"}
+        firsts = ["(vi) first" if r["rep"] in vi_first_reps else "%s first" % r["side"]
+                  for r in cr if r.get("position") == 1]
         w("== %d MiB, %d process%s (%d gpusnap run(s), %d reference run(s); order per rep: %s)" % (
-            size, procs, "" if procs == 1 else "es", len(g), len(ref),
-            ", ".join("%s first" % r["side"] for r in cr if r.get("position") == 1)))
+            size, procs, "" if procs == 1 else "es", len(g), len(ref), ", ".join(firsts)))
         w("%-66s %12s %12s %8s   %s" % ("metric", "reference", "gpusnap", "ratio", "values g | r"))
         for key, label in METRICS:
             src = annot if key.startswith(("annot_", "own_")) else g
@@ -248,6 +250,18 @@ def cmd_bench2_table(jsonl, out):
         ):
             if a is not None and b:
                 w("  %-64s %.2fx (%s / %s ms)" % (label, a / b, fmt(a), fmt(b)))
+        # The same ratio pair by pair: (vi) of a repetition against the reference's (iii) of the
+        # same repetition, with where (vi) ran in it (first or last).
+        ref_by_rep = {r["rep"]: r.get("first_step_ms") for r in ref}
+        pairs = []
+        for r in annot:
+            a, b = r.get("own_first_step_ms"), ref_by_rep.get(r["rep"])
+            if num(a) and num(b) and b:
+                pairs.append((r["rep"], r.get("own_order") or "-", a / b))
+        if pairs:
+            w("  %-64s %s; median %.2fx" % (
+                "(vi) runp -> first step / reference (iii), per rep",
+                ", ".join("rep %d (%s) %.2fx" % p for p in pairs), med([p[2] for p in pairs])))
         for r in g + annot:
             for k in ("manifest_i", "manifest_ii"):
                 if r.get(k):
