@@ -29,8 +29,9 @@ free_gib() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 mkdir -p "$TARGET_DIR"
 for d in "$TARGET_DIR" "${TMPDIR:-/tmp}"; do
-    printf '==> free space: %s GiB on %s\n' "$(free_gib "$d")" "$d"
-    if (($(free_gib "$d") < ${GPUSNAP_TEST_MIN_FREE_GIB:-8})); then
+    free=$(free_gib "$d")
+    printf '==> free space: %s GiB on %s\n' "$free" "$d"
+    if ((${free:-0} < ${GPUSNAP_TEST_MIN_FREE_GIB:-8})); then
         echo "warning: less than ${GPUSNAP_TEST_MIN_FREE_GIB:-8} GiB free on $d: the build and tests may fail with ENOSPC; free some space or set CARGO_TARGET_DIR/TMPDIR elsewhere" >&2
     fi
 done

@@ -172,6 +172,7 @@ impl Rewriter<'_> {
                 Some(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
+                // Never started: only after another layer failed, whose error is kept.
                 None => {}
             }
         }

@@ -164,8 +164,9 @@ fn checkpoint_and_restore(rig: &Rig, rt: Runtime, id: &str) -> Result<()> {
 }
 
 /// `ctr containers restore --live`. Under containerd-shim-runc-v2 (the control, not gpusnap)
-/// CRIU's restore failed now and then in CI ("criu failed: type NOTIFY errno 0", 2 of about 12
-/// such restores over four clean-clone runs; never alone, 50 times here, nor under load).
+/// CRIU's restore failed now and then in CI ("criu failed: type NOTIFY errno 0": 2 of the 12
+/// runc.v2 restores this binary made over four clean-clone runs). It never failed in 50 runs of
+/// the control alone here, 25 of them under CPU and disk load.
 /// containerd removes the bundle holding CRIU's log with the failed task, so the cause is
 /// unknown. The control only has to show that CRIU loads the doubles, so it gets up to three
 /// attempts, each failure printed. gpusnap's own restores get one.
