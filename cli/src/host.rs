@@ -1,5 +1,5 @@
-//! Facts about the node that install and doctor decide on: cgroup layout and the versions of
-//! the container engines.
+//! Facts about the node that install and doctor decide on: cgroup layout, the kernel's
+//! transparent-huge-page mode and the versions of the container engines.
 
 use std::fmt;
 use std::path::Path;
@@ -66,6 +66,50 @@ pub fn cgroup_layout_from_mountinfo(mountinfo: &str) -> CgroupLayout {
         Some(_) if unified_v2 => CgroupLayout::Hybrid,
         Some(_) if any_v1 => CgroupLayout::Legacy,
         _ => CgroupLayout::Unknown,
+    }
+}
+
+/// Where the kernel exposes its transparent-huge-page mode for anonymous memory.
+pub const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// The kernel's transparent-huge-page mode for anonymous memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThpMode {
+    /// Every suitable anonymous mapping gets huge pages when it is faulted.
+    Always,
+    /// Only mappings that asked with `madvise(MADV_HUGEPAGE)`.
+    Madvise,
+    Never,
+}
+
+impl fmt::Display for ThpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ThpMode::Always => "always",
+            ThpMode::Madvise => "madvise",
+            ThpMode::Never => "never",
+        })
+    }
+}
+
+/// Reads [`THP_ENABLED`]; `None` when the kernel has no transparent huge pages or the file
+/// cannot be read or parsed.
+pub fn thp_mode() -> Option<ThpMode> {
+    std::fs::read_to_string(THP_ENABLED)
+        .ok()
+        .and_then(|s| thp_mode_from(&s))
+}
+
+/// The kernel lists every mode and brackets the one in force: `always [madvise] never`.
+pub fn thp_mode_from(text: &str) -> Option<ThpMode> {
+    let start = text.find('[')? + 1;
+    let len = text[start..].find(']')?;
+    match &text[start..start + len] {
+        "always" => Some(ThpMode::Always),
+        "madvise" => Some(ThpMode::Madvise),
+        "never" => Some(ThpMode::Never),
+        _ => None,
     }
 }
 
@@ -162,6 +206,25 @@ mod tests {
         assert_eq!(cgroup_layout_from_mountinfo(HYBRID), CgroupLayout::Hybrid);
         assert_eq!(cgroup_layout_from_mountinfo(LEGACY), CgroupLayout::Legacy);
         assert_eq!(cgroup_layout_from_mountinfo(""), CgroupLayout::Unknown);
+    }
+
+    #[test]
+    fn thp_modes() {
+        assert_eq!(
+            thp_mode_from("always [madvise] never\n"),
+            Some(ThpMode::Madvise)
+        );
+        assert_eq!(
+            thp_mode_from("[always] madvise never\n"),
+            Some(ThpMode::Always)
+        );
+        assert_eq!(
+            thp_mode_from("always madvise [never]\n"),
+            Some(ThpMode::Never)
+        );
+        assert_eq!(thp_mode_from("always madvise never\n"), None);
+        assert_eq!(thp_mode_from("[inherit] always\n"), None);
+        assert_eq!(thp_mode_from("always [madvise"), None);
     }
 
     #[test]

@@ -41,6 +41,13 @@ fn expected_cgroup_status() -> &'static str {
     }
 }
 
+/// The node's THP mode, read here without gpusnap's parser: the bracketed word.
+fn node_thp_mode() -> Option<String> {
+    let text = fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let word = text.split_whitespace().find(|w| w.starts_with('['))?;
+    Some(word.trim_matches(['[', ']']).to_owned())
+}
+
 #[test]
 fn doctor_on_this_node_without_a_driver() {
     require_root();
@@ -87,6 +94,14 @@ fn doctor_on_this_node_without_a_driver() {
         "{v:#}"
     );
     assert_eq!(check(&v, "config")["status"], "ok");
+    // Without a driver there is no device memory to restore: THP is reported, not warned on.
+    let thp = check(&v, "huge pages");
+    assert_eq!(thp["status"], "ok", "{thp}");
+    let summary = thp["summary"].as_str().unwrap();
+    assert!(summary.contains("no NVIDIA driver"), "{summary}");
+    if let Some(mode) = node_thp_mode() {
+        assert!(summary.contains(&mode), "{summary}");
+    }
 
     // Exit code: 0 exactly when nothing failed.
     assert_eq!(v["summary"]["fail"], 0, "{v:#}");
@@ -195,4 +210,45 @@ fn fake_driver_lists_gpus_and_api_level() {
         "{api}"
     );
     assert_eq!(code, 1);
+}
+
+#[test]
+fn huge_pages_warned_on_where_a_gpu_restores_through_criu() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
+    fake.set_devices(&[FakeDevice::new(
+        "GPU-11111111-2222-3333-4444-555555555555",
+        "NVIDIA H200",
+        141 << 30,
+    )])
+    .unwrap();
+    let lib = fake.library_path();
+    let config = dir.path().join("config.toml");
+
+    // The default engine stages device memory in the process, so the mode decides the page
+    // size CRIU restores it in: a warning with what to do unless the node runs `always`.
+    let (_, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
+    let thp = check(&v, "huge pages");
+    match node_thp_mode().as_deref() {
+        Some("always") => assert_eq!(thp["status"], "ok", "{thp}"),
+        Some(mode) => {
+            assert_eq!(thp["status"], "warn", "{thp}");
+            assert!(thp["summary"].as_str().unwrap().contains(mode), "{thp}");
+            assert!(
+                thp["action"]
+                    .as_str()
+                    .unwrap()
+                    .contains("/sys/kernel/mm/transparent_hugepage/enabled"),
+                "{thp}"
+            );
+        }
+        None => assert_eq!(thp["status"], "warn", "{thp}"),
+    }
+
+    // The posix engine keeps device memory out of CRIU's pages: the mode no longer matters.
+    fs::write(&config, "[storage]\nengine = \"posix\"\n").unwrap();
+    let (_, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
+    let thp = check(&v, "huge pages");
+    assert_eq!(thp["status"], "ok", "{thp}");
+    assert!(thp["summary"].as_str().unwrap().contains("posix"), "{thp}");
 }

@@ -42,6 +42,11 @@
 #                        is built with g++, no devices, no CUDA calls in the raw path
 #   --keep               leave containerd, work dir and checkpoints in place
 #   --keep-plugin        leave CRIU's cuda_plugin.so in /usr/lib/criu at the end
+#   --thp always|madvise|never  set the node's transparent-huge-page mode
+#                        (/sys/kernel/mm/transparent_hugepage/enabled) for this call and put
+#                        the old one back at the end; every call prints the mode it ran under.
+#                        A measurement knob: CRIU restores private memory before it reapplies
+#                        MADV_HUGEPAGE, so the mode decides the page size its reads fault in
 #   --bench2-sizes LIST  bench2 workload sizes in MiB (default 8192)
 #   --bench2-procs LIST  bench2 process counts; N processes share the size (default 1,4)
 #   --bench2-reps N      repetitions per case, the side that goes first alternating (default 1)
@@ -78,7 +83,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 T_START=$(date +%s%3N)
 
 MODE=full MIB=1024 SCENARIOS=run,a,b,c,p,x BENCH="" RAW=1 RAW_MIB=256 INTERVAL=500 DEADLINE=540
-CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0 KEEP_PLUGIN=0
+CKPT_TMP=ram NET_HOST=0 PRIVILEGED=0 CPU=0 KEEP=0 KEEP_PLUGIN=0 THP=""
 BENCH2_SIZES=8192 BENCH2_PROCS=1,4 BENCH2_REPS=1 BENCH2_WARMUP=256 BENCH2_PREFAULT=auto
 BENCH2_ANNOT=auto BENCH2_OWN=auto BENCH2_SIDES=gpusnap,reference BENCH2_CASES=i,ii,iii POSIXBENCH_DIR="" POSIXBENCH_SIZES=4096,32768 POSIXBENCH_ARGS=""
 while (($#)); do
@@ -97,6 +102,7 @@ while (($#)); do
     --cpu) CPU=1 ;;
     --keep) KEEP=1 ;;
     --keep-plugin) KEEP_PLUGIN=1 ;;
+    --thp) THP=$2; shift ;;
     --bench2-sizes) BENCH2_SIZES=$2; shift ;;
     --bench2-procs) BENCH2_PROCS=$2; shift ;;
     --bench2-reps) BENCH2_REPS=$2; shift ;;
@@ -162,11 +168,16 @@ has() { [[ ,$SCENARIOS, == *,$1,* ]]; }
 # ---------------------------------------------------------------------------------------------
 CONTAINERD_PID=""
 RAW_PIDS=()
+THP_FILE=/sys/kernel/mm/transparent_hugepage/enabled
+THP_OLD=""
 finish() {
     local rc=$?
     trap - EXIT
     set +e
     declare -F extra_cleanup >/dev/null && extra_cleanup
+    if [[ -n $THP_OLD ]]; then
+        echo "$THP_OLD" >"$THP_FILE" && info "THP mode put back: $(cat "$THP_FILE")"
+    fi
     if ((KEEP == 0)); then
         if [[ -n $CONTAINERD_PID ]]; then
             for id in $(ctr t ls -q 2>/dev/null); do ctr t kill -s SIGKILL "$id" >/dev/null 2>&1; done
@@ -241,6 +252,16 @@ trap finish EXIT
 say "machine (mode=$MODE cpu=$CPU)"
 echo "kernel: $(uname -r); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"); cores: $(nproc)"
 free -g | sed -n 1,2p
+# The current mode is the bracketed word: "always [madvise] never".
+thp_mode() { sed -n 's/.*\[\(.*\)\].*/\1/p' "$THP_FILE" 2>/dev/null; }
+if [[ -n $THP ]]; then
+    [[ $THP =~ ^(always|madvise|never)$ ]] || setup_die "--thp takes always, madvise or never, not '$THP'"
+    [[ -w $THP_FILE ]] || setup_die "--thp $THP: $THP_FILE is not writable here"
+    THP_OLD=$(thp_mode)
+    echo "$THP" >"$THP_FILE" || setup_die "--thp $THP: could not write $THP_FILE"
+    note "THP mode set to $(thp_mode) for this call (was $THP_OLD); put back at the end"
+fi
+echo "THP: enabled $(thp_mode || echo n/a); defrag $(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null || echo n/a)"
 df -h / /tmp /var/tmp 2>/dev/null | awk 'NR == 1 || !seen[$0]++'
 echo "fs of /tmp: $(stat -f -c %T /tmp); /var/tmp: $(stat -f -c %T /var/tmp); cgroup: $(stat -f -c %T /sys/fs/cgroup)"
 for t in ip iptables iptables-restore nft xz zstd python3 nvcc nvidia-smi ldconfig; do
