@@ -261,7 +261,10 @@ fn thp_check(mode: Option<ThpMode>, engine: &str, staged: bool, gpu_driver: bool
                 host::THP_ENABLED
             ),
         )
-        .action("a kernel built with CONFIG_TRANSPARENT_HUGEPAGE, in mode `always`, restores GPU containers faster"),
+        .action(
+            "use a kernel built with CONFIG_TRANSPARENT_HUGEPAGE and set its mode to `always` \
+             (docs/gpu.md, \"Transparent huge pages\")",
+        ),
         None => Check::new(
             NAME,
             Status::Ok,

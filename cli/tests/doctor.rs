@@ -2,7 +2,7 @@
 //! driver.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gpusnap_fake_libcuda::{FakeCuda, FakeDevice};
 use gpusnap_testkit::{describe, gpusnap, require_root, rig_bin_dir, text};
@@ -46,6 +46,19 @@ fn node_thp_mode() -> Option<String> {
     let text = fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
     let word = text.split_whitespace().find(|w| w.starts_with('['))?;
     Some(word.trim_matches(['[', ']']).to_owned())
+}
+
+/// The fake driver (the double, loaded through the real `dlopen` path) in `dir`, showing one
+/// H200 per UUID; the fake and its library path.
+fn fake_h200s(dir: &Path, uuids: &[&str]) -> (FakeCuda, PathBuf) {
+    let fake = FakeCuda::create(dir.join("cuda")).unwrap();
+    let devices: Vec<FakeDevice> = uuids
+        .iter()
+        .map(|uuid| FakeDevice::new(uuid, "NVIDIA H200", 141 << 30))
+        .collect();
+    fake.set_devices(&devices).unwrap();
+    let lib = fake.library_path();
+    (fake, lib)
 }
 
 #[test]
@@ -158,21 +171,13 @@ fn invalid_config_fails_and_names_the_setting() {
 #[test]
 fn fake_driver_lists_gpus_and_api_level() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
-    fake.set_devices(&[
-        FakeDevice::new(
+    let (fake, lib) = fake_h200s(
+        dir.path(),
+        &[
             "GPU-11111111-2222-3333-4444-555555555555",
-            "NVIDIA H200",
-            141 << 30,
-        ),
-        FakeDevice::new(
             "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
-            "NVIDIA H200",
-            141 << 30,
-        ),
-    ])
-    .unwrap();
-    let lib = fake.library_path();
+        ],
+    );
     let config = dir.path().join("config.toml");
     let (_, v) = doctor_json(&config, &["--cuda-library", lib.to_str().unwrap()]);
     let driver = check(&v, "nvidia driver");
@@ -215,14 +220,7 @@ fn fake_driver_lists_gpus_and_api_level() {
 #[test]
 fn huge_pages_warned_on_where_a_gpu_restores_through_criu() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = FakeCuda::create(dir.path().join("cuda")).unwrap();
-    fake.set_devices(&[FakeDevice::new(
-        "GPU-11111111-2222-3333-4444-555555555555",
-        "NVIDIA H200",
-        141 << 30,
-    )])
-    .unwrap();
-    let lib = fake.library_path();
+    let (_fake, lib) = fake_h200s(dir.path(), &["GPU-11111111-2222-3333-4444-555555555555"]);
     let config = dir.path().join("config.toml");
 
     // The default engine stages device memory in the process, so the mode decides the page
