@@ -2,8 +2,8 @@
 # scripts/demo.sh — gpusnap's main job, end to end, on a private containerd it starts itself:
 #   1. build containerd-shim-gpusnap-v2 and start containerd with the gpusnap runtime registered
 #   2. run a counter container through gpusnap (runtime io.containerd.gpusnap.v2)
-#   3. checkpoint it with `ctr containers checkpoint --task`, kill and remove it
-#   4. restore it with `ctr containers restore --live` and show the counter carrying on
+#   3. checkpoint it with `ctr containers checkpoint --task --rw`, kill and remove it
+#   4. restore it with `ctr containers restore --live --rw` and show the counter carrying on
 # Needs root (a user with sudo rights: it re-runs itself through sudo) and the environment from
 # scripts/setup-env.sh. Leaves nothing running.
 set -euo pipefail
@@ -67,9 +67,12 @@ sleep 1.5
 ctr tasks ls
 echo "counter now: $(ctr tasks exec --exec-id peek1 $CTR_ID cat /tmp/count)"
 
-say "checkpointing (ctr containers checkpoint --task)"
+# --rw: the counter writes into its rootfs, so its writable layer goes with the checkpoint. A
+# dump that catches the shell inside its write records /tmp/count as open, and CRIU can only
+# reopen it where the restored rootfs has it.
+say "checkpointing (ctr containers checkpoint --task --rw)"
 t0=$(date +%s%N)
-ctr containers checkpoint --task $CTR_ID $CKPT
+ctr containers checkpoint --task --rw $CTR_ID $CKPT
 t1=$(date +%s%N)
 AT=$(ctr tasks exec --exec-id peek2 $CTR_ID cat /tmp/count)
 echo "checkpoint image $CKPT written in $(( (t1 - t0) / 1000000 )) ms; counter was about $AT"
@@ -81,9 +84,9 @@ ctr tasks rm $CTR_ID
 ctr containers rm $CTR_ID
 ctr tasks ls
 
-say "restoring (ctr containers restore --live)"
+say "restoring (ctr containers restore --live --rw)"
 t0=$(date +%s%N)
-ctr containers restore --live $CTR_ID $CKPT
+ctr containers restore --live --rw $CTR_ID $CKPT
 t1=$(date +%s%N)
 FIRST=$(ctr tasks exec --exec-id peek3 $CTR_ID cat /tmp/count)
 echo "restored in $(( (t1 - t0) / 1000000 )) ms; counter right after restore: $FIRST"

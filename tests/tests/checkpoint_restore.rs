@@ -67,7 +67,10 @@ fn criu_min_version_config_enforced_gpusnap() {
 // ----- helpers ----------------------------------------------------------------------------
 
 const COUNT: &str = "/tmp/count";
-const COUNTER_SCRIPT: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+/// Overwrites /tmp/count in place with one fixed-width write per round (see
+/// `gpusnap_testkit::bundle::COUNTER`): never empty, never a new size.
+const COUNTER_SCRIPT: &str =
+    "i=0; while :; do i=$((i+1)); printf '%010d\\n' $i 1<>/tmp/count; sleep 0.1; done";
 const COUNTER: &[&str] = &["sh", "-c", COUNTER_SCRIPT];
 
 fn fifo_dir(rig: &Rig) -> String {
@@ -99,6 +102,38 @@ fn check_resumed(rig: &Rig, id: &str, lo: u64, hi: u64, restore_started: Instant
         )
     })?;
     Ok(v)
+}
+
+/// Pauses `id` at a moment when none of its processes holds `path` (inside the container)
+/// open. A checkpoint whose restore gets a fresh rootfs (no `--rw`) must not catch the counter
+/// inside its write: CRIU reopens every open file on restore and fails on a missing one.
+fn pause_holding_no(rig: &Rig, id: &str, path: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let file_id = |m: fs::Metadata| (m.dev(), m.ino());
+    for _ in 0..100 {
+        rig.pause(id)?;
+        let pids = rig.ps(id)?;
+        // The file as the container sees it; fds compared by device and inode (their link
+        // text is a host path).
+        let target = fs::metadata(format!("/proc/{}/root{path}", rig.task_pid(id)?))
+            .ok()
+            .map(file_id);
+        let held = target.is_some_and(|target| {
+            pids.iter().any(|p| {
+                fs::read_dir(format!("/proc/{p}/fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| fs::metadata(fd.path()).is_ok_and(|m| file_id(m) == target))
+            })
+        });
+        if !held {
+            return Ok(());
+        }
+        rig.resume(id)?;
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    bail!("{id} held {path} open at each of 100 pauses")
 }
 
 /// Processes (pid, state, wait channel, argv) and freezer state of `id`, for failure messages.
@@ -366,7 +401,7 @@ fn counter_resumes_after_kill_and_restore(rt: Runtime) -> Result<()> {
     rig.run_detached(rt, id, COUNTER)?;
     let before = wait_counter(&rig, id, COUNT, 10, SECS_30)?;
     let pid = rig.task_pid(id)?;
-    container_checkpoint_ok(&rig, id, image, false)?;
+    container_checkpoint_ok(&rig, id, image, true)?;
     let after = read_counter(&rig, id, COUNT)?;
 
     // Checkpointing left the original untouched: same process, RUNNING, still counting.
@@ -381,7 +416,7 @@ fn counter_resumes_after_kill_and_restore(rt: Runtime) -> Result<()> {
     ensure!(proc_dead(pid), "original pid {pid} still alive");
 
     let started = Instant::now();
-    container_restore_live_ok(&rig, id, image, false)?;
+    container_restore_live_ok(&rig, id, image, true)?;
     let new_pid = rig.task_pid(id)?;
     ensure!(
         ns_pid(new_pid) == Some(1),
@@ -523,11 +558,14 @@ fn leave_running_vs_exit(rt: Runtime) -> Result<()> {
 
     // (c) --exit. ctr cannot restore a `ctr t checkpoint` image ("image name not found in
     // index"), so a `ctr c checkpoint --task` image of the same container, taken first, carries
-    // the exit image's criu.tar into `ctr c restore` (see gpusnap_testkit::checkpoint).
+    // the exit image's criu.tar into `ctr c restore` (see gpusnap_testkit::checkpoint). The
+    // carrier's writable layer is older than the exit dump, so it is left out (no --rw) and
+    // the dump is taken while no process holds /tmp/count open: the restored rootfs has none.
     let carrier = "ck/carrier:1";
     container_checkpoint_ok(&rig, id, carrier, false)?;
     let carrier_value = read_counter(&rig, id, COUNT)?;
     wait_counter(&rig, id, COUNT, carrier_value + 10, SECS_30)?;
+    pause_holding_no(&rig, id, COUNT)?;
     let out = task_checkpoint(&rig, id, &["--exit"])?;
     ensure!(
         out.status.success(),
@@ -756,9 +794,9 @@ fn process_tree_survives(rt: Runtime) -> Result<()> {
         "inside view {inside_before:?} vs ctr t ps {before:?}"
     );
     let image = "ck/tree:1";
-    container_checkpoint_ok(&rig, id, image, false)?;
+    container_checkpoint_ok(&rig, id, image, true)?;
     kill_and_remove(&rig, id)?;
-    container_restore_live_ok(&rig, id, image, false)?;
+    container_restore_live_ok(&rig, id, image, true)?;
 
     let after = long_lived(&rig, id)?;
     ensure!(
@@ -794,7 +832,7 @@ fn tty_survives_live_restore(rt: Runtime) -> Result<()> {
     let id = "tty";
     let image = "ck/tty:1";
     let script =
-        "i=0; while :; do i=$((i+1)); if [ -t 0 ] && [ -t 1 ]; then echo $i > /tmp/count; \
+        "i=0; while :; do i=$((i+1)); if [ -t 0 ] && [ -t 1 ]; then printf '%010d\\n' $i 1<>/tmp/count; \
                   echo tick-$i; fi; sleep 0.1; done";
     let fifo = fifo_dir(&rig);
     let run_args: Vec<String> = [
@@ -814,7 +852,7 @@ fn tty_survives_live_restore(rt: Runtime) -> Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let restore_args = ["containers", "restore", "--live", id, image];
+    let restore_args = ["containers", "restore", "--live", "--rw", id, image];
     let rig_ref: &Rig = &rig;
     std::thread::scope(|s| -> Result<()> {
         let run = s.spawn(|| rig_ref.ctr_pty(&run_args, Duration::from_secs(120)));
@@ -827,7 +865,7 @@ fn tty_survives_live_restore(rt: Runtime) -> Result<()> {
             "original stdin is {}, not a pty",
             fd0.display()
         );
-        container_checkpoint_ok(&rig, id, image, false)?;
+        container_checkpoint_ok(&rig, id, image, true)?;
         let after = read_counter(&rig, id, COUNT)?;
         rig.kill_all(id, "SIGKILL")?;
         let ran = run.join().expect("ctr run thread")?;
@@ -896,12 +934,12 @@ fn one_image_restored_twice(rt: Runtime) -> Result<()> {
     let image = "ck/twins:1";
     rig.run_detached(rt, "orig", COUNTER)?;
     let before = wait_counter(&rig, "orig", COUNT, 10, SECS_30)?;
-    container_checkpoint_ok(&rig, "orig", image, false)?;
+    container_checkpoint_ok(&rig, "orig", image, true)?;
     let after = read_counter(&rig, "orig", COUNT)?;
 
     let started = Instant::now();
     for id in ["twin-a", "twin-b"] {
-        container_restore_live_ok(&rig, id, image, false)?;
+        container_restore_live_ok(&rig, id, image, true)?;
     }
     for id in ["twin-a", "twin-b"] {
         check_resumed(&rig, id, before, after, started)?;
@@ -978,19 +1016,19 @@ fn checkpoint_restore_checkpoint(rt: Runtime) -> Result<()> {
     let id = "crc";
     rig.run_detached(rt, id, COUNTER)?;
     let b1 = wait_counter(&rig, id, COUNT, 10, SECS_30)?;
-    container_checkpoint_ok(&rig, id, "ck/crc:1", false)?;
+    container_checkpoint_ok(&rig, id, "ck/crc:1", true)?;
     let a1 = read_counter(&rig, id, COUNT)?;
     kill_and_remove(&rig, id)?;
     let started = Instant::now();
-    container_restore_live_ok(&rig, id, "ck/crc:1", false)?;
+    container_restore_live_ok(&rig, id, "ck/crc:1", true)?;
     check_resumed(&rig, id, b1, a1, started)?;
 
     let b2 = wait_counter(&rig, id, COUNT, a1 + 15, SECS_30)?;
-    container_checkpoint_ok(&rig, id, "ck/crc:2", false)?;
+    container_checkpoint_ok(&rig, id, "ck/crc:2", true)?;
     let a2 = read_counter(&rig, id, COUNT)?;
     kill_and_remove(&rig, id)?;
     let started = Instant::now();
-    container_restore_live_ok(&rig, id, "ck/crc:2", false)?;
+    container_restore_live_ok(&rig, id, "ck/crc:2", true)?;
     check_resumed(&rig, id, b2, a2, started)?;
     Ok(())
 }
@@ -1068,7 +1106,7 @@ fn damaged_images_refused_before_criu(rt: Runtime) -> Result<()> {
     rig.run_detached(rt, "src", COUNTER)?;
     let before = wait_counter(&rig, "src", COUNT, 10, SECS_30)?;
     let image = "ck/src:1";
-    container_checkpoint_ok(&rig, "src", image, false)?;
+    container_checkpoint_ok(&rig, "src", image, true)?;
     let blob = criu_tar_blob(&rig, image)?;
     let pristine = fs::read(&blob)?;
     let (manifest_name, m) = manifest_in_tar(&pristine)?;
@@ -1156,7 +1194,7 @@ fn damaged_images_refused_before_criu(rt: Runtime) -> Result<()> {
 
     for (id, edit, want) in cases {
         rewrite_criu_tar(&blob, |es| edit(es))?;
-        let out = container_restore(&rig, id, image, false, true)?;
+        let out = container_restore(&rig, id, image, true, true)?;
         let err = out.stderr_str();
         ensure!(
             !out.status.success(),
@@ -1210,7 +1248,7 @@ fn damaged_images_refused_before_criu(rt: Runtime) -> Result<()> {
 
     // Control: the same image, undamaged, restores.
     let started = Instant::now();
-    container_restore_live_ok(&rig, "intact", image, false)?;
+    container_restore_live_ok(&rig, "intact", image, true)?;
     let hi = read_counter(&rig, "src", COUNT)?;
     check_resumed(&rig, "intact", before, hi, started)?;
     Ok(())

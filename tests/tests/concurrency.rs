@@ -78,7 +78,7 @@ fn two_checkpoints_of_one_container_through_ctr() -> Result<()> {
     let second_arg = second_dir.display().to_string();
     let before = wait_count(&run, &id, 0, || count_of(task.pid))?;
     let (first, second, overlapped) = std::thread::scope(|s| -> Result<_> {
-        let first = s.spawn(|| container_checkpoint(&rig, &id, &image, false));
+        let first = s.spawn(|| container_checkpoint(&rig, &id, &image, true));
         if !wait_until(SECS_30, || holds_exclusive_flock(shim)) {
             bail!("the first checkpoint never locked its directory (shim pid {shim})");
         }
@@ -123,7 +123,7 @@ fn two_checkpoints_of_one_container_through_ctr() -> Result<()> {
     // The sealed image is complete: it restores to the same process.
     kill_and_remove(&rig, &id)?;
     gpu.emulate_criu_restore(&cuda)?;
-    container_restore_live_ok(&rig, &id, &image, false)?;
+    container_restore_live_ok(&rig, &id, &image, true)?;
     let pid = rig.task_pid(&id)?;
     gpu.check_restored(&cuda, pid, &bytes)?;
     check_continues(&id, &before, || count_of(pid)).map(drop)

@@ -233,8 +233,9 @@ fn gpusnap_runc_refuses_a_filter_weaker_than_the_spec_profile() {
     });
 }
 
-/// The counter "src" checkpointed into `image` (`ctr c checkpoint --task`) once it has counted
-/// past WARM, then removed; returns its count after the checkpoint.
+/// The counter "src" checkpointed into `image` (`ctr c checkpoint --task --rw`: its writable
+/// layer travels, as the counter's file does) once it has counted past WARM, then removed;
+/// returns its count after the checkpoint.
 fn checkpoint_src(
     rig: &gpusnap_testkit::checkpoint::CkRig,
     run: &str,
@@ -243,7 +244,7 @@ fn checkpoint_src(
     use gpusnap_testkit::checkpoint::{container_checkpoint_ok, kill_and_remove};
     let src_pid = rig.task_pid("src")?;
     wait_count(run, "src", WARM, || count_of(src_pid))?;
-    container_checkpoint_ok(rig, "src", image, false)?;
+    container_checkpoint_ok(rig, "src", image, true)?;
     let before = count_of(src_pid).context("no count after the checkpoint")?;
     kill_and_remove(rig, "src")?;
     Ok(before)
@@ -276,7 +277,7 @@ fn ctr_restore_honest(
     before: &Count,
 ) -> Result<Duration> {
     let started = Instant::now();
-    gpusnap_testkit::checkpoint::container_restore_live_ok(rig, "honest", image, false)?;
+    gpusnap_testkit::checkpoint::container_restore_live_ok(rig, "honest", image, true)?;
     let pid = rig.task_pid("honest")?;
     check_continues("honest", before, || count_of(pid))?;
     Ok(started.elapsed())

@@ -143,21 +143,22 @@ fn ctr_count(rig: &CkRig, id: &str) -> Option<Count> {
     parse_count(&read_in_task(rig, id, "/tmp/count")?)
 }
 
-/// A counter under gpusnap, checkpointed into `image` with `ctr containers checkpoint --task`
-/// (leaving it running), then killed; the count at the checkpoint.
+/// A counter under gpusnap, checkpointed into `image` with `ctr containers checkpoint --task
+/// --rw` (leaving it running; the writable layer with the counter's file travels), then
+/// killed; the count at the checkpoint.
 fn ctr_checkpoint(rig: &CkRig, id: &str, image: &str) -> Result<Count> {
     let run = run_token();
     rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", COUNTER, run.as_str()])?;
     let before = wait_count(&run, id, WARM, || ctr_count(rig, id))?;
-    container_checkpoint_ok(rig, id, image, false)?;
+    container_checkpoint_ok(rig, id, image, true)?;
     kill_and_remove(rig, id)?;
     Ok(before)
 }
 
-/// `ctr containers restore --live ID IMAGE`: `Ok(None)` when it runs the checkpointed
+/// `ctr containers restore --live --rw ID IMAGE`: `Ok(None)` when it runs the checkpointed
 /// process going on, `Ok(Some(error))` when refused (nothing runs).
 fn ctr_restore(rig: &CkRig, id: &str, image: &str, checkpointed: &Count) -> Result<Option<String>> {
-    let out = container_restore(rig, id, image, false, true)?;
+    let out = container_restore(rig, id, image, true, true)?;
     if !out.status.success() {
         ensure!(
             rig.task_state(id)? != Some(TaskState::Running),

@@ -9,8 +9,12 @@ use crate::cmd::{describe, run, unique};
 use crate::paths;
 
 /// The counter loop the checkpoint tests run: writes an increasing number to `/tmp/count`
-/// ten times a second (read it with [`BusyboxContainer::count`]).
-pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+/// ten times a second (read it with [`BusyboxContainer::count`]). Each round overwrites the
+/// file in place (`1<>` does not truncate) with one fixed-width `write`, so the file always
+/// holds a whole number: a dump that catches the shell inside the redirection leaves the
+/// previous or the new value, never an empty file, and the file's size never changes.
+pub const COUNTER: &str =
+    "i=0; while true; do i=$((i+1)); printf '%010d\\n' $i 1<>/tmp/count; sleep 0.1; done";
 
 /// The static busybox the bundles are made from.
 pub const HOST_BUSYBOX: &str = "/bin/busybox";
@@ -131,7 +135,7 @@ impl BusyboxContainer {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// The counter [`COUNTER`] writes into the rootfs (`None` while absent or mid-write).
+    /// The counter [`COUNTER`] writes into the rootfs (`None` while absent).
     pub fn count(&self) -> Option<u64> {
         self.read_file("tmp/count")?.trim().parse().ok()
     }

@@ -11,9 +11,12 @@ use anyhow::{bail, ensure, Context, Result};
 /// token the test drew ([`run_token`]), so a count proves which test's container it came from;
 /// a random process token drawn at start is kept in shell memory. Writes `"<run>:<process>
 /// <n>"` to /tmp/count ten times a second. A restored process goes on with the same tokens
-/// from where it was; a fresh start draws a new process token and starts from 1.
+/// from where it was; a fresh start draws a new process token and starts from 1. Each round
+/// overwrites the file in place (`1<>` does not truncate) with one write of fixed width, as
+/// [`crate::bundle::COUNTER`] does: a dump never leaves the file empty, and its size never
+/// changes (CRIU refuses to restore an open file whose size differs from the dump's).
 pub const COUNTER: &str = "tok=\"$0:$(cat /proc/sys/kernel/random/uuid)\"; i=0; \
-     while true; do i=$((i+1)); echo \"$tok $i\" > /tmp/count; sleep 0.1; done";
+     while true; do i=$((i+1)); printf '%s %010d\\n' \"$tok\" $i 1<>/tmp/count; sleep 0.1; done";
 /// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
 pub const WARM: u64 = 10;
 
@@ -122,7 +125,7 @@ pub fn check_continues(
     Ok(later)
 }
 
-/// The counter in a file (`None` while absent or caught between truncate and write).
+/// The counter in a file (`None` while absent).
 pub fn count_in_file(path: &Path) -> Option<Count> {
     parse_count(&std::fs::read_to_string(path).ok()?)
 }
