@@ -27,6 +27,8 @@ pub enum Kind {
     Mountpoints,
     Userns,
     Apparmor,
+    Files,
+    RemapFpath,
 }
 
 impl Kind {
@@ -41,6 +43,8 @@ impl Kind {
             Kind::Mountpoints => 0x5556_3928,
             Kind::Userns => 0x5547_4906,
             Kind::Apparmor => 0x5942_3047,
+            Kind::Files => 0x5630_3138,
+            Kind::RemapFpath => 0x5913_3954,
         }
     }
 
@@ -61,6 +65,8 @@ impl Kind {
             Kind::Mountpoints => "mount points",
             Kind::Userns => "user namespace maps",
             Kind::Apparmor => "AppArmor namespaces",
+            Kind::Files => "open files",
+            Kind::RemapFpath => "file remaps",
         }
     }
 }

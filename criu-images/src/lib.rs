@@ -6,6 +6,8 @@
 //! themselves; runc, containerd and CRI-O hand it none of the spec's. [`bound_by_spec`]
 //! refuses, before CRIU runs, a checkpoint whose images give any task more than the restore
 //! target's spec allows (see [`bound`] for the rules and why each holds).
+//! [`open_files_in_rootfs`] names the files the checkpoint's processes hold open that the
+//! root filesystem they are restored onto lacks, which CRIU would fail on mid-restore.
 //!
 //! # Why the messages are written by hand
 //!
@@ -26,8 +28,10 @@ pub mod bound;
 pub mod caps;
 pub mod forge;
 pub mod image;
+pub mod open_files;
 pub mod proto;
 pub mod seccomp;
 
 pub use bound::{bound_by_spec, bound_by_spec_on, Finding, HostLsm, Refusal, Report};
 pub use image::{ImageDir, ImageError, Kind, Limits};
+pub use open_files::{open_files_in_rootfs, OpenFiles, Problem, Unmatched};

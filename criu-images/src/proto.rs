@@ -223,3 +223,50 @@ pub struct ApparmorEntry {
     #[prost(bytes = "vec", repeated, tag = "1")]
     pub namespaces: Vec<Vec<u8>>,
 }
+
+/// `file_entry` (fdinfo.proto), one per open file description in `files.img`; only regular
+/// files (`type` 1, `REG`) are read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FileEntry {
+    /// CRIU's `fd_types`.
+    #[prost(uint32, required, tag = "1")]
+    pub r#type: u32,
+    #[prost(uint32, required, tag = "2")]
+    pub id: u32,
+    #[prost(message, optional, tag = "3")]
+    pub reg: Option<RegFileEntry>,
+}
+
+/// `fd_types.REG` (fdinfo.proto).
+pub const FD_TYPE_REG: u32 = 1;
+
+/// `reg_file_entry` (regfile.proto): a regular file a task holds open or maps, by its path in
+/// the task's mount namespace (leading `/`) and the mount it was reached through.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegFileEntry {
+    #[prost(uint32, required, tag = "1")]
+    pub id: u32,
+    #[prost(bytes = "vec", required, tag = "6")]
+    pub name: Vec<u8>,
+    #[prost(sint32, optional, tag = "7")]
+    pub mnt_id: Option<i32>,
+    /// The size at the dump; CRIU refuses to reopen a file whose size differs.
+    #[prost(uint64, optional, tag = "8")]
+    pub size: Option<u64>,
+    /// An external file, handed in by the caller at restore (`--inherit-fd`).
+    #[prost(bool, optional, tag = "9")]
+    pub ext: Option<bool>,
+    /// `st_mode` at the dump (type and permission bits); CRIU refuses another.
+    #[prost(uint32, optional, tag = "10")]
+    pub mode: Option<u32>,
+}
+
+/// `remap_file_path_entry` (remap-file-path.proto): an open file CRIU brings back from the
+/// checkpoint itself (an unlinked file's content, a link it made) instead of by its path.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RemapFilePathEntry {
+    #[prost(uint32, required, tag = "1")]
+    pub orig_id: u32,
+    #[prost(uint32, required, tag = "2")]
+    pub remap_id: u32,
+}

@@ -544,6 +544,70 @@ fn gpu_process_is_locked_around_the_dump() {
     );
 }
 
+/// A restore onto a rootfs that lost a file the checkpointed process holds open is refused
+/// before runc runs, naming the file (CRIU would fail mid-restore with "criu failed: type
+/// NOTIFY errno 0"); with the file back as it was (same size), the same images restore.
+#[test]
+fn open_file_missing_from_the_rootfs_is_refused_before_runc() {
+    require_root();
+    let dir = scratch();
+    let cfg = config(dir.path(), "");
+    let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
+    let script = "exec 3>/tmp/held; echo held >&3; while :; do sleep 0.1; done";
+    let c = BusyboxContainer::create(dir.path(), &unique("gsr-held"), script);
+    c.start();
+    assert!(
+        wait_some(Duration::from_secs(20), || c
+            .read_file("tmp/held")
+            .filter(|s| s == "held\n"))
+        .is_some(),
+        "the container did not write /tmp/held"
+    );
+    let images = dir.path().join("images");
+    let (code, _, err) = checkpoint(&c, &images, &[], &env, dir.path());
+    assert_eq!(code, 0, "checkpoint failed:\n{err}");
+    let held = c.bundle.join("rootfs/tmp/held");
+    fs::remove_file(&held).unwrap();
+
+    let restore = |id: &str| {
+        c.wrapper(
+            &[
+                "restore",
+                "-d",
+                "--image-path",
+                images.to_str().unwrap(),
+                "--bundle",
+                c.bundle.to_str().unwrap(),
+                id,
+            ],
+            &env,
+            dir.path(),
+        )
+    };
+    let (code, _, err) = restore(&c.id);
+    assert_eq!(code, 1, "{err}");
+    let lines = error_lines(&err);
+    assert_eq!(lines.len(), 1, "{err:?}");
+    for want in [
+        format!("gpusnap-runc: cannot restore {}: ", c.id),
+        "/tmp/held (missing)".into(),
+        "--rw".into(),
+        "nothing was restored".into(),
+    ] {
+        assert!(lines[0].contains(&want), "lacks {want:?}: {err}");
+    }
+    assert_eq!(
+        c.status(),
+        None,
+        "runc knows the container: runc restore ran"
+    );
+
+    fs::write(&held, "held\n").unwrap();
+    let (code, _, err) = restore(&c.id);
+    assert_eq!(code, 0, "restore with the file back:\n{err}");
+    assert_eq!(c.status().as_deref(), Some("running"));
+}
+
 /// A checkpoint that CRIU cannot take (an established TCP connection without
 /// `--tcp-established`) is reported once, scrubbed, and leaves the container running.
 #[test]

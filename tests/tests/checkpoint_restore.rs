@@ -50,6 +50,7 @@ scenario_tests! {
     checkpoint_restore_checkpoint => c_r_c_runc_v2, c_r_c_gpusnap;
     stopped_task_checkpoint_refused => stopped_task_refused_runc_v2, stopped_task_refused_gpusnap;
     missing_criu_is_reported => missing_criu_runc_v2, missing_criu_gpusnap;
+    open_file_left_out_of_the_checkpoint => open_file_left_out_runc_v2, open_file_left_out_gpusnap;
 }
 
 /// gpusnap only: the runc shim has no manifest and restores whatever CRIU accepts.
@@ -104,36 +105,13 @@ fn check_resumed(rig: &Rig, id: &str, lo: u64, hi: u64, restore_started: Instant
     Ok(v)
 }
 
-/// Pauses `id` at a moment when none of its processes holds `path` (inside the container)
-/// open. A checkpoint whose restore gets a fresh rootfs (no `--rw`) must not catch the counter
-/// inside its write: CRIU reopens every open file on restore and fails on a missing one.
+/// Pauses `id` at a moment when none of its processes holds `path` open
+/// ([`gpusnap_testkit::counter::pause_holding_no`]).
 fn pause_holding_no(rig: &Rig, id: &str, path: &str) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let file_id = |m: fs::Metadata| (m.dev(), m.ino());
-    for _ in 0..100 {
-        rig.pause(id)?;
-        let pids = rig.ps(id)?;
-        // The file as the container sees it; fds compared by device and inode (their link
-        // text is a host path).
-        let target = fs::metadata(format!("/proc/{}/root{path}", rig.task_pid(id)?))
-            .ok()
-            .map(file_id);
-        let held = target.is_some_and(|target| {
-            pids.iter().any(|p| {
-                fs::read_dir(format!("/proc/{p}/fd"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|fd| fs::metadata(fd.path()).is_ok_and(|m| file_id(m) == target))
-            })
-        });
-        if !held {
-            return Ok(());
-        }
-        rig.resume(id)?;
-        std::thread::sleep(Duration::from_millis(7));
-    }
-    bail!("{id} held {path} open at each of 100 pauses")
+    gpusnap_testkit::counter::pause_holding_no(path, &|| rig.pause(id), &|| rig.resume(id), &|| {
+        Ok((rig.task_pid(id)?, rig.ps(id)?))
+    })
+    .with_context(|| format!("pausing {id}"))
 }
 
 /// Processes (pid, state, wait channel, argv) and freezer state of `id`, for failure messages.
@@ -1030,6 +1008,65 @@ fn checkpoint_restore_checkpoint(rt: Runtime) -> Result<()> {
     let started = Instant::now();
     container_restore_live_ok(&rig, id, "ck/crc:2", true)?;
     check_resumed(&rig, id, b2, a2, started)?;
+    Ok(())
+}
+
+/// Scenario 8b: a process holds a file of its writable layer open, and `ctr c checkpoint`
+/// without `--rw` leaves the layer out, so the restored rootfs lacks the file. runc.v2 fails
+/// inside CRIU ("criu failed"); gpusnap refuses before runc runs, naming the file and `--rw`.
+/// The same container checkpointed with `--rw` restores under both.
+fn open_file_left_out_of_the_checkpoint(rt: Runtime) -> Result<()> {
+    let rig = CkRig::start_for(rt)?;
+    let id = "held";
+    let script = "exec 3>/tmp/held; echo x >&3; while :; do sleep 0.1; done";
+    rig.run_detached(rt, id, &["sh", "-c", script])?;
+    poll(SECS_10, "/tmp/held in the container", || {
+        read_in_task(&rig, id, "/tmp/held").filter(|s| s == "x\n")
+    })?;
+    container_checkpoint_ok(&rig, id, "ck/held:1", false)?;
+    container_checkpoint_ok(&rig, id, "ck/held:rw", true)?;
+    kill_and_remove(&rig, id)?;
+
+    let out = container_restore(&rig, id, "ck/held:1", false, true)?;
+    ensure!(
+        !out.status.success(),
+        "the restore without the writable layer succeeded: {}",
+        out.describe()
+    );
+    let err = out.stderr_str();
+    match rt {
+        Runtime::RuncV2 => ensure!(err.contains("criu failed"), "{err:?}"),
+        Runtime::Gpusnap => {
+            for want in [
+                format!("cannot restore {id}:"),
+                "hold files open".into(),
+                "/tmp/held (missing)".into(),
+                "ctr containers checkpoint --task --rw".into(),
+                "nothing was restored".into(),
+            ] {
+                ensure!(err.contains(&want), "error lacks {want:?}: {err:?}");
+            }
+            ensure!(
+                !rig.runc_list()?.contains(&id.to_string()),
+                "runc knows {id}, so runc restore ran"
+            );
+        }
+    }
+    ensure!(
+        rig.task(id)?
+            .is_none_or(|t| t.state != TaskState::Running && t.pid == 0),
+        "a task runs after the failed restore: {:?}",
+        rig.task(id)?
+    );
+
+    container_restore_live_ok(&rig, "held-rw", "ck/held:rw", true)?;
+    let pid = rig.task_pid("held-rw")?;
+    let fd3 = fs::read_link(format!("/proc/{pid}/fd/3"))?;
+    ensure!(
+        fd3.ends_with("tmp/held"),
+        "fd 3 of the restored process is {}",
+        fd3.display()
+    );
     Ok(())
 }
 

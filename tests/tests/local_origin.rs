@@ -9,6 +9,8 @@
 //!   restores.
 //! - `gpusnap-runc checkpoint --image-path <checkpoint_root>/NAME` records it too (writer
 //!   gpusnap-runc); a checkpoint outside the root is not recorded.
+//! - A process holding a file of its writable layer open (which a node-local checkpoint does
+//!   not carry) is refused by name before runc runs.
 
 use std::fs;
 use std::os::fd::AsFd;
@@ -116,7 +118,15 @@ fn ctr_checkpoint_into_the_root_restores_by_annotation_and_adopt_is_for_root() {
         let (pod, id, pid) = run(&node, "local-a", &tok, None)?;
         wait_count(&tok, "the counter", WARM, || count_of(pid))?;
         let dir = root.join("ck-local");
+        // The new pod gets the image's rootfs afresh: no write of the counter may be caught.
+        gpusnap_testkit::counter::pause_holding_no(
+            "/tmp/count",
+            &|| node.ctr_k8s(&["tasks", "pause", &id]).map(drop),
+            &|| node.ctr_k8s(&["tasks", "resume", &id]).map(drop),
+            &|| Ok((pid, node.cgroup_procs(&id))),
+        )?;
         node.ctr_k8s(&["tasks", "checkpoint", "--image-path", s(&dir), &id])?;
+        node.ctr_k8s(&["tasks", "resume", &id])?;
         let before = wait_count(&tok, "the counter", 0, || count_of(pid))?;
         node.remove_pod(&pod.id)?;
 
@@ -222,6 +232,57 @@ fn gpusnap_runc_checkpoint_into_the_root_is_recorded() {
             records == 1,
             "{records} records: the checkpoint outside the root was recorded"
         );
+        Ok(())
+    })
+}
+
+/// A node-local checkpoint carries no writable layer, and the new pod's container starts from
+/// the image's rootfs: a process that held a file of its layer open is refused by
+/// `gpusnap.io/restore-from` before runc runs, naming the file (CRIU would fail mid-restore).
+#[test]
+fn restore_from_refuses_a_process_holding_a_file_the_new_rootfs_lacks() {
+    check(|| {
+        let node = node()?;
+        let root = node.checkpoint_root();
+        let pod = node.run_pod("held-a", &[], gpusnap_handler())?;
+        let held = ContainerSpec {
+            name: "held".into(),
+            image: BUSYBOX_IMAGE.into(),
+            command: [
+                "sh",
+                "-c",
+                "exec 3>/tmp/held; echo x >&3; while :; do sleep 0.1; done",
+            ]
+            .map(String::from)
+            .to_vec(),
+            env: vec![],
+        };
+        let id = node.run_container(&pod, &held)?;
+        wait_for_state(
+            &node,
+            &id,
+            ContainerState::ContainerRunning,
+            Duration::from_secs(30),
+        )?;
+        let pid = node.pid(&id)?;
+        ensure!(
+            gpusnap_testkit::wait_until(Duration::from_secs(10), || {
+                fs::read_to_string(format!("/proc/{pid}/root/tmp/held")).is_ok_and(|s| s == "x\n")
+            }),
+            "the container did not write /tmp/held"
+        );
+        let dir = root.join("ck-held");
+        node.ctr_k8s(&["tasks", "checkpoint", "--image-path", s(&dir), &id])?;
+        node.remove_pod(&pod.id)?;
+
+        let err = refused(&node, "held-b", &run_token(), "ck-held")?;
+        for want in [
+            "/tmp/held (missing)",
+            "hold files open",
+            "nothing was restored",
+        ] {
+            ensure!(err.contains(want), "the refusal lacks {want:?}: {err}");
+        }
         Ok(())
     })
 }

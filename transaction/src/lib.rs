@@ -19,6 +19,7 @@ pub mod host;
 pub mod inflight;
 pub mod leftovers;
 pub mod lock;
+mod open_files;
 mod privilege;
 pub mod restore;
 pub mod runc;

@@ -38,7 +38,7 @@ pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<Report> {
     Ok(report)
 }
 
-fn read_spec(path: &Path) -> Result<Spec> {
+pub(crate) fn read_spec(path: &Path) -> Result<Spec> {
     let unreadable = |why: String| {
         Error::precondition(format!(
             "cannot read the spec of the container being restored ({}): {why}",

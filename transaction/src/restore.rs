@@ -5,8 +5,9 @@
 //! directory locked (shared) → signature policy → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
+//! → rootfs diff applied → the open files found in the rootfs as dumped
 //!                                                                     ← refusals end here
-//! rootfs diff applied → runc restore (CRIU, within restore.deadline)  ← failure or deadline:
+//! → runc restore (CRIU, within restore.deadline)                       ← failure or deadline:
 //!                                     runc/CRIU killed, cgroup emptied, runc state removed
 //! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
 //! ```
@@ -232,6 +233,12 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         );
     }
 
+    // After the diff, which may bring them: CRIU reopens every open file by its path and
+    // fails mid-restore on one the rootfs lacks (`open_files.rs`).
+    let t = Instant::now();
+    crate::open_files::check(&req.bundle, ckpt)?;
+    timings.add("open-files-check", t.elapsed());
+
     let runc = Runc::new(global, &req.container_id, host);
     // A runc state of this id whose init is dead (a restore or runtime killed before it could
     // clean up) would fail this restore with "container exists".
@@ -331,6 +338,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         privilege_check_ms = timings.ms("privilege-check"),
         gpu_gate_ms = timings.ms("gpu-gate"),
         rootfs_diff_ms = timings.ms("rootfs-diff"),
+        open_files_check_ms = timings.ms("open-files-check"),
         criu_restore_ms = timings.ms("criu-restore"),
         cuda_restore_ms = timings.ms("cuda-restore"),
         total_ms = elapsed.as_millis() as u64,

@@ -134,3 +134,42 @@ pub fn count_in_file(path: &Path) -> Option<Count> {
 pub fn count_of(pid: u32) -> Option<Count> {
     count_in_file(Path::new(&format!("/proc/{pid}/root/tmp/count")))
 }
+
+/// Pauses a container at a moment when none of its processes holds `path` (a path inside the
+/// container) open, for a checkpoint whose restore gets the image's rootfs afresh (`ctr`
+/// without `--rw`, a node-local `ctr tasks checkpoint`): a dump that catches the counter inside
+/// its write records the file as open, and CRIU cannot reopen it where the rootfs lacks it.
+/// `procs` gives the container's init pid and every pid in it. Resume it after the checkpoint
+/// (`ctr tasks checkpoint` leaves a paused task paused).
+pub fn pause_holding_no(
+    path: &str,
+    pause: &dyn Fn() -> Result<()>,
+    resume: &dyn Fn() -> Result<()>,
+    procs: &dyn Fn() -> Result<(u32, Vec<u32>)>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let file_id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    for _ in 0..100 {
+        pause()?;
+        let (init, pids) = procs()?;
+        // Compared by device and inode: an fd's link text is a host path.
+        let target = std::fs::metadata(format!("/proc/{init}/root{path}"))
+            .ok()
+            .map(file_id);
+        let held = target.is_some_and(|target| {
+            pids.iter().any(|p| {
+                std::fs::read_dir(format!("/proc/{p}/fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| file_id(m) == target))
+            })
+        });
+        if !held {
+            return Ok(());
+        }
+        resume()?;
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    bail!("{path} was held open at each of 100 pauses")
+}

@@ -1,0 +1,71 @@
+//! The files the checkpoint's processes hold open, checked against the root filesystem they
+//! are restored onto, before CRIU runs (the rules are in `gpusnap_criu_images::open_files`).
+//!
+//! Without this, a checkpoint taken without the container's writable layer (`ctr containers
+//! checkpoint` without `--rw`, a node-local `ctr tasks checkpoint`) of a process holding a file
+//! of that layer open fails inside CRIU, which runc reports as "criu failed: type NOTIFY errno
+//! 0". Whether it fails depends on where the process was when it was frozen, so the refusal
+//! names the files and what carries them.
+
+use std::path::{Path, PathBuf};
+
+use gpusnap_criu_images::{open_files_in_rootfs, Limits};
+
+use crate::error::{Error, Result};
+
+/// Files named in a refusal; the rest are counted.
+const SHOWN: usize = 5;
+
+/// Refuses (nothing restored) a checkpoint whose processes hold files open that the root
+/// filesystem of the container in `bundle` lacks or has with another size or type.
+pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    let rootfs = rootfs_of(bundle)?;
+    let found = open_files_in_rootfs(checkpoint_dir, &rootfs, Limits::default()).map_err(|e| {
+        Error::precondition(format!(
+            "the checkpoint's open files cannot be compared with the container's root \
+             filesystem: {e}; nothing was restored"
+        ))
+    })?;
+    tracing::debug!(
+        compared = found.compared,
+        unmatched = found.unmatched.len(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "open files compared with the root filesystem"
+    );
+    if found.unmatched.is_empty() {
+        return Ok(());
+    }
+    let mut named: Vec<String> = found
+        .unmatched
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if found.unmatched.len() > SHOWN {
+        named.push(format!("and {} more", found.unmatched.len() - SHOWN));
+    }
+    Err(Error::precondition(format!(
+        "the checkpoint's processes hold files open that the container's root filesystem ({}) \
+         does not have as they were at the checkpoint: {}. CRIU reopens every open file by its \
+         path and cannot restore them; nothing was restored. The checkpoint left the \
+         container's writable layer out, or this is not the root filesystem it ran on: take it \
+         with the layer (`ctr containers checkpoint --task --rw`, then `ctr containers restore \
+         --rw`; a CRI checkpoint archive or a Podman export carries it), or restore it where \
+         these files are",
+        rootfs.display(),
+        named.join("; ")
+    )))
+}
+
+/// The container's root filesystem: the spec's `root.path`, relative to the bundle unless
+/// absolute (containerd writes `rootfs`, CRI-O and Podman an absolute path).
+fn rootfs_of(bundle: &Path) -> Result<PathBuf> {
+    let spec = crate::privilege::read_spec(&bundle.join("config.json"))?;
+    let path = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .unwrap_or_else(|| PathBuf::from("rootfs"));
+    Ok(bundle.join(path))
+}
