@@ -2,19 +2,23 @@
 //! with the root filesystem they are about to be restored onto.
 //!
 //! CRIU reopens every open (or mapped) regular file by its path and refuses one that is
-//! missing or whose size or type changed since the dump, after it has started restoring: runc
+//! missing or whose size or mode changed since the dump (and, by default, an ELF whose
+//! build-id changed, which this check leaves to CRIU), after it has started restoring: runc
 //! then reports only "criu failed: type NOTIFY errno 0". The common cause is a checkpoint
 //! taken without the container's writable layer (`ctr containers checkpoint` without `--rw`)
 //! of a process that held a file of that layer open, so this check names the files before
-//! CRIU runs. Only files reached through the root mount of a mount namespace are compared:
-//! CRIU recreates tmpfs mounts from the checkpoint, and bind mounts come from the spec.
+//! CRIU runs. Only files reached through the root mount of the container's mount namespace
+//! (the root task's) are compared: CRIU recreates tmpfs mounts from the checkpoint, bind
+//! mounts come from the spec, and a namespace the workload made has a root of its own.
 //! Files CRIU brings back from the checkpoint itself (unlinked or remapped ones) and
 //! external files handed in by the caller are skipped.
 //!
 //! Every name comes from the checkpoint and is resolved with `openat2(2)` and
 //! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` beneath the root filesystem, as the container
-//! would see it: symlinks are followed inside the rootfs and never out of it, and the file is
-//! opened with `O_PATH` (no device or FIFO is opened).
+//! would see it: symlinks are followed inside the rootfs and never out of it (a symlink the
+//! process opened itself, `O_PATH | O_NOFOLLOW`, is looked at, not followed), and the file is
+//! opened with `O_PATH` (no device or FIFO is opened). At most [`MAX_COMPARED`] distinct names
+//! are resolved, so a hostile `files.img` cannot make the check run long.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -25,7 +29,13 @@ use rustix::fs::{self as rfs, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::image::{ImageDir, ImageError, Kind, Limits};
-use crate::proto::{FileEntry, MntEntry, RemapFilePathEntry, FD_TYPE_REG};
+use crate::proto::{
+    FileEntry, MntEntry, PstreeEntry, RegFileEntry, RemapFilePathEntry, TaskKobjIdsEntry,
+    FD_TYPE_REG,
+};
+
+/// The most distinct names resolved; a real dump has a few hundred (libraries, logs).
+pub const MAX_COMPARED: usize = 1 << 16;
 
 /// How an open file of the checkpoint differs in the root filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +49,11 @@ pub enum Problem {
         now: &'static str,
         dumped: &'static str,
     },
+    /// Permission bits (`st_mode & 0o7777`), which CRIU compares as well.
+    Mode {
+        now: u32,
+        dumped: u32,
+    },
 }
 
 /// One open file the root filesystem cannot give back as it was.
@@ -51,13 +66,18 @@ pub struct Unmatched {
 
 impl fmt::Display for Unmatched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The name comes from the checkpoint: escaped, so that it cannot forge log lines.
+        let path = self.path.escape_debug();
         match &self.problem {
-            Problem::Missing => write!(f, "{} (missing)", self.path),
+            Problem::Missing => write!(f, "{path} (missing)"),
             Problem::Size { now, dumped } => {
-                write!(f, "{} ({now} bytes, {dumped} at the checkpoint)", self.path)
+                write!(f, "{path} ({now} bytes, {dumped} at the checkpoint)")
             }
             Problem::Type { now, dumped } => {
-                write!(f, "{} (a {now}, a {dumped} at the checkpoint)", self.path)
+                write!(f, "{path} (a {now}, a {dumped} at the checkpoint)")
+            }
+            Problem::Mode { now, dumped } => {
+                write!(f, "{path} (mode {now:04o}, {dumped:04o} at the checkpoint)")
             }
         }
     }
@@ -66,14 +86,17 @@ impl fmt::Display for Unmatched {
 /// What [`open_files_in_rootfs`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenFiles {
-    /// Files compared with the root filesystem.
+    /// Distinct names compared with the root filesystem.
     pub compared: usize,
+    /// Distinct names left uncompared past [`MAX_COMPARED`].
+    pub uncompared: usize,
     /// Those it cannot give back as they were, in the images' order.
     pub unmatched: Vec<Unmatched>,
 }
 
-/// Compares the regular files the processes in `checkpoint_dir` hold open through the root
-/// mount with what `rootfs` (the root filesystem of the container being restored) holds.
+/// Compares the regular files the processes in `checkpoint_dir` hold open through the
+/// container's root mount with what `rootfs` (the root filesystem of the container being
+/// restored) holds.
 pub fn open_files_in_rootfs(
     checkpoint_dir: &Path,
     rootfs: &Path,
@@ -83,7 +106,9 @@ pub fn open_files_in_rootfs(
         name: checkpoint_dir.display().to_string(),
         source,
     })?;
-    let roots = root_mounts(&mut dir)?;
+    let Some(root_mnt) = root_mount(&mut dir)? else {
+        return Ok(OpenFiles::default());
+    };
     let Some(files) = dir.read::<FileEntry>("files.img", Kind::Files)? else {
         return Ok(OpenFiles::default());
     };
@@ -93,34 +118,53 @@ pub fn open_files_in_rootfs(
         .iter()
         .map(|r| r.orig_id)
         .collect();
+    let unopenable = |source: std::io::Error| ImageError::Open {
+        name: rootfs.display().to_string(),
+        source,
+    };
     let root = rfs::open(
         rootfs,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| ImageError::Open {
-        name: rootfs.display().to_string(),
-        source: e.into(),
-    })?;
+    .map_err(|e| unopenable(e.into()))?;
     let mut out = OpenFiles::default();
+    // A file open many times (each mapping of a library) is resolved once per distinct name,
+    // dumped size and mode.
+    let mut seen = BTreeSet::new();
     for reg in files
         .into_iter()
         .filter(|f| f.r#type == FD_TYPE_REG)
         .filter_map(|f| f.reg)
     {
-        let through_root = reg
-            .mnt_id
-            .is_some_and(|m| u32::try_from(m).is_ok_and(|m| roots.contains(&m)));
+        let through_root = reg.mnt_id.is_some_and(|m| m >= 0 && m as u32 == root_mnt);
         if !through_root || reg.ext.unwrap_or(false) || remapped.contains(&reg.id) {
             continue;
         }
         let Some(rel) = plain_relative(&reg.name) else {
             continue;
         };
+        if !seen.insert((rel.clone(), reg.size, reg.mode)) {
+            continue;
+        }
+        if out.compared == MAX_COMPARED {
+            out.uncompared += 1;
+            continue;
+        }
         out.compared += 1;
-        let problem = match stat_in_root(root.as_fd(), &rel) {
+        // A symlink the process opened itself (`O_PATH | O_NOFOLLOW`) is looked at, not
+        // followed, as CRIU reopens it.
+        let link = reg
+            .mode
+            .is_some_and(|m| FileType::from_raw_mode(m as _) == FileType::Symlink);
+        let problem = match stat_in_root(root.as_fd(), &rel, link) {
             Ok(st) => compare(&st, &reg),
             Err(Errno::NOENT | Errno::NOTDIR) => Some(Problem::Missing),
+            Err(Errno::NOSYS) => {
+                return Err(unopenable(std::io::Error::other(
+                    "this kernel has no openat2(2) to resolve names beneath it",
+                )))
+            }
             // Anything else (a symlink loop, a permission) is CRIU's to report.
             Err(_) => None,
         };
@@ -134,28 +178,29 @@ pub fn open_files_in_rootfs(
     Ok(out)
 }
 
-/// The mount ids of every mount namespace's root mount (what CRIU mounts the container's
-/// root filesystem at).
-fn root_mounts(dir: &mut ImageDir) -> Result<BTreeSet<u32>, ImageError> {
-    let names = dir.names().map_err(|source| ImageError::Read {
-        name: dir.path().display().to_string(),
-        source,
-    })?;
-    let mut roots = BTreeSet::new();
-    for name in names
+/// The mount id of the root mount of the root task's mount namespace: where CRIU mounts the
+/// container's root filesystem. `None` when the images do not say (the privilege check, which
+/// runs first, refuses a checkpoint without them).
+fn root_mount(dir: &mut ImageDir) -> Result<Option<u32>, ImageError> {
+    let Some(root_task) = dir
+        .read::<PstreeEntry>("pstree.img", Kind::Pstree)?
+        .and_then(|p| p.into_iter().next())
+    else {
+        return Ok(None);
+    };
+    let ids: Option<TaskKobjIdsEntry> =
+        dir.read_one(&format!("ids-{}.img", root_task.pid), Kind::Ids)?;
+    let Some(ns) = ids.and_then(|i| i.mnt_ns_id) else {
+        return Ok(None);
+    };
+    let entries: Vec<MntEntry> = dir
+        .read(&format!("mountpoints-{ns}.img"), Kind::Mountpoints)?
+        .unwrap_or_default();
+    let ids: BTreeSet<u32> = entries.iter().map(|e| e.mnt_id).collect();
+    Ok(entries
         .iter()
-        .filter(|n| n.starts_with("mountpoints-") && n.ends_with(".img"))
-    {
-        let entries: Vec<MntEntry> = dir.read(name, Kind::Mountpoints)?.unwrap_or_default();
-        let ids: BTreeSet<u32> = entries.iter().map(|e| e.mnt_id).collect();
-        roots.extend(
-            entries
-                .iter()
-                .filter(|e| !ids.contains(&e.parent_mnt_id) && e.mountpoint == b"/")
-                .map(|e| e.mnt_id),
-        );
-    }
-    Ok(roots)
+        .find(|e| !ids.contains(&e.parent_mnt_id) && e.mountpoint == b"/")
+        .map(|e| e.mnt_id))
 }
 
 /// `/a/b` as `a/b` when it is absolute and has only plain components; `None` otherwise (CRIU
@@ -174,18 +219,29 @@ fn plain_relative(name: &[u8]) -> Option<String> {
     Some(parts.join("/"))
 }
 
-fn stat_in_root(root: std::os::fd::BorrowedFd<'_>, rel: &str) -> Result<rfs::Stat, Errno> {
+/// `rel` resolved in `root` as the container sees it; the final symlink itself when `link`.
+fn stat_in_root(
+    root: std::os::fd::BorrowedFd<'_>,
+    rel: &str,
+    link: bool,
+) -> Result<rfs::Stat, Errno> {
+    let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+    if link {
+        flags |= OFlags::NOFOLLOW;
+    }
     let fd = rfs::openat2(
         root,
         rel,
-        OFlags::PATH | OFlags::CLOEXEC,
+        flags,
         Mode::empty(),
         ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
     )?;
     rfs::fstat(&fd)
 }
 
-fn compare(st: &rfs::Stat, reg: &crate::proto::RegFileEntry) -> Option<Problem> {
+/// What CRIU's reopen would refuse: another file type or permission bits, or another size
+/// where the dump recorded one (it records none for files opened `O_WRONLY | O_APPEND`).
+fn compare(st: &rfs::Stat, reg: &RegFileEntry) -> Option<Problem> {
     let now = FileType::from_raw_mode(st.st_mode);
     if let Some(mode) = reg.mode {
         let dumped = FileType::from_raw_mode(mode as _);
@@ -194,6 +250,10 @@ fn compare(st: &rfs::Stat, reg: &crate::proto::RegFileEntry) -> Option<Problem> 
                 now: type_name(now),
                 dumped: type_name(dumped),
             });
+        }
+        let (now, dumped) = (st.st_mode & 0o7777, mode & 0o7777);
+        if now != dumped {
+            return Some(Problem::Mode { now, dumped });
         }
     }
     match reg.size {
@@ -243,21 +303,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn missing_resized_and_retyped_files_are_named_and_the_rest_pass() {
-        let ck = tempfile::tempdir().unwrap();
-        let rootfs = tempfile::tempdir().unwrap();
-        let r = rootfs.path();
-        std::fs::create_dir_all(r.join("tmp")).unwrap();
-        std::fs::write(r.join("tmp/same"), b"12345").unwrap();
-        std::fs::write(r.join("tmp/grown"), b"123456").unwrap();
-        std::fs::create_dir(r.join("tmp/now-a-dir")).unwrap();
-        // A symlink is followed inside the rootfs, never out of it: /etc/passwd of the host is
-        // not the container's.
-        std::os::unix::fs::symlink("/etc/passwd", r.join("tmp/escape")).unwrap();
-        const ROOT: u32 = 10;
-        const TMPFS: u32 = 11;
-        let mount = |mnt_id, parent_mnt_id, mountpoint: &str| MntEntry {
+    fn write<M: prost::Message>(dir: &Path, name: &str, kind: Kind, messages: &[M]) {
+        std::fs::write(dir.join(name), forge::image_of(kind, messages)).unwrap();
+    }
+
+    fn mount(mnt_id: u32, parent_mnt_id: u32, mountpoint: &str) -> MntEntry {
+        MntEntry {
             fstype: 5,
             mnt_id,
             parent_mnt_id,
@@ -270,52 +321,99 @@ mod tests {
             fsname: None,
             sb_flags: None,
             ext_key: None,
-        };
-        let mounts = [mount(ROOT, 1, "/"), mount(TMPFS, ROOT, "/dev/shm")];
-        std::fs::write(
-            ck.path().join("mountpoints-12.img"),
-            forge::image_of(Kind::Mountpoints, &mounts),
-        )
-        .unwrap();
-        let reg = |id: u32, name: &str, mnt: u32| FileEntry {
+        }
+    }
+
+    fn reg(id: u32, name: &str, mnt: u32, mode: u32) -> FileEntry {
+        FileEntry {
             r#type: FD_TYPE_REG,
             id,
-            reg: Some(crate::proto::RegFileEntry {
+            reg: Some(RegFileEntry {
                 id,
                 name: name.as_bytes().to_vec(),
                 mnt_id: Some(mnt as i32),
                 size: Some(5),
                 ext: None,
-                mode: Some(0o100644),
+                mode: Some(mode),
             }),
+        }
+    }
+
+    #[test]
+    fn missing_resized_retyped_and_rechmodded_files_are_named_and_the_rest_pass() {
+        use std::os::unix::fs::PermissionsExt;
+        let ck = tempfile::tempdir().unwrap();
+        let rootfs = tempfile::tempdir().unwrap();
+        let (c, r) = (ck.path(), rootfs.path());
+        std::fs::create_dir_all(r.join("tmp")).unwrap();
+        for (name, content, mode) in [
+            ("tmp/same", &b"12345"[..], 0o644),
+            ("tmp/grown", b"123456", 0o644),
+            ("tmp/private", b"12345", 0o600),
+        ] {
+            std::fs::write(r.join(name), content).unwrap();
+            std::fs::set_permissions(r.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        std::fs::create_dir(r.join("tmp/now-a-dir")).unwrap();
+        // A symlink is followed inside the rootfs, never out of it: /etc/passwd of the host is
+        // not the container's.
+        std::os::unix::fs::symlink("/etc/passwd", r.join("tmp/escape")).unwrap();
+        // A symlink the process opened itself is compared as a symlink, dangling or not.
+        std::os::unix::fs::symlink("nowhere", r.join("tmp/link")).unwrap();
+
+        // The root task (pid 1) is in mount namespace 12; a process made namespace 13.
+        const ROOT: u32 = 10;
+        const TMPFS: u32 = 11;
+        const OTHER_NS_ROOT: u32 = 20;
+        let task = PstreeEntry {
+            pid: 1,
+            ppid: 0,
+            pgid: 1,
+            sid: 1,
+            threads: vec![1],
         };
+        write(c, "pstree.img", Kind::Pstree, &[task]);
+        let ids = TaskKobjIdsEntry {
+            mnt_ns_id: Some(12),
+            ..Default::default()
+        };
+        write(c, "ids-1.img", Kind::Ids, &[ids]);
+        let mounts = [mount(ROOT, 1, "/"), mount(TMPFS, ROOT, "/dev/shm")];
+        write(c, "mountpoints-12.img", Kind::Mountpoints, &mounts);
+        write(
+            c,
+            "mountpoints-13.img",
+            Kind::Mountpoints,
+            &[mount(OTHER_NS_ROOT, 2, "/")],
+        );
+        let file = 0o100644;
         let files = [
-            reg(1, "/tmp/same", ROOT),
-            reg(2, "/tmp/grown", ROOT),
-            reg(3, "/tmp/gone", ROOT),
-            reg(4, "/tmp/now-a-dir", ROOT),
-            reg(5, "/tmp/escape", ROOT),
-            // Through another mount, remapped by CRIU, or not a plain name: not compared.
-            reg(6, "/dev/shm/x", TMPFS),
-            reg(7, "/tmp/unlinked", ROOT),
-            reg(8, "/tmp/../etc/passwd", ROOT),
+            reg(1, "/tmp/same", ROOT, file),
+            reg(2, "/tmp/grown", ROOT, file),
+            reg(3, "/tmp/gone", ROOT, file),
+            reg(4, "/tmp/now-a-dir", ROOT, file),
+            reg(5, "/tmp/escape", ROOT, file),
+            reg(6, "/tmp/private", ROOT, file),
+            reg(7, "/tmp/link", ROOT, 0o120777),
+            reg(8, "/tmp/new\nline", ROOT, file),
+            // The same file mapped again: resolved once.
+            reg(9, "/tmp/same", ROOT, file),
+            // Through another mount or another namespace's root, remapped by CRIU, or not a
+            // plain name: not compared.
+            reg(10, "/dev/shm/x", TMPFS, file),
+            reg(11, "/tmp/other-ns", OTHER_NS_ROOT, file),
+            reg(12, "/tmp/unlinked", ROOT, file),
+            reg(13, "/tmp/../etc/passwd", ROOT, file),
         ];
-        std::fs::write(
-            ck.path().join("files.img"),
-            forge::image_of(Kind::Files, &files),
-        )
-        .unwrap();
+        write(c, "files.img", Kind::Files, &files);
         let remap = RemapFilePathEntry {
-            orig_id: 7,
+            orig_id: 12,
             remap_id: 70,
         };
-        std::fs::write(
-            ck.path().join("remap-fpath.img"),
-            forge::image_of(Kind::RemapFpath, &[remap]),
-        )
-        .unwrap();
-        let found = open_files_in_rootfs(ck.path(), r, Limits::default()).unwrap();
-        assert_eq!(found.compared, 5, "{found:?}");
+        write(c, "remap-fpath.img", Kind::RemapFpath, &[remap]);
+
+        let found = open_files_in_rootfs(c, r, Limits::default()).unwrap();
+        assert_eq!((found.compared, found.uncompared), (8, 0), "{found:?}");
         let shown: Vec<String> = found.unmatched.iter().map(ToString::to_string).collect();
         assert_eq!(
             shown,
@@ -324,6 +422,8 @@ mod tests {
                 "/tmp/gone (missing)",
                 "/tmp/now-a-dir (a directory, a regular file at the checkpoint)",
                 "/tmp/escape (missing)",
+                "/tmp/private (mode 0600, 0644 at the checkpoint)",
+                "/tmp/new\\nline (missing)",
             ],
             "{found:?}"
         );

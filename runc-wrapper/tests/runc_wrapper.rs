@@ -567,6 +567,8 @@ fn open_file_missing_from_the_rootfs_is_refused_before_runc() {
     let (code, _, err) = checkpoint(&c, &images, &[], &env, dir.path());
     assert_eq!(code, 0, "checkpoint failed:\n{err}");
     let held = c.bundle.join("rootfs/tmp/held");
+    // Put back with its mode: CRIU compares the permission bits too.
+    let perms = fs::metadata(&held).unwrap().permissions();
     fs::remove_file(&held).unwrap();
 
     let restore = |id: &str| {
@@ -599,13 +601,21 @@ fn open_file_missing_from_the_rootfs_is_refused_before_runc() {
     assert_eq!(
         c.status(),
         None,
-        "runc knows the container: runc restore ran"
+        "runc knows the container after the refusal"
+    );
+    // Without --work-path, CRIU would have written its log into the image directory.
+    assert!(
+        !images.join("restore.log").exists(),
+        "CRIU ran: {}",
+        images.join("restore.log").display()
     );
 
     fs::write(&held, "held\n").unwrap();
+    fs::set_permissions(&held, perms).unwrap();
     let (code, _, err) = restore(&c.id);
     assert_eq!(code, 0, "restore with the file back:\n{err}");
     assert_eq!(c.status().as_deref(), Some("running"));
+    assert!(images.join("restore.log").is_file(), "CRIU logs elsewhere");
 }
 
 /// A checkpoint that CRIU cannot take (an established TCP connection without

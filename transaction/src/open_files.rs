@@ -16,12 +16,11 @@ use crate::error::{Error, Result};
 /// Files named in a refusal; the rest are counted.
 const SHOWN: usize = 5;
 
-/// Refuses (nothing restored) a checkpoint whose processes hold files open that the root
-/// filesystem of the container in `bundle` lacks or has with another size or type.
-pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<()> {
+/// Refuses (nothing restored) a checkpoint whose processes hold files open that `rootfs`, the
+/// root filesystem of the container being restored, lacks or has with another size or mode.
+pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
     let started = std::time::Instant::now();
-    let rootfs = rootfs_of(bundle)?;
-    let found = open_files_in_rootfs(checkpoint_dir, &rootfs, Limits::default()).map_err(|e| {
+    let found = open_files_in_rootfs(checkpoint_dir, rootfs, Limits::default()).map_err(|e| {
         Error::precondition(format!(
             "the checkpoint's open files cannot be compared with the container's root \
              filesystem: {e}; nothing was restored"
@@ -29,6 +28,7 @@ pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<()> {
     })?;
     tracing::debug!(
         compared = found.compared,
+        uncompared = found.uncompared,
         unmatched = found.unmatched.len(),
         elapsed_us = started.elapsed().as_micros() as u64,
         "open files compared with the root filesystem"
@@ -50,9 +50,9 @@ pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<()> {
          does not have as they were at the checkpoint: {}. CRIU reopens every open file by its \
          path and cannot restore them; nothing was restored. The checkpoint left the \
          container's writable layer out, or this is not the root filesystem it ran on: take it \
-         with the layer (`ctr containers checkpoint --task --rw`, then `ctr containers restore \
-         --rw`; a CRI checkpoint archive or a Podman export carries it), or restore it where \
-         these files are",
+         with the layer (ctr: `ctr containers checkpoint --task --rw`, then `ctr containers \
+         restore --rw`; Kubernetes: a CRI checkpoint, whose archive carries it; Podman: an \
+         export without --ignore-rootfs), or restore it onto the root filesystem it ran on",
         rootfs.display(),
         named.join("; ")
     )))
@@ -60,7 +60,7 @@ pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<()> {
 
 /// The container's root filesystem: the spec's `root.path`, relative to the bundle unless
 /// absolute (containerd writes `rootfs`, CRI-O and Podman an absolute path).
-fn rootfs_of(bundle: &Path) -> Result<PathBuf> {
+pub(crate) fn rootfs_of(bundle: &Path) -> Result<PathBuf> {
     let spec = crate::privilege::read_spec(&bundle.join("config.json"))?;
     let path = spec
         .root()

@@ -5,8 +5,9 @@
 //! directory locked (shared) → signature policy → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
 //! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
-//! → rootfs diff applied → the open files found in the rootfs as dumped
 //!                                                                     ← refusals end here
+//! rootfs diff applied → the open files found in the rootfs as dumped  ← refused: nothing
+//!                                                    runs, the diff stays in the container's rootfs
 //! → runc restore (CRIU, within restore.deadline)                       ← failure or deadline:
 //!                                     runc/CRIU killed, cgroup emptied, runc state removed
 //! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
@@ -42,7 +43,8 @@ pub struct RestoreRequest {
     pub bundle: PathBuf,
     /// The directory holding the CRIU images and the gpusnap manifest.
     pub checkpoint_dir: PathBuf,
-    /// Writable-layer changes to apply to `<bundle>/rootfs` before CRIU runs (restores from a
+    /// Writable-layer changes to apply to the container's root filesystem (the spec's
+    /// `root.path`) before CRIU runs (restores from a
     /// CRI checkpoint archive by pod annotation; containerd applies it itself elsewhere).
     pub rootfs_diff: Option<RootfsDiff>,
     pub runc: RuncGlobal,
@@ -198,9 +200,9 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     crate::privilege::check(&req.bundle, ckpt)?;
     timings.add("privilege-check", t.elapsed());
 
+    let rootfs = crate::open_files::rootfs_of(&req.bundle)?;
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
-        let rootfs = req.bundle.join("rootfs");
         let applied = dir::rootfs_diff::apply(
             &diff.path,
             &rootfs,
@@ -236,7 +238,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     // After the diff, which may bring them: CRIU reopens every open file by its path and
     // fails mid-restore on one the rootfs lacks (`open_files.rs`).
     let t = Instant::now();
-    crate::open_files::check(&req.bundle, ckpt)?;
+    crate::open_files::check(&rootfs, ckpt)?;
     timings.add("open-files-check", t.elapsed());
 
     let runc = Runc::new(global, &req.container_id, host);
