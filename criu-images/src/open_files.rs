@@ -86,6 +86,10 @@ impl fmt::Display for Unmatched {
 /// What [`open_files_in_rootfs`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenFiles {
+    /// The root mount's id in the images (`None`: the images name none, nothing compared).
+    pub root_mount: Option<u32>,
+    /// Regular-file entries in `files.img`, through any mount.
+    pub regular_files: usize,
     /// Distinct names compared with the root filesystem.
     pub compared: usize,
     /// Distinct names left uncompared past [`MAX_COMPARED`].
@@ -109,8 +113,12 @@ pub fn open_files_in_rootfs(
     let Some(root_mnt) = root_mount(&mut dir)? else {
         return Ok(OpenFiles::default());
     };
+    let mut out = OpenFiles {
+        root_mount: Some(root_mnt),
+        ..OpenFiles::default()
+    };
     let Some(files) = dir.read::<FileEntry>("files.img", Kind::Files)? else {
-        return Ok(OpenFiles::default());
+        return Ok(out);
     };
     let remapped: BTreeSet<u32> = dir
         .read::<RemapFilePathEntry>("remap-fpath.img", Kind::RemapFpath)?
@@ -128,7 +136,6 @@ pub fn open_files_in_rootfs(
         Mode::empty(),
     )
     .map_err(|e| unopenable(e.into()))?;
-    let mut out = OpenFiles::default();
     // A file open many times (each mapping of a library) is resolved once per distinct name,
     // dumped size and mode.
     let mut seen = BTreeSet::new();
@@ -137,6 +144,7 @@ pub fn open_files_in_rootfs(
         .filter(|f| f.r#type == FD_TYPE_REG)
         .filter_map(|f| f.reg)
     {
+        out.regular_files += 1;
         let through_root = reg.mnt_id.is_some_and(|m| m >= 0 && m as u32 == root_mnt);
         if !through_root || reg.ext.unwrap_or(false) || remapped.contains(&reg.id) {
             continue;
@@ -413,7 +421,12 @@ mod tests {
         write(c, "remap-fpath.img", Kind::RemapFpath, &[remap]);
 
         let found = open_files_in_rootfs(c, r, Limits::default()).unwrap();
-        assert_eq!((found.compared, found.uncompared), (8, 0), "{found:?}");
+        assert_eq!(found.root_mount, Some(ROOT), "{found:?}");
+        assert_eq!(
+            (found.regular_files, found.compared, found.uncompared),
+            (13, 8, 0),
+            "{found:?}"
+        );
         let shown: Vec<String> = found.unmatched.iter().map(ToString::to_string).collect();
         assert_eq!(
             shown,

@@ -27,6 +27,8 @@ pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
         ))
     })?;
     tracing::debug!(
+        root_mount = found.root_mount,
+        regular_files = found.regular_files,
         compared = found.compared,
         uncompared = found.uncompared,
         unmatched = found.unmatched.len(),
