@@ -3,8 +3,10 @@
 //!
 //! CRIU reopens every open (or mapped) regular file by its path and refuses one that is
 //! missing or whose size or mode changed since the dump (and, by default, an ELF whose
-//! build-id changed, which this check leaves to CRIU), after it has started restoring: runc
-//! then reports only "criu failed: type NOTIFY errno 0". The common cause is a checkpoint
+//! build-id changed), after it has started restoring: runc then reports only "criu failed:
+//! type NOTIFY errno 0". This check compares what CRIU compares whatever its configuration
+//! (existence, type, size, setuid/setgid/sticky bits); the rwx bits and build-ids, which
+//! CRIU's configuration may waive, are left to it. The common cause is a checkpoint
 //! taken without the container's writable layer (`ctr containers checkpoint` without `--rw`)
 //! of a process that held a file of that layer open, so this check names the files before
 //! CRIU runs. Only files reached through the root mount of the container's mount namespace
@@ -49,7 +51,8 @@ pub enum Problem {
         now: &'static str,
         dumped: &'static str,
     },
-    /// Permission bits (`st_mode & 0o7777`), which CRIU compares as well.
+    /// The setuid, setgid or sticky bit differs (shown with the permission bits,
+    /// `st_mode & 0o7777`).
     Mode {
         now: u32,
         dumped: u32,
@@ -247,8 +250,9 @@ fn stat_in_root(
     rfs::fstat(&fd)
 }
 
-/// What CRIU's reopen would refuse: another file type or permission bits, or another size
-/// where the dump recorded one (it records none for files opened `O_WRONLY | O_APPEND`).
+/// What CRIU's reopen would refuse whatever its configuration: another file type, setuid,
+/// setgid or sticky bit, or another size where the dump recorded one (it records none for
+/// files opened `O_WRONLY | O_APPEND`).
 fn compare(st: &rfs::Stat, reg: &RegFileEntry) -> Option<Problem> {
     let now = FileType::from_raw_mode(st.st_mode);
     if let Some(mode) = reg.mode {
@@ -259,8 +263,11 @@ fn compare(st: &rfs::Stat, reg: &RegFileEntry) -> Option<Problem> {
                 dumped: type_name(dumped),
             });
         }
+        // CRIU compares the rwx bits too, unless its configuration says
+        // `skip-file-rwx-check` (a file this check cannot see): those are left to CRIU, whose
+        // message names them. The setuid, setgid and sticky bits it always compares.
         let (now, dumped) = (st.st_mode & 0o7777, mode & 0o7777);
-        if now != dumped {
+        if now & 0o7000 != dumped & 0o7000 {
             return Some(Problem::Mode { now, dumped });
         }
     }
@@ -348,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_resized_retyped_and_rechmodded_files_are_named_and_the_rest_pass() {
+    fn missing_resized_and_retyped_files_are_named_and_the_rest_pass() {
         use std::os::unix::fs::PermissionsExt;
         let ck = tempfile::tempdir().unwrap();
         let rootfs = tempfile::tempdir().unwrap();
@@ -357,7 +364,9 @@ mod tests {
         for (name, content, mode) in [
             ("tmp/same", &b"12345"[..], 0o644),
             ("tmp/grown", b"123456", 0o644),
+            // rwx bits are left to CRIU (`skip-file-rwx-check` may be configured for it).
             ("tmp/private", b"12345", 0o600),
+            ("tmp/setuid", b"12345", 0o4644),
         ] {
             std::fs::write(r.join(name), content).unwrap();
             std::fs::set_permissions(r.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
@@ -402,6 +411,7 @@ mod tests {
             reg(4, "/tmp/now-a-dir", ROOT, file),
             reg(5, "/tmp/escape", ROOT, file),
             reg(6, "/tmp/private", ROOT, file),
+            reg(14, "/tmp/setuid", ROOT, file),
             reg(7, "/tmp/link", ROOT, 0o120777),
             reg(8, "/tmp/new\nline", ROOT, file),
             // The same file mapped again: resolved once.
@@ -424,7 +434,7 @@ mod tests {
         assert_eq!(found.root_mount, Some(ROOT), "{found:?}");
         assert_eq!(
             (found.regular_files, found.compared, found.uncompared),
-            (13, 8, 0),
+            (14, 9, 0),
             "{found:?}"
         );
         let shown: Vec<String> = found.unmatched.iter().map(ToString::to_string).collect();
@@ -435,7 +445,7 @@ mod tests {
                 "/tmp/gone (missing)",
                 "/tmp/now-a-dir (a directory, a regular file at the checkpoint)",
                 "/tmp/escape (missing)",
-                "/tmp/private (mode 0600, 0644 at the checkpoint)",
+                "/tmp/setuid (mode 4644, 0644 at the checkpoint)",
                 "/tmp/new\\nline (missing)",
             ],
             "{found:?}"

@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 const SHOWN: usize = 5;
 
 /// Refuses (nothing restored) a checkpoint whose processes hold files open that `rootfs`, the
-/// root filesystem of the container being restored, lacks or has with another size or mode.
+/// root filesystem of the container being restored, lacks or has with another type, size or
+/// setuid/setgid/sticky bit.
 pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
     let started = std::time::Instant::now();
     let found = open_files_in_rootfs(checkpoint_dir, rootfs, Limits::default()).map_err(|e| {
