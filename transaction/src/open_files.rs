@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use gpusnap_criu_images::{open_files_in_rootfs, Limits};
+use oci_spec::runtime::Spec;
 
 use crate::error::{Error, Result};
 
@@ -63,12 +64,11 @@ pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
 
 /// The container's root filesystem: the spec's `root.path`, relative to the bundle unless
 /// absolute (containerd writes `rootfs`, CRI-O and Podman an absolute path).
-pub(crate) fn rootfs_of(bundle: &Path) -> Result<PathBuf> {
-    let spec = crate::privilege::read_spec(&bundle.join("config.json"))?;
+pub(crate) fn rootfs_of(bundle: &Path, spec: &Spec) -> PathBuf {
     let path = spec
         .root()
         .as_ref()
         .map(|r| r.path().clone())
         .unwrap_or_else(|| PathBuf::from("rootfs"));
-    Ok(bundle.join(path))
+    bundle.join(path)
 }

@@ -21,13 +21,12 @@ use crate::error::{Error, Result};
 /// and a seccomp profile stays under 100 KiB).
 pub const MAX_SPEC_BYTES: u64 = 4 << 20;
 
-/// Refuses (nothing changed) a checkpoint whose CRIU images give any task more than the spec
-/// in `<bundle>/config.json` allows.
-pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<Report> {
+/// Refuses (nothing changed) a checkpoint whose CRIU images give any task more than `spec`
+/// (the bundle's, [`read_spec`]) allows.
+pub fn check(spec: &Spec, checkpoint_dir: &Path) -> Result<Report> {
     let started = std::time::Instant::now();
-    let spec = read_spec(&bundle.join("config.json"))?;
     let report =
-        bound_by_spec(checkpoint_dir, &spec).map_err(|e| Error::precondition(e.to_string()))?;
+        bound_by_spec(checkpoint_dir, spec).map_err(|e| Error::precondition(e.to_string()))?;
     tracing::debug!(
         tasks = report.tasks,
         threads = report.threads,
@@ -38,7 +37,10 @@ pub fn check(bundle: &Path, checkpoint_dir: &Path) -> Result<Report> {
     Ok(report)
 }
 
-pub(crate) fn read_spec(path: &Path) -> Result<Spec> {
+/// The spec of the container being created: `<bundle>/config.json`, read once per restore
+/// for the privilege bound and the root filesystem's path.
+pub(crate) fn read_spec(bundle: &Path) -> Result<Spec> {
+    let path = &bundle.join("config.json");
     let unreadable = |why: String| {
         Error::precondition(format!(
             "cannot read the spec of the container being restored ({}): {why}",

@@ -44,8 +44,8 @@ pub struct RestoreRequest {
     /// The directory holding the CRIU images and the gpusnap manifest.
     pub checkpoint_dir: PathBuf,
     /// Writable-layer changes to apply to the container's root filesystem (the spec's
-    /// `root.path`) before CRIU runs (restores from a
-    /// CRI checkpoint archive by pod annotation; containerd applies it itself elsewhere).
+    /// `root.path`) before CRIU runs (restores from a CRI checkpoint archive by pod annotation;
+    /// containerd applies it itself elsewhere).
     pub rootfs_diff: Option<RootfsDiff>,
     pub runc: RuncGlobal,
     pub config: Config,
@@ -197,10 +197,11 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     // Last of the refusals: what the CRIU images give the restored processes, bounded by
     // the spec of the container being created (`privilege.rs`).
     let t = Instant::now();
-    crate::privilege::check(&req.bundle, ckpt)?;
+    let spec = crate::privilege::read_spec(&req.bundle)?;
+    crate::privilege::check(&spec, ckpt)?;
     timings.add("privilege-check", t.elapsed());
 
-    let rootfs = crate::open_files::rootfs_of(&req.bundle)?;
+    let rootfs = crate::open_files::rootfs_of(&req.bundle, &spec);
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
         let applied = dir::rootfs_diff::apply(
