@@ -845,13 +845,7 @@ impl TaskService {
                 let opts = runc::options::KillOpts { all: req.all };
                 if let Err(e) = runc.kill(&req.id, req.signal, Some(&opts)).await {
                     let text = runc_log_error(&bundle).unwrap_or_else(|| runc_error_text(&e));
-                    // runc 1.1's `kill --all` freezes the cgroup first, which fails with
-                    // "invalid state transition from stopped to paused" when the container
-                    // stopped during the call: it is finished either way.
-                    if text.contains("not running")
-                        || text.contains("no such process")
-                        || text.contains("transition from stopped")
-                    {
+                    if kill_found_it_finished(&text) {
                         return Err(not_found(format!("process already finished: {text}")));
                     }
                     return Err(internal(format!("runc kill: {text}")));
@@ -1095,9 +1089,44 @@ impl containerd_shim::Task for TaskService {
     }
 }
 
+/// Whether `runc kill` failed because the container had already finished, which containerd
+/// expects as NotFound (its StopContainer then goes on), as containerd-shim-runc-v2 maps it:
+/// - "container not running", "no such process": runc saw it stopped;
+/// - "os: process already finished": the init exited between runc's state check and its signal
+///   (seen in critest's attach test, whose container exits as it is stopped);
+/// - "does not exist": runc's state is already gone;
+/// - runc 1.1's `kill --all` freezes the cgroup first, which fails with "invalid state
+///   transition from stopped to paused" when the container stopped during the call.
+fn kill_found_it_finished(runc_error: &str) -> bool {
+    let text = runc_error.to_lowercase();
+    [
+        "not running",
+        "no such process",
+        "process already finished",
+        "does not exist",
+        "transition from stopped",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kill_of_a_finished_container_is_not_found() {
+        for finished in [
+            "container not running",
+            "unable to signal init: os: process already finished",
+            "No such process",
+            "container \"x\" does not exist",
+            "invalid state transition from stopped to paused",
+        ] {
+            assert!(kill_found_it_finished(finished), "{finished}");
+        }
+        assert!(!kill_found_it_finished("permission denied"));
+    }
 
     #[test]
     fn kill_all_on_exit_unless_the_container_has_its_own_pid_namespace() {
