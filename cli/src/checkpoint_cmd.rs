@@ -52,6 +52,8 @@ pub struct SignArgs {
 
 #[derive(Args)]
 pub struct VerifyArgs {
+    /// Checkpoint directory, a directory with the archive layout (checkpoint/ inside), or a
+    /// checkpoint archive (tar, gzip or zstd).
     pub path: PathBuf,
     /// Trusted public key (PEM); repeatable. Default: restore.signature_keys of the config.
     #[arg(long, value_name = "PUB")]

@@ -19,6 +19,7 @@ pub mod logging;
 pub mod progress;
 pub mod store_cmd;
 pub mod term;
+pub mod usage;
 
 /// gpusnap's version, shown by `--version` and recorded in install state.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -54,6 +54,9 @@ pub use settings::{
 
 /// Where the node's config file lives unless runtime options name another (`ConfigPath`).
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpusnap/config.toml";
+/// The environment variable naming another config file: read by the shim (when its runtime
+/// options give no ConfigPath), gpusnap-runc and the `gpusnap` CLI.
+pub const CONFIG_ENV: &str = "GPUSNAP_CONFIG";
 
 impl Config {
     /// Reads and validates the file at `path`. A missing file means defaults: gpusnap works

@@ -16,12 +16,18 @@ mod state;
 mod stats;
 mod stdio;
 mod task;
+mod usage;
 
 /// The runtime type containerd uses to find this binary (`containerd-shim-gpusnap-v2`).
 pub const RUNTIME_ID: &str = "io.containerd.gpusnap.v2";
 
 #[tokio::main]
 async fn main() {
+    // Flags of the operator's, which containerd never passes (the shim crate refuses them).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(code) = usage::early(&args) {
+        std::process::exit(code);
+    }
     // containerd asks `-v` to learn the shim version; the shim crate handles every other flag.
     if std::env::args()
         .skip(1)

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use gpusnap_cli::checkpoint_cmd::{self, CheckpointCommand};
 use gpusnap_cli::image_cmd::{self, ImageCommand};
 use gpusnap_cli::inspect::{self, Verify};
@@ -21,8 +21,15 @@ use gpusnap_cli::{doctor, fsutil, host, term};
     about = "GPU-aware container checkpoint/restore: node tools"
 )]
 struct Cli {
-    /// gpusnap config file (read by the shim and gpusnap-runc).
-    #[arg(long, global = true, value_name = "PATH", default_value = gpusnap_config::DEFAULT_CONFIG_PATH)]
+    /// gpusnap config file (read by the shim and gpusnap-runc, which honour $GPUSNAP_CONFIG
+    /// alike).
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        env = gpusnap_config::CONFIG_ENV,
+        default_value = gpusnap_config::DEFAULT_CONFIG_PATH
+    )]
     config: PathBuf,
     #[command(subcommand)]
     command: Command,
@@ -52,6 +59,13 @@ enum Command {
     /// The gpusnap config file: print the defaults, or check a file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Print a shell completion script, e.g. `gpusnap completion bash >
+    /// /etc/bash_completion.d/gpusnap` (the .deb and the installer image ship them).
+    Completion {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -178,6 +192,11 @@ struct InspectArgs {
 
 fn main() -> ExitCode {
     gpusnap_cli::logging::init("GPUSNAP_LOG", "warn");
+    // The packaging's man pages and completions (packaging/gen-docs.sh), from this command.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = gpusnap_cli::usage::generate(&args, Cli::command()) {
+        return ExitCode::from(code);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Install(a) => cmd_install(&cli.config, a),
@@ -192,6 +211,15 @@ fn main() -> ExitCode {
             Ok(0)
         }
         Command::Config(ConfigCommand::Check) => cmd_config_check(&cli.config),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "gpusnap",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -497,4 +525,51 @@ fn cmd_inspect(config: &Path, a: InspectArgs) -> Result<u8> {
         insp.validation,
         inspect::Validation::Refused { .. }
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command and every argument says what it is: `--help`, the man pages and the
+    /// completions are generated from these descriptions.
+    #[test]
+    fn every_command_and_argument_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() && !path.ends_with(" help") {
+                missing.push(format!("{path}: no description"));
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path}: argument {id} has no description"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
+    #[test]
+    fn config_comes_from_the_environment_unless_given() {
+        let cli = Cli::try_parse_from(["gpusnap", "config", "check"]).unwrap();
+        let from_env = std::env::var_os(gpusnap_config::CONFIG_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
+        assert_eq!(cli.config, from_env);
+        let cli =
+            Cli::try_parse_from(["gpusnap", "--config", "/x.toml", "config", "check"]).unwrap();
+        assert_eq!(cli.config, PathBuf::from("/x.toml"));
+    }
 }
