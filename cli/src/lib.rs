@@ -11,6 +11,7 @@ pub mod adopt;
 pub mod checkpoint_cmd;
 pub mod doctor;
 pub mod fsutil;
+pub mod hints;
 pub mod host;
 pub mod image_cmd;
 pub mod inspect;

@@ -1,11 +1,12 @@
-//! A progress line for pushes and pulls, redrawn on stderr while bytes move, only when stderr is
-//! a terminal (scripts and logs get the summary alone).
+//! A progress bar for pushes and pulls, drawn on stderr while bytes move, only when stderr is a
+//! terminal (scripts and logs get the summary alone).
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use gpusnap_oci_image::{Progress, Transfer};
 
@@ -29,52 +30,54 @@ pub fn transfer_line(verb: &str, t: &Transfer) -> String {
     )
 }
 
-/// Draws `progress` on stderr every 200 ms until dropped; does nothing unless stderr is a tty.
+/// A progress bar (indicatif) on stderr, fed from the registry's counters every 100 ms until
+/// dropped; nothing is drawn, and no counters are handed out, unless stderr is a terminal.
+/// The counters count bytes where they cross the connection (a push: when the connection takes
+/// them; a pull: as they arrive), so the bar is full only when the data has gone.
 pub struct ProgressLine {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn stderr_is_tty() -> bool {
-    // SAFETY: isatty only inspects the descriptor number.
-    unsafe { libc::isatty(libc::STDERR_FILENO) == 1 }
-}
+/// `uploaded [=====>    ] 612.00 MiB/8.00 GiB (41/180 blobs, 55.20 MiB/s)`.
+const TEMPLATE: &str = "{prefix} [{bar:30}] {bytes}/{total_bytes} ({msg}, {bytes_per_sec})";
 
 impl ProgressLine {
-    /// The counters to hand to the registry options, and the line drawing them.
+    /// The counters to hand to the registry options, and the bar drawing them.
     pub fn start(verb: &'static str) -> (Option<Arc<Progress>>, ProgressLine) {
+        Self::start_on(verb, ProgressDrawTarget::stderr())
+    }
+
+    fn start_on(
+        verb: &'static str,
+        target: ProgressDrawTarget,
+    ) -> (Option<Arc<Progress>>, ProgressLine) {
         let stop = Arc::new(AtomicBool::new(false));
-        if !stderr_is_tty() {
+        if target.is_hidden() {
             return (None, ProgressLine { stop, thread: None });
         }
         let progress = Arc::new(Progress::default());
         let (p, s) = (progress.clone(), stop.clone());
+        let bar = ProgressBar::with_draw_target(None, target)
+            .with_prefix(verb)
+            .with_style(
+                ProgressStyle::with_template(TEMPLATE)
+                    .expect("the template is valid")
+                    .progress_chars("=> "),
+            );
         let thread = std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut drawn = false;
             while !s.load(Ordering::Relaxed) {
-                std::thread::park_timeout(Duration::from_millis(200));
+                std::thread::park_timeout(Duration::from_millis(100));
                 let now = p.snapshot();
                 if now.total_blobs == 0 {
                     continue;
                 }
-                let secs = started.elapsed().as_secs_f64().max(0.001);
-                let line = format!(
-                    "{verb} {} of {} ({}/{} blobs, {}/s)",
-                    human_bytes(now.moved_bytes),
-                    human_bytes(now.total_bytes),
-                    now.done_blobs,
-                    now.total_blobs,
-                    human_bytes((now.moved_bytes as f64 / secs) as u64),
-                );
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[2K{line}");
-                let _ = err.flush();
-                drawn = true;
+                bar.set_length(now.total_bytes);
+                bar.set_position(now.moved_bytes);
+                bar.set_message(format!("{}/{} blobs", now.done_blobs, now.total_blobs));
             }
-            if drawn {
-                let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
-            }
+            // The summary the command prints replaces the bar.
+            bar.finish_and_clear();
         });
         (
             Some(progress),
@@ -99,6 +102,13 @@ impl Drop for ProgressLine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_is_counted_or_drawn_off_a_terminal() {
+        let (counters, line) = ProgressLine::start_on("uploaded", ProgressDrawTarget::hidden());
+        assert!(counters.is_none());
+        assert!(line.thread.is_none());
+    }
 
     #[test]
     fn transfer_line_says_what_moved_beside_the_image_size() {

@@ -224,7 +224,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("gpusnap: {e:#}");
+            let text = format!("{e:#}");
+            eprintln!("gpusnap: {text}");
+            if let Some(hint) = gpusnap_cli::hints::for_error(&text) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -522,10 +522,8 @@ impl Session {
         let start_url = self.url("blobs/uploads/");
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, io::Error>>(4);
         let local = start_url.clone();
-        let progress = self.progress.clone();
         // Reading and hashing the file happen on a blocking thread, off the network task.
-        let producer =
-            tokio::task::spawn_blocking(move || produce(body, size, &local, &tx, progress));
+        let producer = tokio::task::spawn_blocking(move || produce(body, size, &local, &tx));
 
         let location = match session {
             Some(l) => l,
@@ -538,8 +536,16 @@ impl Session {
                 .await?
             }
         };
-        let body =
-            reqwest::Body::wrap_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+        // Progress counts a piece when the connection takes it from the body, not when it is
+        // read from the file: the pieces queued between the two are not sent yet.
+        let progress = self.progress.clone();
+        let body = reqwest::Body::wrap_stream(futures_util::stream::poll_fn(move |cx| {
+            let next = rx.poll_recv(cx);
+            if let (std::task::Poll::Ready(Some(Ok(piece))), Some(p)) = (&next, &progress) {
+                p.moved(piece.len() as u64);
+            }
+            next
+        }));
         let patched = self
             .upload_location("PATCH", &location, || {
                 self.http
@@ -780,7 +786,6 @@ fn produce(
     size: u64,
     location: &str,
     tx: &tokio::sync::mpsc::Sender<Result<bytes::Bytes, io::Error>>,
-    progress: Option<std::sync::Arc<super::transfer::Progress>>,
 ) -> Result<u64, ImageError> {
     let fail = |err: ImageError| {
         let _ = tx.blocking_send(Err(io::Error::other(err.to_string())));
@@ -807,9 +812,6 @@ fn produce(
         }
         buf.truncate(filled);
         sent += filled as u64;
-        if let Some(p) = &progress {
-            p.moved(filled as u64);
-        }
         if tx.blocking_send(Ok(buf.freeze())).is_err() {
             // The upload stopped; its error says why.
             return Ok(sent);
