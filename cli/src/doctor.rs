@@ -106,8 +106,10 @@ pub struct DoctorOptions {
     pub config_path: PathBuf,
     /// Overrides `cuda.library` from the config.
     pub cuda_library: Option<PathBuf>,
-    /// containerd binary to ask for its version.
+    /// containerd binary (its presence says whether this is a containerd node).
     pub containerd_bin: PathBuf,
+    /// containerd's socket, asked whether it runs and has the handler.
+    pub containerd_socket: PathBuf,
 }
 
 pub fn run(opts: &DoctorOptions) -> Report {
@@ -116,7 +118,10 @@ pub fn run(opts: &DoctorOptions) -> Report {
     checks.push(kernel_check());
     checks.push(cgroup_check(host::cgroup_layout()));
     checks.push(runc_check(&config));
-    checks.push(containerd_check(&opts.containerd_bin));
+    checks.push(containerd_check(
+        &opts.containerd_bin,
+        &opts.containerd_socket,
+    ));
     let search = criu_search_path(&config);
     let criu = bridge::probe_criu(&search);
     checks.push(criu_version_check(&criu));
@@ -293,31 +298,70 @@ fn runc_check(config: &Config) -> Check {
     }
 }
 
-fn containerd_check(bin: &Path) -> Check {
-    let Some(path) = crate::fsutil::which(&bin.to_string_lossy()) else {
-        return Check::new("containerd", Status::Warn, "not found on PATH").action(
-            "nothing to do on CRI-O or Podman nodes; on containerd nodes put containerd on PATH",
-        );
+/// containerd as it runs: it must answer on its socket and list the `gpusnap` handler (what
+/// containerd loaded, not what a file on disk says). No containerd binary and no socket: a
+/// CRI-O or Podman node, a warning only.
+fn containerd_check(bin: &Path, socket: &Path) -> Check {
+    const NAME: &str = "containerd";
+    let binary = crate::fsutil::which(&bin.to_string_lossy());
+    let facts = match crate::cri::query(socket, std::time::Duration::from_secs(10)) {
+        Ok(f) => f,
+        Err(crate::cri::CriError::NoSocket(_)) if binary.is_none() => {
+            return Check::new(
+                NAME,
+                Status::Warn,
+                format!("not found: no binary on PATH, no socket at {}", socket.display()),
+            )
+            .action(
+                "nothing to do on CRI-O or Podman nodes; on containerd nodes give                  --containerd-socket (k3s and RKE2: /run/k3s/containerd/containerd.sock)",
+            );
+        }
+        Err(e) => {
+            return Check::new(NAME, Status::Fail, format!("not running: {e}")).action(format!(
+                "start containerd (systemctl start containerd), or give its socket with                  --containerd-socket (k3s and RKE2: /run/k3s/containerd/containerd.sock){}",
+                binary
+                    .as_ref()
+                    .map(|b| format!("; {} is installed", b.display()))
+                    .unwrap_or_default()
+            ));
+        }
     };
-    match host::containerd_release(&path) {
-        Some(r) if r.major >= 2 => Check::new(
-            "containerd",
-            Status::Ok,
-            format!("{r} at {} (CRI checkpoint supported)", path.display()),
-        ),
-        Some(r) => Check::new(
-            "containerd",
+    let release = Release::parse(&facts.runtime_version);
+    let version = format!("{} {}", facts.runtime_name, facts.runtime_version);
+    if !facts.handlers.iter().any(|h| h == crate::HANDLER) {
+        return Check::new(
+            NAME,
+            Status::Fail,
+            format!(
+                "{version} answers on {} without the `{}` runtime handler (it has: {})",
+                socket.display(),
+                crate::HANDLER,
+                facts.handlers.join(", ")
+            ),
+        )
+        .action(
+            "run `gpusnap install`, then restart containerd so that it loads the handler              (install prints the command)",
+        );
+    }
+    match release {
+        Some(r) if r.major < 2 => Check::new(
+            NAME,
             Status::Warn,
             format!(
-                "{r} at {}: no CRI CheckpointContainer before 2.0",
-                path.display()
+                "{version} on {} has the `{}` handler; no CRI CheckpointContainer before 2.0",
+                socket.display(),
+                crate::HANDLER
             ),
         )
         .action("upgrade to containerd 2.x for kubelet checkpoints; `ctr` checkpoints still work"),
-        None => Check::new(
-            "containerd",
-            Status::Warn,
-            format!("{} --version printed no release", path.display()),
+        _ => Check::new(
+            NAME,
+            Status::Ok,
+            format!(
+                "{version} on {} has the `{}` handler (CRI checkpoint supported)",
+                socket.display(),
+                crate::HANDLER
+            ),
         ),
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod adopt;
 pub mod checkpoint_cmd;
+pub mod cri;
 pub mod doctor;
 pub mod fsutil;
 pub mod hints;

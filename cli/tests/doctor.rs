@@ -5,7 +5,40 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use gpusnap_fake_libcuda::{FakeCuda, FakeDevice};
+use gpusnap_testkit::containerd::{start_with_config, Containerd};
 use gpusnap_testkit::{describe, gpusnap, require_root, rig_bin_dir, text};
+
+/// A private containerd 2.x with its CRI plugin, in `dir`, with the `gpusnap` runtime handler
+/// registered or not; its socket is `dir/containerd.sock`.
+fn containerd(dir: &Path, with_gpusnap: bool) -> Containerd {
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    let mut c = format!(
+        "version = 3\nroot = {}\nstate = {}\n\n[grpc]\n  address = {}\n\n[ttrpc]\n  address = {}\n\n\
+         [plugins.'io.containerd.internal.v1.opt']\n  path = {}\n\n\
+         [plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = true\n\n\
+         [plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = [{}]\n  conf_dir = {}\n\n\
+         [plugins.'io.containerd.grpc.v1.cri']\n  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n\n\
+         [plugins.'io.containerd.nri.v1.nri']\n  disable = true\n",
+        q(&dir.join("root")),
+        q(&dir.join("state")),
+        q(&dir.join("containerd.sock")),
+        q(&dir.join("containerd.sock.ttrpc")),
+        q(&dir.join("opt")),
+        q(&dir.join("cni/bin")),
+        q(&dir.join("cni/net.d")),
+    );
+    if with_gpusnap {
+        c.push_str(
+            "\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpusnap]\n  \
+             runtime_type = \"io.containerd.gpusnap.v2\"\n",
+        );
+    }
+    fs::create_dir_all(dir).unwrap();
+    let config = dir.join("config.toml");
+    fs::write(&config, c).unwrap();
+    start_with_config(&config, &dir.join("containerd.sock"), &dir.join("log"))
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
 
 fn doctor_json(config: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
     let mut args = vec![
@@ -72,7 +105,16 @@ fn doctor_on_this_node_without_a_driver() {
     )
     .unwrap();
     let missing = dir.path().join("no-driver/libcuda.so.1");
-    let (code, v) = doctor_json(&config, &["--cuda-library", missing.to_str().unwrap()]);
+    let ctrd = containerd(&dir.path().join("containerd"), true);
+    let (code, v) = doctor_json(
+        &config,
+        &[
+            "--cuda-library",
+            missing.to_str().unwrap(),
+            "--containerd-socket",
+            ctrd.address().to_str().unwrap(),
+        ],
+    );
 
     let driver = check(&v, "nvidia driver");
     assert_eq!(driver["status"], "warn", "{v:#}");
@@ -97,8 +139,9 @@ fn doctor_on_this_node_without_a_driver() {
     assert_eq!(check(&v, "runc")["status"], "ok", "{v:#}");
     let containerd = check(&v, "containerd");
     assert_eq!(containerd["status"], "ok", "{v:#}");
+    let summary = containerd["summary"].as_str().unwrap();
     assert!(
-        containerd["summary"].as_str().unwrap().starts_with("2."),
+        summary.starts_with("containerd 2.") && summary.contains("has the `gpusnap` handler"),
         "{containerd}"
     );
     assert_eq!(
@@ -249,4 +292,57 @@ fn huge_pages_warned_on_where_a_gpu_restores_through_criu() {
     let thp = check(&v, "huge pages");
     assert_eq!(thp["status"], "ok", "{thp}");
     assert!(thp["summary"].as_str().unwrap().contains("posix"), "{thp}");
+}
+
+/// doctor asks containerd itself: a containerd that does not run, or runs without the handler,
+/// fails the check (it said OK from the binary's version alone, with no containerd running).
+#[test]
+fn doctor_asks_the_running_containerd_for_the_handler() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    fs::write(&config, "").unwrap();
+    let socket_arg = |p: &Path| vec!["--containerd-socket".to_owned(), p.display().to_string()];
+
+    let absent = dir.path().join("nothing/containerd.sock");
+    let args = socket_arg(&absent);
+    let (code, v) = doctor_json(
+        &config,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let c = check(&v, "containerd");
+    assert_eq!(c["status"], "fail", "{v:#}");
+    assert!(
+        c["summary"].as_str().unwrap().contains("not running"),
+        "{c}"
+    );
+    assert_eq!(code, 1);
+
+    let without = containerd(&dir.path().join("without"), false);
+    let args = socket_arg(without.address());
+    let (_, v) = doctor_json(
+        &config,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let c = check(&v, "containerd");
+    assert_eq!(c["status"], "fail", "{v:#}");
+    let summary = c["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("without the `gpusnap` runtime handler"),
+        "{c}"
+    );
+    assert!(summary.contains("runc"), "lists what it has: {c}");
+    assert!(
+        c["action"].as_str().unwrap().contains("gpusnap install"),
+        "{c}"
+    );
+    drop(without);
+
+    let with = containerd(&dir.path().join("with"), true);
+    let args = socket_arg(with.address());
+    let (_, v) = doctor_json(
+        &config,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert_eq!(check(&v, "containerd")["status"], "ok", "{v:#}");
 }

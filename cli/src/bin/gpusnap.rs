@@ -165,9 +165,13 @@ struct DoctorArgs {
     /// CUDA driver library to probe [default: cuda.library from the config].
     #[arg(long, value_name = "PATH")]
     cuda_library: Option<PathBuf>,
-    /// containerd binary to ask for its version.
+    /// containerd binary (whether this is a containerd node).
     #[arg(long, value_name = "PATH", default_value = "containerd")]
     containerd_bin: PathBuf,
+    /// containerd's socket: doctor asks containerd there whether it runs and has loaded the
+    /// gpusnap handler (k3s and RKE2: /run/k3s/containerd/containerd.sock).
+    #[arg(long, value_name = "PATH", default_value = gpusnap_cli::cri::CONTAINERD_SOCKET)]
+    containerd_socket: PathBuf,
 }
 
 #[derive(Args)]
@@ -461,6 +465,7 @@ fn cmd_doctor(config: &Path, a: DoctorArgs) -> Result<u8> {
         config_path: config.to_path_buf(),
         cuda_library: a.cuda_library,
         containerd_bin: a.containerd_bin,
+        containerd_socket: a.containerd_socket,
     });
     if a.json {
         let v = serde_json::json!({
