@@ -59,6 +59,10 @@ enum Command {
     /// The gpusnap config file: print the defaults, or check a file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// What the installer DaemonSet's container runs (the Helm chart and the installer image):
+    /// install and keep installed, readiness, uninstall on SIGTERM.
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// Print a shell completion script, e.g. `gpusnap completion bash >
     /// /etc/bash_completion.d/gpusnap` (the .deb and the installer image ship them).
     Completion {
@@ -130,6 +134,84 @@ struct InstallArgs {
     criu_network_lock: NetworkLock,
     #[command(flatten)]
     common: StateArgs,
+}
+
+#[derive(Subcommand)]
+enum AgentCommand {
+    /// Copy the binaries and key files onto the node, `gpusnap install`, restart the runtime
+    /// when its config changed, run `gpusnap doctor` on the node and report readiness (a ready
+    /// file, the node label gpusnap.io/ready=true); every --recheck-seconds. On SIGTERM: the
+    /// label off and the runtime registration reverted; everything gpusnap put on the node
+    /// when the DaemonSet is being deleted.
+    Run(AgentRunArgs),
+    /// Readiness probe: the last round found the node ready and containerd still lists the
+    /// gpusnap handler.
+    Probe(AgentProbeArgs),
+    /// The chart's pre-delete hook: delete the installer DaemonSet in the foreground (each pod
+    /// then uninstalls gpusnap from its node) and take the label off its nodes.
+    UninstallRelease(UninstallReleaseArgs),
+}
+
+#[derive(Args)]
+struct AgentRunArgs {
+    #[command(flatten)]
+    install: InstallArgs,
+    /// Directory holding the binaries to put on the node (the image's /opt/gpusnap/bin).
+    #[arg(long, value_name = "DIR")]
+    source_dir: Option<PathBuf>,
+    /// The node's directory for the binaries (mounted at the same path).
+    #[arg(long, value_name = "DIR", default_value = "/usr/local/bin")]
+    bin_dir: PathBuf,
+    /// Put a file on the node (a Secret's entry): SRC:DEST:MODE[:DIRMODE], octal modes,
+    /// root-owned, replaced only when it changed (repeatable).
+    #[arg(long = "put", value_name = "SRC:DEST:MODE[:DIRMODE]")]
+    put: Vec<install::agent::PutFile>,
+    /// The node's mount namespace (with hostPID: /proc/1/ns/mnt): doctor and the restart
+    /// commands run there, on the node's own files; without it they run here.
+    #[arg(long, value_name = "PATH")]
+    host_mount_ns: Option<PathBuf>,
+    /// containerd's socket, which doctor asks for the handler.
+    #[arg(long, value_name = "PATH", default_value = gpusnap_cli::cri::CONTAINERD_SOCKET)]
+    containerd_socket: PathBuf,
+    /// The readiness probe's file.
+    #[arg(long, value_name = "PATH", default_value = "/run/gpusnap-agent/ready")]
+    ready_file: PathBuf,
+    /// Seconds between rounds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    recheck_seconds: u64,
+    /// This pod's node, labelled gpusnap.io/ready (the downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// This pod's DaemonSet as NAMESPACE/NAME: when it is being deleted, SIGTERM uninstalls
+    /// everything (else it keeps the config, keys and binaries for the next pod).
+    #[arg(long, value_name = "NS/NAME")]
+    daemonset: Option<String>,
+    /// The service account's token and CA (for the node label).
+    #[arg(long, value_name = "DIR", default_value = install::kube::SERVICE_ACCOUNT_DIR)]
+    service_account_dir: PathBuf,
+}
+
+#[derive(Args)]
+struct AgentProbeArgs {
+    /// The agent's ready file.
+    #[arg(long, value_name = "PATH", default_value = "/run/gpusnap-agent/ready")]
+    ready_file: PathBuf,
+    /// containerd's socket, asked for the handler; omit on nodes without containerd.
+    #[arg(long, value_name = "PATH")]
+    containerd_socket: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct UninstallReleaseArgs {
+    /// The installer DaemonSet as NAMESPACE/NAME.
+    #[arg(long, value_name = "NS/NAME")]
+    daemonset: String,
+    /// How long its pods may take to uninstall.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    timeout_seconds: u64,
+    /// The service account's token and CA.
+    #[arg(long, value_name = "DIR", default_value = install::kube::SERVICE_ACCOUNT_DIR)]
+    service_account_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -215,6 +297,7 @@ fn main() -> ExitCode {
             Ok(0)
         }
         Command::Config(ConfigCommand::Check) => cmd_config_check(&cli.config),
+        Command::Agent(c) => cmd_agent(&cli.config, c),
         Command::Completion { shell } => {
             clap_complete::generate(
                 shell,
@@ -261,7 +344,8 @@ fn sibling_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| Path::new("/usr/local/bin").join(name))
 }
 
-fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
+/// The install options for these flags, and notes on what was skipped and why.
+fn install_options(config: &Path, a: &InstallArgs) -> (InstallOptions, Vec<String>) {
     let mut notes = Vec::new();
     let containerd = if a.skip_containerd {
         None
@@ -269,17 +353,22 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
         let explicit = a.containerd_config.is_some();
         let cfg = absolute(
             a.containerd_config
+                .clone()
                 .unwrap_or_else(|| PathBuf::from("/etc/containerd/config.toml")),
         );
         let bin = fsutil::which(&a.containerd_bin.to_string_lossy());
         let present =
             explicit || cfg.exists() || cfg.parent().is_some_and(Path::exists) || bin.is_some();
         if present {
-            let dropin = a.containerd_dropin.map(absolute).unwrap_or_else(|| {
-                cfg.parent()
-                    .unwrap_or(Path::new("/etc/containerd"))
-                    .join("conf.d/99-gpusnap.toml")
-            });
+            let dropin = a
+                .containerd_dropin
+                .clone()
+                .map(absolute)
+                .unwrap_or_else(|| {
+                    cfg.parent()
+                        .unwrap_or(Path::new("/etc/containerd"))
+                        .join("conf.d/99-gpusnap.toml")
+                });
             Some(ContainerdTarget {
                 config: cfg,
                 dropin,
@@ -296,8 +385,8 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
     let crio_dropin = if a.skip_crio {
         None
     } else {
-        match a.crio_dropin_dir {
-            Some(d) => Some(absolute(d).join(install::crio::DROPIN_NAME)),
+        match &a.crio_dropin_dir {
+            Some(d) => Some(absolute(d.clone()).join(install::crio::DROPIN_NAME)),
             None if Path::new("/etc/crio").exists() || fsutil::which("crio").is_some() => {
                 Some(Path::new("/etc/crio/crio.conf.d").join(install::crio::DROPIN_NAME))
             }
@@ -310,8 +399,8 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
     let podman_conf = if a.skip_podman {
         None
     } else {
-        match a.podman_conf {
-            Some(p) => Some(absolute(p)),
+        match &a.podman_conf {
+            Some(p) => Some(absolute(p.clone())),
             None if Path::new("/etc/containers").exists() || fsutil::which("podman").is_some() => {
                 Some(Path::new(install::podman::DROPIN_DIR).join(install::podman::DROPIN_NAME))
             }
@@ -345,28 +434,35 @@ fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
             .and_then(|c| c.parent().map(Path::to_path_buf)),
     };
     let criu = Some(CriuTarget {
-        config: absolute(a.criu_config),
+        config: absolute(a.criu_config.clone()),
         lock: a.criu_network_lock,
         facts: install::criu_conf::probe(criu_bin.as_deref()),
     });
     let opts = InstallOptions {
         containerd,
         crio_dropin,
-        crio_runtime_root: absolute(a.crio_runtime_root),
+        crio_runtime_root: absolute(a.crio_runtime_root.clone()),
         podman_conf,
         criu,
         shim_path: a
             .shim_path
+            .clone()
             .map(absolute)
             .unwrap_or_else(|| sibling_binary(gpusnap_cli::SHIM_BINARY)),
         runc_wrapper_path: a
             .runc_wrapper_path
+            .clone()
             .map(absolute)
             .unwrap_or_else(|| sibling_binary(gpusnap_cli::RUNC_WRAPPER_BINARY)),
         config_path: absolute(config.to_path_buf()),
-        config_from: a.config_from.map(absolute),
+        config_from: a.config_from.clone().map(absolute),
         found,
     };
+    (opts, notes)
+}
+
+fn cmd_install(config: &Path, a: InstallArgs) -> Result<u8> {
+    let (opts, notes) = install_options(config, &a);
     let plan = install::plan(&opts)?;
     for n in notes.iter().chain(&plan.notes) {
         eprintln!("note: {n}");
@@ -580,5 +676,77 @@ mod tests {
         let cli =
             Cli::try_parse_from(["gpusnap", "--config", "/x.toml", "config", "check"]).unwrap();
         assert_eq!(cli.config, PathBuf::from("/x.toml"));
+    }
+}
+
+fn split_daemonset(s: &str) -> Result<(String, String)> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => bail!("--daemonset {s:?}: expected NAMESPACE/NAME"),
+    }
+}
+
+fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
+    match c {
+        AgentCommand::Probe(a) => Ok(install::agent::probe(
+            &a.ready_file,
+            a.containerd_socket.as_deref(),
+        )),
+        AgentCommand::UninstallRelease(a) => {
+            let (ns, name) = split_daemonset(&a.daemonset)?;
+            let kube = install::kube::Kube::in_cluster(&a.service_account_dir)?;
+            Ok(install::agent::uninstall_release(
+                &kube,
+                &ns,
+                &name,
+                std::time::Duration::from_secs(a.timeout_seconds),
+            ))
+        }
+        AgentCommand::Run(mut a) => {
+            // The registration names the binaries where the agent puts them on the node.
+            let bin_dir = absolute(a.bin_dir.clone());
+            a.install
+                .shim_path
+                .get_or_insert_with(|| bin_dir.join(gpusnap_cli::SHIM_BINARY));
+            a.install
+                .runc_wrapper_path
+                .get_or_insert_with(|| bin_dir.join(gpusnap_cli::RUNC_WRAPPER_BINARY));
+            let (opts, notes) = install_options(config, &a.install);
+            for n in notes {
+                println!("gpusnap agent: note: {n}");
+            }
+            let command = |c: &Option<String>| {
+                c.as_deref()
+                    .map(install::agent::split_command)
+                    .transpose()
+                    .map_err(anyhow::Error::msg)
+            };
+            let kube = match install::kube::Kube::in_cluster(&a.service_account_dir) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    println!("gpusnap agent: {e}: no node label, and SIGTERM keeps the config");
+                    None
+                }
+            };
+            let agent = install::agent::Agent {
+                install: opts,
+                state_file: a.install.common.state_file.clone(),
+                restart_containerd: command(&a.install.common.restart_containerd_cmd)?,
+                restart_crio: command(&a.install.common.restart_crio_cmd)?,
+                source_dir: a.source_dir,
+                bin_dir,
+                files: a.put,
+                host_mount_ns: a.host_mount_ns,
+                containerd_socket: a.containerd_socket,
+                ready_file: a.ready_file,
+                recheck: std::time::Duration::from_secs(a.recheck_seconds),
+                node_name: a.node_name,
+                daemonset: a.daemonset.as_deref().map(split_daemonset).transpose()?,
+                kube,
+            };
+            Ok(agent.run())
+        }
     }
 }

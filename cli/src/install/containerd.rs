@@ -218,6 +218,64 @@ pub fn dropin_text(version: i64, reg: &Registration, dropin: &Path) -> Result<St
     register_in_place(&seed, dropin, reg)
 }
 
+/// First line of the block gpusnap appends to a k3s/RKE2 config template.
+pub const TEMPLATE_BEGIN: &str =
+    "# gpusnap: begin (written by `gpusnap install`; `gpusnap uninstall` removes it)";
+/// Last line of that block.
+pub const TEMPLATE_END: &str = "# gpusnap: end";
+
+/// The config version of a k3s/RKE2 template at `template`: that of the config.toml k3s
+/// rendered from it beside it, else the template's name (`config-v3.toml.tmpl` is for
+/// containerd 2.x's version 3, `config.toml.tmpl` for version 2).
+pub fn template_version(template: &Path, rendered: Option<&str>) -> i64 {
+    if let Some(v) = rendered.and_then(|t| t.parse::<DocumentMut>().ok()) {
+        return config_version(&v);
+    }
+    let name = template
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    if name.is_some_and(|n| n.contains("-v3")) {
+        3
+    } else {
+        2
+    }
+}
+
+/// A k3s/RKE2 containerd config template (a Go template k3s renders into config.toml at each
+/// start, so edits of config.toml itself are lost) with the runtime table: appended between
+/// [`TEMPLATE_BEGIN`] and [`TEMPLATE_END`] (replaced there on a later install). A new template
+/// starts with `{{ template "base" . }}`, k3s's own configuration, so the node keeps it.
+pub fn template_text(
+    existing: Option<&str>,
+    version: i64,
+    reg: &Registration,
+    file: &Path,
+) -> Result<String, EditError> {
+    let seed = format!("version = {version}\n");
+    let table = register_in_place(&seed, file, reg)?;
+    let table = table.strip_prefix(&seed).unwrap_or(&table).trim_start();
+    let block = format!("{TEMPLATE_BEGIN}\n{table}{TEMPLATE_END}\n");
+    let base = match existing {
+        None => "{{ template \"base\" . }}\n".to_owned(),
+        Some(text) => match (text.find(TEMPLATE_BEGIN), text.find(TEMPLATE_END)) {
+            (Some(b), Some(e)) if e > b => {
+                let after = text[e + TEMPLATE_END.len()..].trim_start_matches('\n');
+                let mut kept = text[..b].to_owned();
+                kept.push_str(after);
+                kept
+            }
+            _ => text.to_owned(),
+        },
+    };
+    let mut out = base;
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push('\n');
+    out.push_str(&block);
+    Ok(out)
+}
+
 /// Adds `dropin` to the main config's `imports` unless an existing entry (exact path, relative
 /// path or glob) already loads it. Returns the new text.
 pub fn ensure_import(text: &str, file: &Path, dropin: &Path) -> Result<String, EditError> {
@@ -301,6 +359,41 @@ fn glob_match(pattern: &str, name: &str) -> bool {
         }
     }
     rec(&p, &n)
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    fn reg() -> Registration {
+        Registration {
+            handler: "gpusnap".into(),
+            runtime_type: "io.containerd.gpusnap.v2".into(),
+            runtime_path: "/usr/local/bin/containerd-shim-gpusnap-v2".into(),
+            config_path: "/etc/gpusnap/config.toml".into(),
+            pod_annotations: vec!["gpusnap.io/*".into()],
+        }
+    }
+
+    #[test]
+    fn a_new_template_keeps_k3s_base_and_a_second_install_replaces_the_block() {
+        let f = Path::new("/x/config-v3.toml.tmpl");
+        assert_eq!(template_version(f, None), 3);
+        assert_eq!(template_version(Path::new("/x/config.toml.tmpl"), None), 2);
+        assert_eq!(template_version(f, Some("version = 2\n")), 2);
+        let t = template_text(None, 3, &reg(), f).unwrap();
+        assert!(t.starts_with("{{ template \"base\" . }}\n"), "{t}");
+        assert!(
+            t.contains("[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpusnap]"),
+            "{t}"
+        );
+        assert_eq!(template_text(Some(&t), 3, &reg(), f).unwrap(), t);
+        let user = "{{ template \"base\" . }}\n[plugins.x]\n  y = 1\n";
+        let t2 = template_text(Some(user), 2, &reg(), f).unwrap();
+        assert!(t2.starts_with(user), "{t2}");
+        assert!(t2.contains("io.containerd.grpc.v1.cri"), "{t2}");
+        assert_eq!(template_text(Some(&t2), 2, &reg(), f).unwrap(), t2);
+    }
 }
 
 #[cfg(test)]

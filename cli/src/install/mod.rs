@@ -6,10 +6,12 @@
 //! byte for byte. Files whose content already matches the plan are not touched, so a second
 //! install changes nothing.
 
+pub mod agent;
 pub mod containerd;
 pub mod crio;
 pub mod criu_conf;
 pub mod diff;
+pub mod kube;
 pub mod podman;
 pub mod state;
 
@@ -35,6 +37,10 @@ pub enum ContainerdMode {
     DropIn,
     /// The runtime table is added to the main file.
     InPlace,
+    /// `--containerd-config` is a k3s/RKE2 config template (`config.toml.tmpl`,
+    /// `config-v3.toml.tmpl`), which k3s renders into config.toml at each start: the table
+    /// is appended to the template. Chosen by `auto` for a file named `*.tmpl`.
+    Template,
 }
 
 #[derive(Debug, Clone)]
@@ -432,7 +438,7 @@ pub fn resolve_mode(
 ) -> Result<ContainerdMode, InstallError> {
     let v1_daemon = release.is_some_and(|r| r.major < 2);
     match requested {
-        ContainerdMode::InPlace => Ok(ContainerdMode::InPlace),
+        ContainerdMode::InPlace | ContainerdMode::Template => Ok(ContainerdMode::InPlace),
         ContainerdMode::DropIn if v1_daemon => Err(InstallError::Refused(format!(
             "containerd {} replaces a whole plugin section with an imported one, so a drop-in \
              would drop this node's CRI settings; use --containerd-mode in-place",
@@ -469,6 +475,39 @@ fn plan_containerd(
         pod_annotations: vec![crate::POD_ANNOTATIONS.to_owned()],
     };
     let before = read(&t.config)?;
+    let is_template = t.mode == ContainerdMode::Template
+        || (t.mode == ContainerdMode::Auto && t.config.extension().is_some_and(|e| e == "tmpl"));
+    if is_template {
+        let rendered = t.config.parent().map(|d| d.join("config.toml"));
+        let rendered = match &rendered {
+            Some(r) => read(r)?,
+            None => None,
+        };
+        let version = containerd::template_version(&t.config, rendered.as_deref());
+        plan.push(Change {
+            path: t.config.clone(),
+            component: Component::Containerd,
+            after: Some(containerd::template_text(
+                before.as_deref(),
+                version,
+                &reg,
+                &t.config,
+            )?),
+            before,
+            mode: Some(0o644),
+            summary: format!(
+                "containerd runtime `{}` (in the template {})",
+                reg.handler,
+                t.config.display()
+            ),
+        });
+        plan.notes.push(format!(
+            "config template {} (config version {version}): k3s and RKE2 render it into \
+             config.toml when they start",
+            t.config.display()
+        ));
+        return Ok(());
+    }
     let version = match &before {
         Some(text) => containerd::config_version(&containerd::parse(text, &t.config)?),
         None if t.release.is_some_and(|r| r.major < 2) => 2,
@@ -523,7 +562,7 @@ fn plan_containerd(
                 t.dropin.display()
             ));
         }
-        ContainerdMode::InPlace | ContainerdMode::Auto => {
+        ContainerdMode::InPlace | ContainerdMode::Auto | ContainerdMode::Template => {
             let main_text = before.clone().unwrap_or_else(fresh_main);
             plan.push(Change {
                 path: t.config.clone(),
@@ -607,6 +646,9 @@ pub struct UninstallPlan {
     pub reverts: Vec<Change>,
     /// Files left as they are, with the reason.
     pub kept: Vec<(PathBuf, String)>,
+    /// Files of components the caller keeps installed ([`UninstallPlan::keep_components`]):
+    /// not reverted, and still recorded for a later uninstall.
+    pub retained: Vec<PathBuf>,
     state: Option<InstallState>,
 }
 
@@ -624,6 +666,21 @@ impl UninstallPlan {
 
     pub fn components(&self) -> BTreeSet<Component> {
         self.reverts.iter().map(|c| c.component).collect()
+    }
+
+    /// Reverts nothing of `keep`: the installer pod's SIGTERM takes the runtime registration
+    /// back and keeps the node's gpusnap config, which the next pod (an upgrade) installs
+    /// again unchanged.
+    pub fn keep_components(&mut self, keep: &[Component]) {
+        let Some(state) = &self.state else { return };
+        self.retained = state
+            .files
+            .iter()
+            .filter(|f| keep.contains(&f.component))
+            .map(|f| f.path.clone())
+            .collect();
+        self.reverts.retain(|c| !keep.contains(&c.component));
+        self.kept.retain(|(p, _)| !self.retained.contains(p));
     }
 }
 
@@ -696,6 +753,15 @@ pub fn apply_uninstall(plan: &UninstallPlan, state_file: &Path) -> Result<(), In
     for dir in state.created_dirs.iter().rev() {
         // Only empty directories go: anything else in them is not ours to delete.
         let _ = fs::remove_dir(dir);
+    }
+    if !plan.retained.is_empty() {
+        let mut left = state.clone();
+        left.files.retain(|f| {
+            plan.retained.contains(&f.path) || plan.kept.iter().any(|(p, _)| *p == f.path)
+        });
+        left.created_dirs.retain(|d| d.exists());
+        left.save(state_file)?;
+        return Ok(());
     }
     if plan.kept.is_empty() {
         match fs::remove_file(state_file) {

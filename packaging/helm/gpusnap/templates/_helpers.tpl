@@ -115,6 +115,7 @@ max_rootfs_diff_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_rootfs_dif
 # From Secret {{ . }}, installed by the installer (root, 0600).
 {{- end }}
 decryption_keys = {{ toJson $dkeys }}
+deadline_seconds = {{ int64 (default 0 $c.restore.deadline_seconds) }}
 {{- if $c.store }}
 
 [store]
@@ -128,3 +129,64 @@ max_bytes = {{ include "gpusnap.tomlBytes" $c.store.max_bytes }}
 signing_key = {{ include "gpusnap.tomlString" (include "gpusnap.hostSigningKey" .) }}
 {{- end }}
 {{ end -}}
+
+{{/*
+Node layouts: where a node's containerd keeps its configuration (a file, or the template k3s and
+RKE2 render config.toml from at each start), its socket, where the binaries go and how the
+runtime is restarted (run in the host's mount namespace, no shell unless the command runs one).
+*/}}
+{{- define "gpusnap.presets" -}}
+containerd:
+  containerdConfig: /etc/containerd/config.toml
+  containerdSocket: /run/containerd/containerd.sock
+  binDir: /usr/local/bin
+  restartCommand: systemctl restart containerd
+k3s:
+  containerdConfig: /var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl
+  containerdSocket: /run/k3s/containerd/containerd.sock
+  binDir: /usr/local/bin
+  restartCommand: sh -c 'if systemctl is-active -q k3s; then systemctl restart k3s; else systemctl restart k3s-agent; fi'
+rke2:
+  containerdConfig: /var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl
+  containerdSocket: /run/k3s/containerd/containerd.sock
+  binDir: /usr/local/bin
+  restartCommand: sh -c 'if systemctl is-active -q rke2-server; then systemctl restart rke2-server; else systemctl restart rke2-agent; fi'
+{{- end -}}
+
+{{/* The node layout in force: the preset, with every non-empty layout value over it. */}}
+{{- define "gpusnap.layout" -}}
+{{- $presets := include "gpusnap.presets" . | fromYaml -}}
+{{- $l := .Values.layout -}}
+{{- $p := get $presets $l.preset -}}
+{{- $out := dict -}}
+{{- range $k := list "containerdConfig" "containerdSocket" "binDir" "restartCommand" -}}
+{{- $_ := set $out $k (default (get $p $k) (get $l $k)) -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The installer's nodes: nodeSelector as given, else GPU nodes (a default map would merge
+with the user's own selector, Helm merging maps, and schedule nowhere without that label). */}}
+{{- define "gpusnap.nodeSelector" -}}
+{{- if .Values.nodeSelector -}}
+{{- toYaml .Values.nodeSelector -}}
+{{- else -}}
+nvidia.com/gpu.present: "true"
+{{- end -}}
+{{- end -}}
+
+{{/* Pods of the RuntimeClass land on nodes the installer found ready (the label it sets), or,
+with the label off, wherever the installer runs. */}}
+{{- define "gpusnap.runtimeClassSelector" -}}
+{{- if .Values.runtimeClass.nodeSelector -}}
+{{- toYaml .Values.runtimeClass.nodeSelector -}}
+{{- else if .Values.nodeLabel.enabled -}}
+gpusnap.io/ready: "true"
+{{- else -}}
+{{- include "gpusnap.nodeSelector" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpusnap.serviceAccountName" -}}
+{{- include "gpusnap.fullname" . }}-installer
+{{- end -}}
