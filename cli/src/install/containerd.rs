@@ -267,11 +267,9 @@ pub fn template_text(
             _ => text.to_owned(),
         },
     };
-    let mut out = base;
-    if !out.is_empty() && !out.ends_with('\n') {
-        out.push('\n');
-    }
-    out.push('\n');
+    // One blank line between what was there and the block, however often it is replaced.
+    let mut out = base.trim_end_matches('\n').to_owned();
+    out.push_str("\n\n");
     out.push_str(&block);
     Ok(out)
 }
