@@ -97,6 +97,9 @@ pub struct Agent {
 struct Placed {
     /// Path -> SHA-256 of what the agent wrote.
     files: BTreeMap<PathBuf, String>,
+    /// Directories the agent created for them, outermost first.
+    #[serde(default)]
+    dirs: Vec<PathBuf>,
 }
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
@@ -181,14 +184,14 @@ impl Agent {
             for b in BINARIES {
                 let from = src.join(b);
                 let to = self.bin_dir.join(b);
-                if put(&from, &to, 0o755, 0o755)? {
+                if put(&from, &to, 0o755, 0o755, &mut placed.dirs)? {
                     log(format!("installed {}", to.display()));
                 }
                 placed.files.insert(to.clone(), sha_of(&to)?);
             }
         }
         for f in &self.files {
-            if put(&f.src, &f.dest, f.mode, f.dir_mode)? {
+            if put(&f.src, &f.dest, f.mode, f.dir_mode, &mut placed.dirs)? {
                 log(format!(
                     "installed {} (mode {:o})",
                     f.dest.display(),
@@ -199,7 +202,18 @@ impl Agent {
         }
         self.save_placed(&placed)?;
 
-        let plan = super::plan(&self.install)?;
+        let mut install = self.install.clone();
+        if let Some(criu) = &mut install.criu {
+            criu.facts = self.node_criu_facts();
+        }
+        // The node's containerd release decides drop-in or in-place; its binary is not in
+        // this container, its socket is.
+        if let Some(target) = install.containerd.as_mut().filter(|t| t.release.is_none()) {
+            target.release = crate::cri::query(&self.containerd_socket, Duration::from_secs(5))
+                .ok()
+                .and_then(|f| crate::host::Release::parse(&f.runtime_version));
+        }
+        let plan = super::plan(&install)?;
         for n in &plan.notes {
             log(format!("note: {n}"));
         }
@@ -214,6 +228,33 @@ impl Agent {
             self.restart(&applied.components)?;
         }
         self.doctor()
+    }
+
+    /// CRIU's network-lock facts of the node (this container has neither CRIU nor iptables):
+    /// the node's `iptables-restore`, and whether the node's CRIU (the config's
+    /// criu.binary_dir, else its PATH) has the nftables lock.
+    fn node_criu_facts(&self) -> super::CriuFacts {
+        let ok = |argv: &[&str]| {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            self.host_command(&argv).is_ok_and(|o| o.status.success())
+        };
+        let criu = self
+            .install
+            .config_from
+            .as_deref()
+            .or(Some(self.install.config_path.as_path()))
+            .and_then(|p| gpusnap_config::Config::load(p).ok())
+            .and_then(|c| c.criu.binary_dir)
+            .map(|d| d.join("criu").display().to_string())
+            .unwrap_or_else(|| "criu".to_owned());
+        super::CriuFacts {
+            iptables_restore: ok(&[
+                "sh",
+                "-c",
+                "command -v iptables-restore || test -x /usr/sbin/iptables-restore || test -x /sbin/iptables-restore",
+            ]),
+            criu_nftables: ok(&[&criu, "check", "--feature", "network_lock_nftables"]),
+        }
     }
 
     fn restart(&self, components: &std::collections::BTreeSet<Component>) -> anyhow::Result<()> {
@@ -362,6 +403,12 @@ impl Agent {
                     log(format!("removed {}", path.display()));
                 }
             }
+            for dir in placed.dirs.iter().rev() {
+                // Only when empty: anything else in it is not the agent's.
+                if std::fs::remove_dir(dir).is_ok() {
+                    log(format!("removed {}", dir.display()));
+                }
+            }
             let _ = std::fs::remove_file(self.placed_file());
             log("uninstalled: the node is as before gpusnap was installed");
         } else {
@@ -433,18 +480,25 @@ fn sha_of(path: &Path) -> io::Result<String> {
 }
 
 /// Copies `from` to `to` (root-owned, `mode`) unless it already has that content and mode;
-/// creates the directory with `dir_mode`. Whether it wrote.
-fn put(from: &Path, to: &Path, mode: u32, dir_mode: u32) -> anyhow::Result<bool> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+/// creates missing directories with `dir_mode` and adds them to `made`. Whether it wrote.
+fn put(
+    from: &Path,
+    to: &Path,
+    mode: u32,
+    dir_mode: u32,
+    made: &mut Vec<PathBuf>,
+) -> anyhow::Result<bool> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let bytes =
         std::fs::read(from).map_err(|e| anyhow::anyhow!("reading {}: {e}", from.display()))?;
     if let Some(dir) = to.parent() {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(dir_mode)
-                .create(dir)
-                .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+        for d in fsutil::create_dirs(dir)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?
+        {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(dir_mode))?;
+            if !made.contains(&d) {
+                made.push(d);
+            }
         }
     }
     let same = std::fs::symlink_metadata(to).is_ok_and(|m| {
@@ -554,11 +608,14 @@ mod tests {
         let src = d.path().join("src");
         std::fs::write(&src, b"k1").unwrap();
         let dest = d.path().join("keys/k");
-        assert!(put(&src, &dest, 0o600, 0o700).unwrap());
-        assert!(!put(&src, &dest, 0o600, 0o700).unwrap());
+        let mut made = Vec::new();
+        assert!(put(&src, &dest, 0o600, 0o700, &mut made).unwrap());
+        assert_eq!(made, [d.path().join("keys")]);
+        assert!(!put(&src, &dest, 0o600, 0o700, &mut made).unwrap());
         std::fs::write(&src, b"k2").unwrap();
-        assert!(put(&src, &dest, 0o600, 0o700).unwrap());
+        assert!(put(&src, &dest, 0o600, 0o700, &mut made).unwrap());
         assert_eq!(std::fs::read(&dest).unwrap(), b"k2");
+        assert_eq!(made.len(), 1);
     }
 
     #[test]
