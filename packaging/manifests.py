@@ -2,25 +2,31 @@
 
   manifests.py invariants FILE...
       What the node side relies on, in every rendering: the RuntimeClass handler `gpusnap`,
-      its scheduling equal to the installer's nodeSelector, no RBAC, no service-account token,
-      the host mounts, the installer settings, Secrets mounted read-only and root-only. Writes
-      the rendered gpusnap config next to each FILE as FILE.config.toml.
+      scheduled onto gpusnap.io/ready=true (or, without the node label, the installer's
+      nodes); RBAC no wider than the node label and the uninstall hook need; the installer as
+      `gpusnap agent run` with its readiness probe; the host mounts its args name; Secrets
+      mounted read-only and root-only. Writes the rendered gpusnap config next to each FILE as
+      FILE.config.toml.
   manifests.py compare DEFAULTS_TOML KUSTOMIZE HELM
       The installer DaemonSet of both renderings is the same where it matters: image, pull
-      policy, scheduling, privileges, script, resources, every mount with what it mounts, the
-      installer settings, and the effective gpusnap config (both merged onto DEFAULTS_TOML,
+      policy, scheduling, privileges, command and args, probe, resources, every mount with what
+      it mounts, and the effective gpusnap config (both merged onto DEFAULTS_TOML,
       `gpusnap config default`).
 """
 
+import json
 import sys
 import tomllib
 
 import yaml
 
-RBAC = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
-HOST_MOUNTS = ["/etc/containerd", "/usr/local/bin", "/run/containerd", "/etc/gpusnap", "/var/lib/gpusnap"]
-INSTALLER_KEYS = ["GPUSNAP_RUNTIMES", "GPUSNAP_CONTAINERD_MODE", "GPUSNAP_CRIU_NETWORK_LOCK",
-                  "GPUSNAP_RESTART_RUNTIME", "GPUSNAP_RECHECK_SECONDS"]
+HOST_MOUNTS = ["/etc/gpusnap", "/var/lib/gpusnap"]
+READY_LABEL = "gpusnap.io/ready"
+# What each kind of role may do: the installer labels its node and reads its DaemonSet; the
+# pre-delete hook also deletes the DaemonSet and lists its pods.
+INSTALLER_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get"}}
+HOOK_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get", "delete"},
+              ("", "pods"): {"list"}}
 BYTE_SETTINGS = {("storage", "transfer_chunk_bytes"), ("restore", "max_rootfs_diff_bytes"),
                  ("store", "max_bytes")}
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": 1 << 20, "Mi": 1 << 20,
@@ -44,9 +50,12 @@ class Rendering:
     def configmap(self, name):
         return next(d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
 
-    def installer_env(self):
-        (ref,) = self.ctr["envFrom"]
-        return self.configmap(ref["configMapRef"]["name"])["data"]
+    def arg(self, name):
+        """The value of `--name=VALUE` in the installer's args, else None."""
+        for a in self.ctr["args"]:
+            if a.startswith(f"--{name}="):
+                return a.split("=", 1)[1]
+        return None
 
     def volume_of(self, mount_path):
         m = next(m for m in self.ctr["volumeMounts"] if m["mountPath"] == mount_path)
@@ -75,24 +84,59 @@ class Rendering:
         return out
 
 
+def check_rules(path, doc, allowed):
+    for rule in doc["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                extra = set(rule["verbs"]) - allowed.get((group, res), set())
+                assert not extra, f"{path}: {doc['kind']} {doc['metadata']['name']} may {extra} {res}"
+
+
 def invariants(paths):
     for path in paths:
         r = Rendering(path)
-        kinds = {d["kind"] for d in r.docs}
-        assert not kinds & RBAC, f"{path}: the installer needs no RBAC, found {kinds & RBAC}"
         rc = r.one("RuntimeClass")
         assert rc["handler"] == "gpusnap", rc
         assert rc["metadata"]["name"] == "gpusnap", "pods ask for runtimeClassName: gpusnap"
         assert "namespace" not in rc["metadata"], "RuntimeClass is cluster-scoped"
-        assert r.pod["nodeSelector"] == rc["scheduling"]["nodeSelector"], \
-            f"{path}: pods of the RuntimeClass must land only where the installer runs"
-        assert r.pod["automountServiceAccountToken"] is False
-        assert r.pod["hostPID"] is True, "nsenter --target 1 needs the host's PID namespace"
+        labelled = bool(r.pod.get("serviceAccountName"))
+        assert r.pod["automountServiceAccountToken"] is labelled, \
+            f"{path}: a token only for the node label"
+        rc_sel = rc["scheduling"]["nodeSelector"]
+        if labelled:
+            assert rc_sel.get(READY_LABEL) == "true", \
+                f"{path}: pods of the RuntimeClass must land only on nodes the installer found ready"
+        else:
+            assert rc_sel == r.pod["nodeSelector"], \
+                f"{path}: pods of the RuntimeClass must land only where the installer runs"
+        for d in r.docs:
+            hook = d["metadata"].get("annotations", {}).get("helm.sh/hook")
+            if d["kind"] in ("ClusterRole", "Role"):
+                check_rules(path, d, HOOK_RULES if hook == "pre-delete" else INSTALLER_RULES)
+            if d["kind"] == "Role":
+                for rule in d["rules"]:
+                    if rule["resources"] == ["daemonsets"]:
+                        assert rule.get("resourceNames"), f"{path}: {d['metadata']['name']} not bound to its DaemonSet"
+            if d["kind"] == "Job":
+                assert hook == "pre-delete", f"{path}: a Job outside the uninstall hook"
+        assert r.pod["hostPID"] is True, "the agent enters the node's mount namespace (/proc/1)"
         assert r.ctr["securityContext"]["privileged"] is True
+        assert r.ctr["args"][:2] == ["agent", "run"], r.ctr["args"]
+        probe = r.ctr["readinessProbe"]["exec"]["command"]
+        assert probe[1:3] == ["agent", "probe"], probe
+        assert r.arg("host-mount-ns") == "/proc/1/ns/mnt"
         mounts = r.mounts()
-        for m in HOST_MOUNTS:
-            assert m in mounts and mounts[m][0][0] == "hostPath", f"{path}: {m} not mounted from the host"
-        assert mounts["/run/containerd"][1], f"{path}: /run/containerd must be read-only"
+        bin_dir = r.arg("bin-dir")
+        assert bin_dir and bin_dir != "/opt/gpusnap/bin", f"{path}: --bin-dir {bin_dir}"
+        host = HOST_MOUNTS + [bin_dir]
+        if r.arg("containerd-config"):
+            host.append(r.arg("containerd-config").rsplit("/", 1)[0])
+            sock_dir = r.arg("containerd-socket").rsplit("/", 1)[0]
+            assert mounts[sock_dir][1], f"{path}: {sock_dir} must be read-only"
+            assert f"--containerd-socket={r.arg('containerd-socket')}" in probe, probe
+        for m in host:
+            assert m in mounts and mounts[m][0][0] == "hostPath" and mounts[m][0][1] == m, \
+                f"{path}: {m} not mounted from the host at the same path"
         for mount_path, ((kind, *_), read_only) in mounts.items():
             if kind == "secret":
                 vol = r.volume_of(mount_path)["secret"]
@@ -101,9 +145,6 @@ def invariants(paths):
                 assert read_only, f"{path}: Secret at {mount_path} must be mounted readOnly"
                 assert all(m & 0o077 == 0 for m in modes), \
                     f"{path}: Secret at {mount_path} must be root-only (0400/0600), modes {[oct(m) for m in modes]}"
-        env = r.installer_env()
-        for key in INSTALLER_KEYS:
-            assert key in env, f"{path}: installer setting {key} missing"
         for ns in (d for d in r.docs if d["kind"] == "Namespace"):
             assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged", \
                 f"{path}: the installer's namespace must admit privileged pods"
@@ -135,8 +176,10 @@ def essentials(r, defaults):
     return {
         "updateStrategy": r.ds["spec"].get("updateStrategy"),
         "nodeSelector": pod.get("nodeSelector"),
+        "affinity": pod.get("affinity"),
         "tolerations": sorted(pod.get("tolerations", []), key=lambda t: sorted(t.items())),
         "hostPID": pod.get("hostPID"),
+        "serviceAccountName": pod.get("serviceAccountName"),
         "automountServiceAccountToken": pod.get("automountServiceAccountToken"),
         "priorityClassName": pod.get("priorityClassName"),
         "terminationGracePeriodSeconds": pod.get("terminationGracePeriodSeconds"),
@@ -148,11 +191,14 @@ def essentials(r, defaults):
         "command": ctr.get("command"),
         "args": ctr.get("args"),
         "env": ctr.get("env"),
+        "readinessProbe": ctr.get("readinessProbe"),
         "resources": ctr.get("resources"),
-        "installer settings": r.installer_env(),
         "mounts": r.mounts(),
         "gpusnap config": effective_config(r.config_text(), defaults),
         "RuntimeClass": {k: r.one("RuntimeClass").get(k) for k in ("handler", "scheduling", "overhead")},
+        "RBAC": sorted((d["kind"], d["metadata"]["name"], json.dumps(d.get("rules"), sort_keys=True))
+                       for d in r.docs if d["kind"] in ("ClusterRole", "Role")
+                       and "helm.sh/hook" not in d["metadata"].get("annotations", {})),
     }
 
 

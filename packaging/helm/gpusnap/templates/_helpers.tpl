@@ -58,6 +58,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and $dk.keys (not $dk.secretName) -}}
 {{- fail "decryptionKeys.keys is set: name the Secret holding them in decryptionKeys.secretName" -}}
 {{- end -}}
+{{- $layout := include "gpusnap.layout" . | fromYaml -}}
+{{- if hasPrefix "/opt/gpusnap/bin" (clean $layout.binDir) -}}
+{{- fail "layout.binDir must not be /opt/gpusnap/bin: the image keeps its binaries there, and the node's directory mounted over it would hide them" -}}
+{{- end -}}
 {{- if and (ne (toString .Values.config.restore.signature_policy) "off") (not $sk.keys) -}}
 {{- fail (printf "config.restore.signature_policy is %q: give the trusted public keys in signatureKeys (secretName, keys)" (toString .Values.config.restore.signature_policy)) -}}
 {{- end -}}
