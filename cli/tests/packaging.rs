@@ -67,11 +67,77 @@ fn runtimeclass_handler_matches_install() {
             .any(|l| l == format!("handler: {}", gpusnap_cli::HANDLER)),
         "{rc}"
     );
-    let ds = fs::read_to_string(repo("packaging/kubernetes/daemonset.yaml")).unwrap();
+    // Pods of the class land only on nodes the installer found ready (the label it sets).
     assert!(
-        rc.contains("nvidia.com/gpu.present: \"true\"")
-            && ds.contains("nvidia.com/gpu.present: \"true\"")
+        rc.contains(&format!(
+            "{}: \"true\"",
+            gpusnap_cli::install::kube::READY_LABEL
+        )),
+        "{rc}"
     );
+}
+
+/// Every setting of the config model is a chart value (values.yaml, values.schema.json, and
+/// rendered into config.toml by the chart's template), except the three that name key files,
+/// which come from Secrets: the schema cannot refuse a setting gpusnap accepts
+/// (`restore.deadline_seconds` was refused).
+#[test]
+fn chart_values_cover_every_config_setting() {
+    const FROM_SECRETS: [&str; 3] = [
+        "restore.signature_keys",
+        "restore.decryption_keys",
+        "checkpoint.signing_key",
+    ];
+    let chart = repo("packaging/helm/gpusnap");
+    let schema: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(chart.join("values.schema.json")).unwrap())
+            .unwrap();
+    let values = fs::read_to_string(chart.join("values.yaml")).unwrap();
+    let helpers = fs::read_to_string(chart.join("templates/_helpers.tpl")).unwrap();
+    let config = &schema["properties"]["config"]["properties"];
+    // Every setting the model serialises, and the optional ones it leaves out when unset.
+    let defaults: toml_edit::DocumentMut = gpusnap_config::Config::default()
+        .to_toml_string()
+        .parse()
+        .unwrap();
+    let mut settings: Vec<String> = defaults
+        .iter()
+        .flat_map(|(table, item)| {
+            item.as_table()
+                .into_iter()
+                .flat_map(|t| t.iter())
+                .map(move |(key, _)| format!("{table}.{key}"))
+        })
+        .collect();
+    settings.extend(
+        ["criu.binary_dir", "criu.min_version", "checkpoint.signing_key"].map(String::from),
+    );
+    let mut missing = Vec::new();
+    for setting in &settings {
+        if FROM_SECRETS.contains(&setting.as_str()) {
+            continue;
+        }
+        let (table, key) = setting.split_once('.').unwrap();
+        if config[table]["properties"][key].is_null() {
+            missing.push(format!("{setting}: not in values.schema.json"));
+        }
+        if !values.contains(&format!("\n    {key}: ")) {
+            missing.push(format!("{setting}: not in values.yaml"));
+        }
+        if !helpers.contains(&format!("$c.{table}.{key}")) {
+            missing.push(format!("{setting}: not rendered by templates/_helpers.tpl"));
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+    // And nothing the model lacks: the schema's settings are the model's.
+    for (table, t) in config.as_object().unwrap() {
+        for key in t["properties"].as_object().unwrap().keys() {
+            assert!(
+                settings.contains(&format!("{table}.{key}")),
+                "values.schema.json has config.{table}.{key}, which gpusnap does not know"
+            );
+        }
+    }
 }
 
 #[test]
