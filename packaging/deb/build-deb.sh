@@ -12,12 +12,14 @@
 #
 # Usage: build-deb.sh [--profile release|debug] [--out DIR] [--no-build]
 #   --no-build uses binaries already in $CARGO_TARGET_DIR (default <repo>/target).
-# Environment: DEB_MAINTAINER ("Name <address>", the package's Maintainer field).
+# Environment: DEB_MAINTAINER ("Name <address>", the package's Maintainer field); defaults of
+# the options: DEB_PROFILE, DEB_OUT, DEB_NO_BUILD=1; DEB_VERSION (default: gpusnap --version).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PROFILE=release
-OUT=$ROOT/target-deb
+PROFILE=${DEB_PROFILE:-release}
+OUT=${DEB_OUT:-$ROOT/target-deb}
 BUILD=1
+[[ ${DEB_NO_BUILD:-0} != 1 ]] || BUILD=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --profile) PROFILE=$2; shift 2 ;;
@@ -43,7 +45,7 @@ for b in gpusnap gpusnap-runc containerd-shim-gpusnap-v2; do
     [[ -x $BIN/$b ]] || { echo "build-deb.sh: $BIN/$b missing (build it or drop --no-build)" >&2; exit 1; }
 done
 
-VERSION=$("$BIN/gpusnap" --version | awk '{print $2}')
+VERSION=${DEB_VERSION:-$("$BIN/gpusnap" --version | awk '{print $2}')}
 ARCH=$(dpkg --print-architecture)
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
@@ -143,5 +145,7 @@ chmod 0644 "$PKG/DEBIAN/md5sums" "$PKG/DEBIAN/control" "$PKG/DEBIAN/conffiles"
 
 mkdir -p "$OUT"
 DEB=$OUT/gpusnap_${VERSION}_${ARCH}.deb
-dpkg-deb --root-owner-group -Zxz --build "$PKG" "$DEB" >/dev/null
+# xz as Debian's archive uses it for a release; a debug package (CI's) compresses fast.
+if [[ $PROFILE == release ]]; then COMPRESS=(-Zxz); else COMPRESS=(-Zgzip -z1); fi
+dpkg-deb --root-owner-group "${COMPRESS[@]}" --build "$PKG" "$DEB" >/dev/null
 echo "$DEB"
