@@ -103,6 +103,7 @@ echo "rendered $(grep -c '^kind:' "$OUT/base.yaml") base objects, $(grep -c '^ki
 
 step "helm chart"
 RENDERED=("$OUT/base.yaml" "$OUT/example.yaml")
+# The chart as docs/install.md installs it is schema-checked with the rest.
 for values in default example full k3s rke2; do
     args=(--namespace gpusnap-system)
     case $values in
@@ -145,6 +146,9 @@ refuse "unknown layout preset" --set layout.preset=microk8s
 refuse "relative containerd config" --set layout.containerdConfig=etc/containerd/config.toml
 refuse "binDir over the image's binaries" --set layout.binDir=/opt/gpusnap/bin
 refuse "negative restore deadline" --set config.restore.deadline_seconds=-1
+
+step "docs/install.md's Helm commands (client side)"
+"$PY" packaging/test/doc-helm.py "$HELM" "$KUBECTL" docs/install.md "$OUT"
 
 step "schema check (Kubernetes $K8S_VERSION, strict)"
 "$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" packaging/kubernetes/runtimeclass.yaml

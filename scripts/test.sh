@@ -49,6 +49,22 @@ step "packaging/check.sh (render and schema-check the Kubernetes manifests, buil
 # failpoints the fault tests (tests/tests/faults.rs) stop the shim and gpusnap-runc at.
 DEB_NO_BUILD=1 bash packaging/check.sh
 
+step "installer image: build (docs/install.md's command, offline) and run it under Podman (packaging/test/test-image.sh)"
+# About a minute: the image is FROM scratch with target/debug's binaries; the Podman test plays
+# the chart's DaemonSet on fake containerd, k3s and RKE2 nodes (install, ready, SIGTERM back to
+# the byte, upgrade, uninstall).
+TOOLS=${GPUSNAP_TOOLS_DIR:-/var/cache/gpusnap-packaging-tools}
+IMAGE=$(python3 packaging/test/doc-blocks.py docs/install.md image | sed -n 's/.*--tag \([^ ]*\).*/\1/p')
+python3 packaging/test/doc-blocks.py docs/install.md image |
+    GPUSNAP_IMAGE_BIN_DIR=$TARGET_DIR/debug bash -euo pipefail
+PY=$TOOLS/venv/bin/python GPUSNAP_CLI_BIN=$TARGET_DIR/debug/gpusnap \
+    bash packaging/test/test-image.sh "$IMAGE" "$TOOLS/helm-v4.2.3/helm"
+
+step "deb: lintian, then docs/install.md's .deb commands as written (packaging/deb/test-deb.sh)"
+# About a minute (lintian half of it): install, man page, gpusnap install, doctor, upgrade,
+# uninstall, remove, purge.
+DEB_PROFILE=debug DEB_NO_BUILD=1 bash packaging/deb/test-deb.sh
+
 step "cargo test --workspace --no-fail-fast $*"
 # Every test binary runs under scripts/test-timeout.sh (cargo's target runner): at most
 # GPUSNAP_TEST_BINARY_TIMEOUT each, and none past GPUSNAP_TEST_TIMEOUT from here.

@@ -6,12 +6,13 @@
 # Usage: build-image.sh [--tag IMAGE] [--bin-dir DIR] [--out-archive FILE]
 #   --bin-dir DIR   take the binaries from DIR (e.g. target/debug) instead of building them
 #                   (cargo build --release -p gpusnap-cli -p gpusnap-runc -p gpusnap-shim)
+#                   ($GPUSNAP_IMAGE_BIN_DIR is its default)
 #   --out-archive   also save the image as an OCI archive (for `podman load`, `ctr import`)
 # The binaries are stripped in the image; the node gets these copies.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TAG=localhost/gpusnap/installer:latest
-BIN=
+BIN=${GPUSNAP_IMAGE_BIN_DIR:-}
 ARCHIVE=
 while [[ $# -gt 0 ]]; do
     case $1 in
