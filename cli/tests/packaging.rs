@@ -110,7 +110,12 @@ fn chart_values_cover_every_config_setting() {
         })
         .collect();
     settings.extend(
-        ["criu.binary_dir", "criu.min_version", "checkpoint.signing_key"].map(String::from),
+        [
+            "criu.binary_dir",
+            "criu.min_version",
+            "checkpoint.signing_key",
+        ]
+        .map(String::from),
     );
     let mut missing = Vec::new();
     for setting in &settings {

@@ -143,7 +143,7 @@ enum AgentCommand {
     /// file, the node label gpusnap.io/ready=true); every --recheck-seconds. On SIGTERM: the
     /// label off and the runtime registration reverted; everything gpusnap put on the node
     /// when the DaemonSet is being deleted.
-    Run(AgentRunArgs),
+    Run(Box<AgentRunArgs>),
     /// Readiness probe: the last round found the node ready and containerd still lists the
     /// gpusnap handler.
     Probe(AgentProbeArgs),
@@ -632,53 +632,6 @@ fn cmd_inspect(config: &Path, a: InspectArgs) -> Result<u8> {
     )))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every command and every argument says what it is: `--help`, the man pages and the
-    /// completions are generated from these descriptions.
-    #[test]
-    fn every_command_and_argument_is_described() {
-        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            let path = format!("{path} {}", cmd.get_name());
-            if cmd.get_about().is_none() && !path.ends_with(" help") {
-                missing.push(format!("{path}: no description"));
-            }
-            for arg in cmd.get_arguments() {
-                let id = arg.get_id().as_str();
-                if arg.is_hide_set() || id == "help" || id == "version" {
-                    continue;
-                }
-                if arg.get_help().is_none() && arg.get_long_help().is_none() {
-                    missing.push(format!("{path}: argument {id} has no description"));
-                }
-            }
-            for sub in cmd.get_subcommands() {
-                walk(sub, &path, missing);
-            }
-        }
-        let mut cmd = Cli::command();
-        cmd.build();
-        cmd.clone().debug_assert();
-        let mut missing = Vec::new();
-        walk(&cmd, "", &mut missing);
-        assert!(missing.is_empty(), "{missing:#?}");
-    }
-
-    #[test]
-    fn config_comes_from_the_environment_unless_given() {
-        let cli = Cli::try_parse_from(["gpusnap", "config", "check"]).unwrap();
-        let from_env = std::env::var_os(gpusnap_config::CONFIG_ENV)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
-        assert_eq!(cli.config, from_env);
-        let cli =
-            Cli::try_parse_from(["gpusnap", "--config", "/x.toml", "config", "check"]).unwrap();
-        assert_eq!(cli.config, PathBuf::from("/x.toml"));
-    }
-}
-
 fn split_daemonset(s: &str) -> Result<(String, String)> {
     match s.split_once('/') {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() => {
@@ -748,5 +701,52 @@ fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
             };
             Ok(agent.run())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command and every argument says what it is: `--help`, the man pages and the
+    /// completions are generated from these descriptions.
+    #[test]
+    fn every_command_and_argument_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() && !path.ends_with(" help") {
+                missing.push(format!("{path}: no description"));
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path}: argument {id} has no description"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
+    #[test]
+    fn config_comes_from_the_environment_unless_given() {
+        let cli = Cli::try_parse_from(["gpusnap", "config", "check"]).unwrap();
+        let from_env = std::env::var_os(gpusnap_config::CONFIG_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
+        assert_eq!(cli.config, from_env);
+        let cli =
+            Cli::try_parse_from(["gpusnap", "--config", "/x.toml", "config", "check"]).unwrap();
+        assert_eq!(cli.config, PathBuf::from("/x.toml"));
     }
 }
