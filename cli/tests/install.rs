@@ -459,3 +459,77 @@ fn podman_registration_in_an_existing_containers_conf_and_uninstall() {
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(fs::read_to_string(&conf).unwrap(), original);
 }
+
+/// A k3s/RKE2 node: install edits the config template k3s renders config.toml from (never
+/// config.toml, which k3s rewrites at each start); the template, rendered as k3s renders it,
+/// gives a containerd that has loaded the handler; uninstall removes the template again.
+#[test]
+fn k3s_template_is_edited_and_rendered_with_the_handler() {
+    require_root();
+    let s = Scratch::new("containerd-v3.toml");
+    let template = s.p("etc/containerd/config-v3.toml.tmpl");
+    let mut args = s.args("install", &[]);
+    let at = args
+        .iter()
+        .position(|a| a == "--containerd-config")
+        .unwrap();
+    args[at + 1] = template.display().to_string();
+    let out = gpusnap(&args);
+    assert!(out.status.success(), "install: {}", describe(&out));
+    assert_eq!(
+        fs::read_to_string(s.containerd_config()).unwrap(),
+        s.original,
+        "config.toml is k3s's to write"
+    );
+    let t = fs::read_to_string(&template).unwrap();
+    assert!(t.starts_with("{{ template \"base\" . }}\n"), "{t}");
+    assert!(
+        t.contains("[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpusnap]"),
+        "{t}"
+    );
+    let again = gpusnap(&args);
+    assert!(
+        text(&again.stdout).contains("nothing changed"),
+        "{}",
+        describe(&again)
+    );
+
+    // What k3s does at start: the base configuration in place of {{ template "base" . }}.
+    let rendered = s.p("etc/containerd/rendered.toml");
+    fs::write(
+        &rendered,
+        t.replace("{{ template \"base\" . }}\n", &s.original),
+    )
+    .unwrap();
+    {
+        let cd = containerd::start_with_config(
+            &rendered,
+            &s.p("containerd.sock"),
+            &s.p("containerd.log"),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let out = gpusnap([
+            "--config",
+            "/dev/null",
+            "doctor",
+            "--json",
+            "--containerd-socket",
+            cd.address().to_str().unwrap(),
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let c = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "containerd")
+            .unwrap();
+        assert_eq!(c["status"], "ok", "{c}");
+    }
+    let out = s.gpusnap("uninstall", &[]);
+    assert!(out.status.success(), "uninstall: {}", describe(&out));
+    assert!(!template.exists(), "the template gpusnap created is gone");
+    assert_eq!(
+        fs::read_to_string(s.containerd_config()).unwrap(),
+        s.original
+    );
+}
