@@ -290,8 +290,10 @@ fn cmd_build(a: BuildArgs) -> Result<u8> {
         image_name: a.tag.clone(),
         ..a.shape.options(&a.encrypt_recipients)?
     };
+    let progress = crate::progress::BuildProgress::start();
     let built = image::build(&a.source, &opts)
         .with_context(|| format!("gpusnap image build {}", a.source.display()))?;
+    drop(progress);
     if a.json {
         print_json(&built)?;
     } else {

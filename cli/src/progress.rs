@@ -99,9 +99,89 @@ impl Drop for ProgressLine {
     }
 }
 
+/// Bytes this process has written through write(2) and kin so far (`wchar` of
+/// /proc/self/io): what a build writes into its layout and archive, counted by the kernel.
+fn written_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A build's progress on stderr: the bytes written so far (the kernel's count for this
+/// process, so compression and chunk dedup show as they are) and the rate; it stays on screen
+/// when the build ends. Nothing off a terminal.
+pub struct BuildProgress {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BuildProgress {
+    pub fn start() -> BuildProgress {
+        Self::start_on(ProgressDrawTarget::stderr())
+    }
+
+    fn start_on(target: ProgressDrawTarget) -> BuildProgress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = written_bytes();
+        let (Some(base), false) = (base, target.is_hidden()) else {
+            return BuildProgress { stop, thread: None };
+        };
+        let bar = ProgressBar::with_draw_target(None, target)
+            .with_prefix("building")
+            .with_style(
+                ProgressStyle::with_template(
+                    "{prefix} {spinner} {bytes} written ({bytes_per_sec}, {elapsed})",
+                )
+                .expect("the template is valid"),
+            );
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let update = || {
+                if let Some(now) = written_bytes() {
+                    bar.set_position(now.saturating_sub(base));
+                }
+            };
+            while !s.load(Ordering::Relaxed) {
+                update();
+                bar.tick();
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            update();
+            bar.set_prefix("built");
+            bar.finish();
+        });
+        BuildProgress {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BuildProgress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_counts_what_this_process_writes() {
+        let before = written_bytes().unwrap();
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), vec![7u8; 1 << 20]).unwrap();
+        assert!(written_bytes().unwrap() - before >= 1 << 20);
+        assert!(BuildProgress::start_on(ProgressDrawTarget::hidden())
+            .thread
+            .is_none());
+    }
 
     #[test]
     fn nothing_is_counted_or_drawn_off_a_terminal() {
