@@ -6,7 +6,10 @@ packaging/test/test-image.sh (no API server runs here).
 Serves plain HTTP on 127.0.0.1 (a free port, written to PORT_FILE). PATCH /api/v1/nodes/NAME
 (a merge patch) is appended to LOG_FILE as one JSON line {"node", "labels"} and answered with
 the node; GET .../daemonsets/NAME answers a DaemonSet with metadata.deletionTimestamp set while
-DELETING_FLAG_FILE exists. Requests without `Authorization: Bearer test-token` get 401.
+DELETING_FLAG_FILE exists, and 404 once DELETING_FLAG_FILE.gone exists (its pods are gone);
+DELETE .../daemonsets/NAME creates DELETING_FLAG_FILE (a foreground deletion) and is logged;
+GET .../pods lists the one installer pod, on node test-node. Requests without
+`Authorization: Bearer test-token` get 401.
 """
 
 import json
@@ -42,14 +45,28 @@ class Api(BaseHTTPRequestHandler):
                                 "labels": body["metadata"]["labels"]}) + "\n")
         self.answer(200, {"kind": "Node", "metadata": {"name": name}})
 
+    def do_DELETE(self):
+        if not self.authorised():
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)) or b"{}") or "{}")
+        with open(log_file, "a") as f:
+            f.write(json.dumps({"delete": self.path, "propagationPolicy": body.get("propagationPolicy")}) + "\n")
+        open(deleting, "w").close()
+        self.answer(200, {"kind": "Status", "status": "Success"})
+
     def do_GET(self):
         if not self.authorised():
             return
         if "/daemonsets/" in self.path:
+            if os.path.exists(deleting + ".gone"):
+                return self.answer(404, {"kind": "Status", "code": 404})
             meta = {"name": self.path.rsplit("/", 1)[-1]}
             if os.path.exists(deleting):
                 meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-            self.answer(200, {"kind": "DaemonSet", "metadata": meta})
+            self.answer(200, {"kind": "DaemonSet", "metadata": meta, "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "gpusnap-installer"}}}})
+        elif "/pods?" in self.path:
+            self.answer(200, {"kind": "PodList", "items": [{"spec": {"nodeName": "test-node"}}]})
         else:
             self.answer(404, {"kind": "Status", "code": 404})
 

@@ -14,8 +14,10 @@
 #      handler loaded) → the node labelled → SIGTERM (podman stop) → containerd's
 #      configuration back to the byte, the handler gone from containerd, the label removed;
 #   4. an upgrade (a second pod) finds the node's gpusnap config and keys kept, unchanged;
-#   5. an uninstall (the DaemonSet being deleted, as the pre-delete hook does) leaves every
-#      node path as it was before the first install.
+#   5. `helm uninstall`: the chart's pre-delete hook Job (its command, from the rendering) deletes
+#      the DaemonSet in the foreground; the installer pod, on SIGTERM, sees it being deleted and
+#      removes everything; the hook, once the DaemonSet is gone, clears the node's label: every
+#      node path is as it was before the first install.
 #
 # What differs from a cluster: the API server is fake-apiserver.py (no API server runs here),
 # reached over the host network; the node's mount namespace is the test's, not PID 1's
@@ -41,7 +43,7 @@ T=$(mktemp -d /tmp/gpusnap-image-test.XXXXXX)
 SUPERVISOR=
 API=
 cleanup() {
-    podman rm -f -t 0 gpusnap-installer-test >/dev/null 2>&1 || true
+    podman rm -f -t 0 gpusnap-installer-test gpusnap-uninstall-test >/dev/null 2>&1 || true
     touch "$T/stop-containerd"
     [[ -n $SUPERVISOR ]] && kill "$SUPERVISOR" 2>/dev/null || true
     [[ -f $T/containerd.pid ]] && kill "$(cat "$T/containerd.pid")" 2>/dev/null || true
@@ -177,7 +179,7 @@ for preset in containerd k3s rke2; do
     T0=$SECONDS
     say "layout $preset"
     layout_vars "$preset"
-    rm -f "$T/stop-containerd" "$T/ds-deleting" "$T/api.log"
+    rm -f "$T/stop-containerd" "$T/ds-deleting" "$T/ds-deleting.gone" "$T/api.log"
     for d in /etc/containerd /run/containerd /var/lib/containerd /var/lib/rancher /run/k3s \
         /etc/gpusnap /var/lib/gpusnap /usr/local/bin /opt/gpusnap-node /etc/criu /etc/crio; do
         mkdir -p "$d"
@@ -275,9 +277,28 @@ RESTART
     snapshot | grep -F "$CONF_DIR" >"$T/b" || true
     diff -u "$T/a" "$T/b" || fail "the upgrade installed differently"
 
-    # 3. uninstall: the DaemonSet being deleted -> everything as before
-    touch "$T/ds-deleting"
+    # 3. uninstall: the pre-delete hook deletes the DaemonSet; the kubelet stops the pod
+    #    (here: podman stop once the hook's DELETE arrived); the DaemonSet goes once its pod
+    #    has; the hook then clears the label.
+    mapfile -t hook < <("$PY" -c 'import sys, yaml
+job = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Job")
+c = job["spec"]["template"]["spec"]["containers"][0]
+print("\n".join([c["command"][0], c["image"]] + c["args"]))' "$T/rendered-$preset.yaml")
+    podman rm -f -t 0 gpusnap-uninstall-test >/dev/null 2>&1 || true
+    podman run -d --name gpusnap-uninstall-test --network=host --user 65534 \
+        --env "GPUSNAP_KUBE_API=http://127.0.0.1:$(cat "$T/api.port")" \
+        --volume "$T/pod/serviceaccount:/var/run/secrets/kubernetes.io/serviceaccount:ro" \
+        --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 \
+        --entrypoint "${hook[0]}" "${hook[@]:1}" >/dev/null
+    for _ in $(seq 200); do [[ -e $T/ds-deleting ]] && break; sleep 0.1; done
+    [[ -e $T/ds-deleting ]] || { podman logs gpusnap-uninstall-test; fail "the hook did not delete the DaemonSet"; }
+    grep -q '"propagationPolicy": "Foreground"' "$T/api.log" || fail "not a foreground deletion: $(cat "$T/api.log")"
     stop_pod
+    touch "$T/ds-deleting.gone"
+    [[ $(podman wait gpusnap-uninstall-test) == 0 ]] || { podman logs gpusnap-uninstall-test; fail "the hook failed"; }
+    podman logs gpusnap-uninstall-test | sed 's/^/    hook: /'
+    podman rm -f gpusnap-uninstall-test >/dev/null
+    [[ $(last_label) == None ]] || fail "label left after the hook: $(tail -n2 "$T/api.log")"
     grep -q "uninstalled: the node is as before" "$T/pod.log" || { cat "$T/pod.log"; fail "no uninstall"; }
     [[ $preset != containerd ]] || sed 's/^/    pod: /' "$T/pod.log"
     snapshot >"$T/after-uninstall.txt"
