@@ -30,11 +30,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-command -v lintian >/dev/null || {
+NEED=()
+command -v lintian >/dev/null || NEED+=(lintian)
+command -v man >/dev/null || NEED+=(man-db)
+if ((${#NEED[@]})); then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lintian >/dev/null
-}
-command -v man >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq man-db >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${NEED[@]}" >/dev/null
+fi
 # A package left by an earlier, interrupted run.
 dpkg -s gpusnap >/dev/null 2>&1 && apt-get purge -y -qq gpusnap >/dev/null
 
