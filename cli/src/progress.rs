@@ -60,6 +60,7 @@ impl ProgressLine {
         let (p, s) = (progress.clone(), stop.clone());
         let bar = ProgressBar::with_draw_target(None, target)
             .with_prefix(verb)
+            .with_message("0/0 blobs")
             .with_style(
                 ProgressStyle::with_template(TEMPLATE)
                     .expect("the template is valid")

@@ -17,6 +17,9 @@ use anyhow::{bail, Context, Result};
 pub struct PtyOutput {
     pub status: ExitStatus,
     pub output: Vec<u8>,
+    /// When each read from the terminal arrived, and the length of `output` after it: what
+    /// the command had drawn by then.
+    pub arrivals: Vec<(Instant, usize)>,
 }
 
 impl PtyOutput {
@@ -89,16 +92,20 @@ pub fn run_in_pty(mut cmd: Command, timeout: Duration) -> Result<PtyOutput> {
     let mut reader = File::from(master);
     let collector = std::thread::spawn(move || {
         let mut out = Vec::new();
+        let mut arrivals = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
             match reader.read(&mut buf) {
                 Ok(0) => break,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    out.extend_from_slice(&buf[..n]);
+                    arrivals.push((Instant::now(), out.len()));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break, // EIO: all slave ends closed
             }
         }
-        out
+        (out, arrivals)
     });
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -112,8 +119,12 @@ pub fn run_in_pty(mut cmd: Command, timeout: Duration) -> Result<PtyOutput> {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let output = collector
+    let (output, arrivals) = collector
         .join()
         .map_err(|_| anyhow::anyhow!("pty reader panicked"))?;
-    Ok(PtyOutput { status, output })
+    Ok(PtyOutput {
+        status,
+        output,
+        arrivals,
+    })
 }
