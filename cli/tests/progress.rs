@@ -13,8 +13,6 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[allow(unused_imports)]
-use common::s as _;
 use gpusnap_testkit::fixtures::fixture;
 use gpusnap_testkit::{describe, paths, pty};
 
@@ -78,7 +76,10 @@ fn build_progress_counts_the_bytes_written() {
 
 /// A proxy to `upstream` that passes what the client sends at about 4 MiB/s through a small
 /// receive buffer, recording when it had passed how many bytes.
-fn throttling_proxy(upstream: u16) -> (u16, Arc<Mutex<Vec<(Instant, u64)>>>) {
+/// When the proxy had passed how many bytes, in order.
+type Passed = Arc<Mutex<Vec<(Instant, u64)>>>;
+
+fn throttling_proxy(upstream: u16) -> (u16, Passed) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let log = Arc::new(Mutex::new(vec![(Instant::now(), 0u64)]));
