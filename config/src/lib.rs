@@ -28,6 +28,7 @@
 //! ```
 
 mod bytes;
+mod destination;
 mod error;
 mod model;
 mod overlay;
@@ -38,17 +39,21 @@ use std::io;
 use std::path::Path;
 
 pub use bytes::{parse_bytes, GIB, KIB, MIB};
+pub use destination::{
+    allowed, is_checkpoint_to_annotation, Destination, DestinationPattern,
+    CHECKPOINT_TO_ANNOTATION, DESTINATION_MAX_LEN,
+};
 pub use error::ConfigError;
 pub use model::{
     CheckpointConfig, Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig,
-    SignaturePolicy, StorageConfig, StorageEngine, StoreConfig,
+    SignaturePolicy, StorageConfig, StorageEngine, StoreConfig, PUSH_RETRY_MAX,
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,
 };
 pub use settings::{
     CRIU_MIN_VERSION_FLOOR, LOCK_TIMEOUT_MS_MAX, MAX_OPERATION_SECONDS_MAX,
-    PINNED_BYTES_PER_GPU_MAX, TRANSFER_BUFFER_COUNT_MAX, TRANSFER_CHUNK_ALIGN,
+    PINNED_BYTES_PER_GPU_MAX, PUSH_ATTEMPTS_MAX, TRANSFER_BUFFER_COUNT_MAX, TRANSFER_CHUNK_ALIGN,
     TRANSFER_CHUNK_BYTES_MAX, TRANSFER_CHUNK_BYTES_MIN,
 };
 

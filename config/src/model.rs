@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::bytes::MIB;
+use crate::destination::DestinationPattern;
 
 /// gpusnap's configuration. Every table and field is optional in the file; missing ones take
 /// the defaults below.
@@ -46,14 +47,57 @@ impl Default for StoreConfig {
 }
 
 /// What this node does to the checkpoints it takes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
     /// Private key (PKCS#8 PEM, ECDSA P-256 as cosign makes them; root-owned, mode 0600) the
     /// shim and gpusnap-runc sign every checkpoint's manifest with as soon as it is sealed
-    /// (`gpusnap-manifest.json.sig`, what `cosign sign-blob` writes). Unset: not signed.
+    /// (`gpusnap-manifest.json.sig`, what `cosign sign-blob` writes), and the node agent signs
+    /// the images it pushes with (cosign). Unset: not signed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signing_key: Option<PathBuf>,
+    /// Where the node agent may push the CRI checkpoint archives of pods annotated
+    /// `gpusnap.io/checkpoint-to: REGISTRY/REPOSITORY`: `[http://]REGISTRY/REPOSITORY`,
+    /// `[http://]REGISTRY/PATH/*` or `[http://]REGISTRY/*`. Empty: nowhere (every such archive
+    /// is refused, and says so).
+    pub allowed_destinations: Vec<DestinationPattern>,
+    /// The docker `config.json` the node agent takes registry credentials from when it pushes
+    /// (the chart's registry Secret). Unset: `$DOCKER_CONFIG/config.json`, else anonymous.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry_config: Option<PathBuf>,
+    /// PEM files of CAs the node agent trusts, besides the system roots, when it pushes.
+    pub registry_ca_files: Vec<PathBuf>,
+    /// How many times the node agent tries a push that failed for a reason that may pass (the
+    /// registry unreachable or answering 5xx/429) before it reports the failure.
+    pub push_attempts: u32,
+    /// The node agent's wait before its second attempt; each further wait doubles, up to
+    /// [`PUSH_RETRY_MAX`].
+    pub push_retry_seconds: u64,
+}
+
+/// The longest wait between two attempts of one push.
+pub const PUSH_RETRY_MAX: Duration = Duration::from_secs(600);
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            signing_key: None,
+            allowed_destinations: Vec::new(),
+            registry_config: None,
+            registry_ca_files: Vec::new(),
+            push_attempts: 5,
+            push_retry_seconds: 10,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// The wait after failed attempt `attempt` (1-based): `push_retry_seconds` doubled for
+    /// each earlier retry, at most [`PUSH_RETRY_MAX`].
+    pub fn push_retry_after(&self, attempt: u32) -> Duration {
+        let factor = 1u64 << attempt.saturating_sub(1).min(20);
+        Duration::from_secs(self.push_retry_seconds.saturating_mul(factor)).min(PUSH_RETRY_MAX)
+    }
 }
 
 /// Restores a pod asks for by annotation (`gpusnap.io/restore-from`).

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use crate::destination::is_checkpoint_to_annotation;
 use crate::error::ConfigError;
 use crate::model::Config;
 use crate::settings::{self, Input, SETTINGS};
@@ -135,8 +136,10 @@ impl Config {
         Ok(())
     }
 
-    /// Overlays pod annotations under [`ANNOTATION_PREFIX`]; other annotations are ignored.
-    /// Unknown `gpusnap.io/` names and settings pods may not change are errors. Full
+    /// Overlays pod annotations under [`ANNOTATION_PREFIX`]; other annotations are ignored, and
+    /// so are the ones that name a checkpoint (`gpusnap.io/restore-from`) or a destination
+    /// (`gpusnap.io/checkpoint-to`) rather than a setting. Unknown `gpusnap.io/` names and
+    /// settings pods may not change are errors. Full
     /// [`Config::validate`] runs at the end.
     pub fn apply_annotations(
         &mut self,
@@ -146,7 +149,7 @@ impl Config {
         // Sorted so the first error reported does not depend on hash order.
         let mut ours: Vec<(&str, &str)> = annotations
             .iter()
-            .filter(|(k, _)| !is_restore_annotation(k))
+            .filter(|(k, _)| !is_restore_annotation(k) && !is_checkpoint_to_annotation(k))
             .filter_map(|(k, v)| Some((k.strip_prefix(ANNOTATION_PREFIX)?, v.as_str())))
             .collect();
         ours.sort_unstable();

@@ -106,6 +106,8 @@ pub const TRANSFER_CHUNK_ALIGN: u64 = 4096;
 pub const PINNED_BYTES_PER_GPU_MAX: u64 = GIB;
 pub const MAX_OPERATION_SECONDS_MAX: u64 = 3600;
 pub const LOCK_TIMEOUT_MS_MAX: u64 = 3_600_000;
+/// Most attempts of one push by the node agent (each failed one waits longer than the last).
+pub const PUSH_ATTEMPTS_MAX: u32 = 20;
 /// containerd's CRI and CRI-O refuse older CRIU anyway (containerd's `checkCriu`, CRI-O's CRIU check).
 pub const CRIU_MIN_VERSION_FLOOR: MinVersion = MinVersion::new(3, 16, 0);
 
@@ -456,6 +458,91 @@ pub(crate) static SETTINGS: &[Setting] = &[
                 "checkpoint.signing_key",
                 c.checkpoint.signing_key.as_deref(),
             )
+        },
+    },
+    Setting {
+        key: "checkpoint.allowed_destinations",
+        // The node pushes with its own credentials: where to is the admin's to allow.
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.allowed_destinations = v
+                .string_list()?
+                .iter()
+                .map(|p| p.parse())
+                .collect::<Result<_, String>>()?;
+            Ok(())
+        },
+        // Each pattern is checked as it is parsed (serde or the overlay).
+        check: |_| Ok(()),
+    },
+    Setting {
+        key: "checkpoint.registry_config",
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.registry_config = Some(v.path()?);
+            Ok(())
+        },
+        check: |c| {
+            check_abs(
+                "checkpoint.registry_config",
+                c.checkpoint.registry_config.as_deref(),
+            )
+        },
+    },
+    Setting {
+        key: "checkpoint.registry_ca_files",
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.registry_ca_files =
+                v.string_list()?.into_iter().map(PathBuf::from).collect();
+            Ok(())
+        },
+        check: |c| {
+            for f in &c.checkpoint.registry_ca_files {
+                check_abs("checkpoint.registry_ca_files", Some(f))?;
+            }
+            Ok(())
+        },
+    },
+    Setting {
+        key: "checkpoint.push_attempts",
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.push_attempts = v.u32()?;
+            Ok(())
+        },
+        check: |c| {
+            let n = c.checkpoint.push_attempts;
+            if (1..=PUSH_ATTEMPTS_MAX).contains(&n) {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "checkpoint.push_attempts",
+                    n,
+                    format!("an integer from 1 to {PUSH_ATTEMPTS_MAX}"),
+                ))
+            }
+        },
+    },
+    Setting {
+        key: "checkpoint.push_retry_seconds",
+        annotation: None,
+        set: |c, v| {
+            c.checkpoint.push_retry_seconds = v.u64()?;
+            Ok(())
+        },
+        check: |c| {
+            let s = c.checkpoint.push_retry_seconds;
+            let max = crate::model::PUSH_RETRY_MAX.as_secs();
+            if (1..=max).contains(&s) {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "checkpoint.push_retry_seconds",
+                    s,
+                    format!("an integer from 1 to {max}"),
+                ))
+            }
         },
     },
     Setting {

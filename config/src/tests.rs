@@ -450,6 +450,112 @@ fn annotation_table_is_complete() {
 }
 
 #[test]
+fn checkpoint_to_annotations_are_not_settings() {
+    let mut c = Config::default();
+    let a: HashMap<String, String> = [
+        (
+            "gpusnap.io/checkpoint-to".to_string(),
+            "registry.example.com/ckpt/a".to_string(),
+        ),
+        (
+            "gpusnap.io/checkpoint-to.app".to_string(),
+            "registry.example.com/ckpt/b".to_string(),
+        ),
+    ]
+    .into();
+    c.apply_annotations(&a)
+        .expect("checkpoint-to annotations pass the overlay");
+    assert_eq!(c, Config::default(), "they set nothing");
+    let bad: HashMap<String, String> =
+        [("gpusnap.io/checkpoint-toast".to_string(), "x".to_string())].into();
+    assert!(c.apply_annotations(&bad).is_err());
+    // Where to push is the node's to allow, never a pod's.
+    let allow: HashMap<String, String> = [(
+        "gpusnap.io/checkpoint-allowed-destinations".to_string(),
+        "evil.example.com/*".to_string(),
+    )]
+    .into();
+    let err = c.apply_annotations(&allow).unwrap_err().to_string();
+    assert!(
+        err.contains("checkpoint.allowed_destinations") && err.contains("only the node"),
+        "{err}"
+    );
+}
+
+#[test]
+fn push_settings_parse_check_and_round_trip() {
+    let c = Config::from_toml_str(
+        r#"
+        [checkpoint]
+        allowed_destinations = ["registry.example.com/ckpt/*", "http://127.0.0.1:5000/x"]
+        registry_config = "/etc/gpusnap/registry/config.json"
+        registry_ca_files = ["/etc/gpusnap/registry-ca/ca.crt"]
+        push_attempts = 3
+        push_retry_seconds = 2
+        "#,
+    )
+    .unwrap();
+    let d = crate::Destination::parse("registry.example.com/ckpt/t").unwrap();
+    let hit = crate::allowed(&c.checkpoint.allowed_destinations, &d).unwrap();
+    assert!(!hit.plain_http());
+    assert_eq!(c.checkpoint.push_attempts, 3);
+    assert_eq!(c.checkpoint.push_retry_after(1).as_secs(), 2);
+    assert_eq!(c.checkpoint.push_retry_after(3).as_secs(), 8);
+    assert_eq!(c.checkpoint.push_retry_after(40), crate::PUSH_RETRY_MAX);
+    assert_eq!(Config::from_toml_str(&c.to_toml_string()).unwrap(), c);
+    let d = Config::default().checkpoint;
+    assert!(
+        d.allowed_destinations.is_empty(),
+        "nothing allowed by default"
+    );
+    assert_eq!((d.push_attempts, d.push_retry_seconds), (5, 10));
+
+    for (text, setting) in [
+        (
+            "[checkpoint]\nallowed_destinations = [\"*\"]\n",
+            "checkpoint.allowed_destinations",
+        ),
+        (
+            "[checkpoint]\nallowed_destinations = [\"r.io/a*\"]\n",
+            "checkpoint.allowed_destinations",
+        ),
+        (
+            "[checkpoint]\nregistry_config = \"config.json\"\n",
+            "checkpoint.registry_config",
+        ),
+        (
+            "[checkpoint]\nregistry_ca_files = [\"ca.pem\"]\n",
+            "checkpoint.registry_ca_files",
+        ),
+        (
+            "[checkpoint]\npush_attempts = 0\n",
+            "checkpoint.push_attempts",
+        ),
+        (
+            "[checkpoint]\npush_attempts = 21\n",
+            "checkpoint.push_attempts",
+        ),
+        (
+            "[checkpoint]\npush_retry_seconds = 0\n",
+            "checkpoint.push_retry_seconds",
+        ),
+    ] {
+        let err = Config::from_toml_str(text).unwrap_err().to_string();
+        // serde's errors name the key by its line; the table's name it in full.
+        let key = setting.rsplit('.').next().unwrap();
+        assert!(err.contains(setting) || err.contains(key), "{text}: {err}");
+    }
+    // The runtime-options overlay takes them too (the node admin's layer).
+    let mut c = Config::default();
+    c.apply_runtime_options("[checkpoint]\nallowed_destinations = [\"r.io/x/*\"]\n")
+        .unwrap();
+    assert_eq!(c.checkpoint.allowed_destinations.len(), 1);
+    assert!(c
+        .apply_runtime_options("[checkpoint]\nallowed_destinations = [\"r.io/x*\"]\n")
+        .is_err());
+}
+
+#[test]
 fn restore_annotations_are_not_settings() {
     let mut c = Config::default();
     let a: HashMap<String, String> = [
