@@ -5,10 +5,12 @@
 //! whether it would be restored), [`image_cmd`] (`gpusnap image build|push|pull`: OCI
 //! checkpoint images in a registry) and [`checkpoint_cmd`] (`gpusnap checkpoint sign|verify`:
 //! a checkpoint's own signature; [`adopt`]: `gpusnap checkpoint adopt`, a checkpoint made
-//! this node's for restores by pod annotation).
+//! this node's for restores by pod annotation). [`checkpoint_push`] is the node agent's half that
+//! pushes the kubelet's checkpoint archives of pods annotated `gpusnap.io/checkpoint-to`.
 
 pub mod adopt;
 pub mod checkpoint_cmd;
+pub mod checkpoint_push;
 pub mod cri;
 pub mod doctor;
 pub mod fsutil;

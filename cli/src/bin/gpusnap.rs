@@ -150,6 +150,19 @@ enum AgentCommand {
     /// The chart's pre-delete hook: delete the installer DaemonSet in the foreground (each pod
     /// then uninstalls gpusnap from its node) and take the label off its nodes.
     UninstallRelease(UninstallReleaseArgs),
+    /// What the agent did with each checkpoint archive of this node (`agent run
+    /// --checkpoint-dir`): pushed where, with which digest and tags; refused or failed, and why.
+    PushStatus(PushStatusArgs),
+}
+
+#[derive(Args)]
+struct PushStatusArgs {
+    /// The agent's status directory.
+    #[arg(long, value_name = "DIR", default_value = gpusnap_cli::checkpoint_push::DEFAULT_STATUS_DIR)]
+    status_dir: PathBuf,
+    /// One JSON document (the records, newest first) instead of lines.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -186,9 +199,19 @@ struct AgentRunArgs {
     /// everything (else it keeps the config, keys and binaries for the next pod).
     #[arg(long, value_name = "NS/NAME")]
     daemonset: Option<String>,
-    /// The service account's token and CA (for the node label).
+    /// The service account's token and CA (for the node label and the pods' events).
     #[arg(long, value_name = "DIR", default_value = install::kube::SERVICE_ACCOUNT_DIR)]
     service_account_dir: PathBuf,
+    /// Watch this directory for the kubelet's checkpoint archives (its <root-dir>/checkpoints,
+    /// e.g. /var/lib/kubelet/checkpoints) and push those of pods annotated
+    /// gpusnap.io/checkpoint-to: REGISTRY/REPOSITORY to the destinations the config's
+    /// checkpoint.allowed_destinations allows. Without it: no pushes.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Where the pushes keep one status file per archive (`gpusnap agent push-status` reads
+    /// them).
+    #[arg(long, value_name = "DIR", default_value = gpusnap_cli::checkpoint_push::DEFAULT_STATUS_DIR)]
+    push_status_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -277,7 +300,8 @@ struct InspectArgs {
 }
 
 fn main() -> ExitCode {
-    gpusnap_cli::logging::init("GPUSNAP_LOG", "warn");
+    // The agent's checkpoint pushes log what they do (an operator reads it with kubectl logs).
+    gpusnap_cli::logging::init("GPUSNAP_LOG", "warn,gpusnap_cli::checkpoint_push=info");
     // The packaging's man pages and completions (packaging/gen-docs.sh), from this command.
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     if let Some(code) = gpusnap_cli::usage::generate(&args, Cli::command()) {
@@ -647,6 +671,9 @@ fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
             &a.ready_file,
             a.containerd_socket.as_deref(),
         )),
+        AgentCommand::PushStatus(a) => {
+            gpusnap_cli::checkpoint_push::print_status(&a.status_dir, a.json)
+        }
         AgentCommand::UninstallRelease(a) => {
             let (ns, name) = split_daemonset(&a.daemonset)?;
             let kube = install::kube::Kube::in_cluster(&a.service_account_dir)?;
@@ -698,6 +725,10 @@ fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
                 node_name: a.node_name,
                 daemonset: a.daemonset.as_deref().map(split_daemonset).transpose()?,
                 kube,
+                push: a.checkpoint_dir.map(|d| install::agent::PushWatch {
+                    checkpoint_dir: absolute(d),
+                    status_dir: absolute(a.push_status_dir.clone()),
+                }),
             };
             Ok(agent.run())
         }

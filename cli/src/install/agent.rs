@@ -90,6 +90,17 @@ pub struct Agent {
     /// This pod's DaemonSet (namespace, name): deleted = uninstall, else upgrade or restart.
     pub daemonset: Option<(String, String)>,
     pub kube: Option<Kube>,
+    /// Where to watch for the kubelet's checkpoint archives, and where to keep their status
+    /// files: the pushes of `gpusnap.io/checkpoint-to` ([`crate::checkpoint_push`]); `None`:
+    /// not watched.
+    pub push: Option<PushWatch>,
+}
+
+/// The agent's checkpoint-push half.
+#[derive(Debug, Clone)]
+pub struct PushWatch {
+    pub checkpoint_dir: PathBuf,
+    pub status_dir: PathBuf,
 }
 
 /// What the agent copied onto the node, so that an uninstall removes exactly that.
@@ -133,6 +144,8 @@ impl Agent {
     }
 
     /// Runs rounds until SIGTERM or SIGINT, then takes the install back. Returns the exit code.
+    /// With [`Agent::push`], the checkpoint pushes run beside the rounds, on a thread of their
+    /// own, from the start (before the first round: archives wait for no install).
     pub fn run(&self) -> u8 {
         use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
         let action = SigAction::new(
@@ -146,6 +159,56 @@ impl Agent {
                 log(format!("cannot handle {sig}: {e}"));
             }
         }
+        std::thread::scope(|scope| {
+            let pushes = self.push.as_ref().map(|w| {
+                let agent = crate::checkpoint_push::PushAgent {
+                    dir: w.checkpoint_dir.clone(),
+                    status_dir: w.status_dir.clone(),
+                    // The config this agent installs, from its source: it is there before the
+                    // first round has installed it.
+                    config: self
+                        .install
+                        .config_from
+                        .clone()
+                        .unwrap_or_else(|| self.install.config_path.clone()),
+                    node: self.node_name.clone().unwrap_or_else(|| {
+                        // Only a fallback: the chart gives the node's name (downward API).
+                        std::fs::read_to_string("/proc/sys/kernel/hostname")
+                            .map(|h| h.trim().to_owned())
+                            .unwrap_or_else(|_| "node".to_owned())
+                    }),
+                    kube: self.kube.as_ref(),
+                };
+                std::thread::Builder::new()
+                    .name("checkpoint-push".into())
+                    .spawn_scoped(scope, move || {
+                        if let Err(e) = agent.run(&TERMINATE) {
+                            log(format!("checkpoint pushes stopped: {e:#}"));
+                        }
+                    })
+            });
+            if let Some(Err(e)) = &pushes {
+                log(format!("cannot start the checkpoint pushes: {e}"));
+            }
+            self.rounds();
+            // A push in flight stops at once (its record says so; the next agent resumes it).
+            gpusnap_oci_image::interrupt::request();
+            if let Some(Ok(h)) = pushes {
+                let _ = h.join();
+            }
+        });
+        log("terminating: taking the install back");
+        match self.terminate() {
+            Ok(()) => 0,
+            Err(e) => {
+                log(format!("uninstall failed: {e:#}"));
+                1
+            }
+        }
+    }
+
+    /// Install-and-check rounds until SIGTERM or SIGINT.
+    fn rounds(&self) {
         while !TERMINATE.load(Ordering::SeqCst) {
             let started = Instant::now();
             let ready = match self.round() {
@@ -165,14 +228,6 @@ impl Agent {
             let until = Instant::now() + self.recheck;
             while !TERMINATE.load(Ordering::SeqCst) && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(200));
-            }
-        }
-        log("terminating: taking the install back");
-        match self.terminate() {
-            Ok(()) => 0,
-            Err(e) => {
-                log(format!("uninstall failed: {e:#}"));
-                1
             }
         }
     }
@@ -410,6 +465,15 @@ impl Agent {
                 }
             }
             let _ = std::fs::remove_file(self.placed_file());
+            // The push status records are the agent's own (an upgrade keeps them, so that no
+            // archive is pushed twice); the archives themselves are the kubelet's.
+            if let Some(w) = &self.push {
+                match std::fs::remove_dir_all(&w.status_dir) {
+                    Ok(()) => log(format!("removed {}", w.status_dir.display())),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => log(format!("removing {}: {e}", w.status_dir.display())),
+                }
+            }
             log("uninstalled: the node is as before gpusnap was installed");
         } else {
             log("runtime registration reverted; the gpusnap config, keys and binaries stay for the next installer pod");

@@ -1,8 +1,9 @@
 //! The few Kubernetes API calls the installer makes with its service account: label its node
 //! `gpusnap.io/ready`, see whether its DaemonSet is being deleted (an uninstall, not an
-//! upgrade), and, from the chart's pre-delete hook, delete the DaemonSet and clear the label
-//! the nodes still carry. Plain JSON over HTTPS with the pod's token and CA: a client crate
-//! with the whole API's types would be most of the binary for five requests.
+//! upgrade), tell a pod what became of its checkpoint push (an Event), and, from the chart's
+//! pre-delete hook, delete the DaemonSet and clear the label the nodes still carry. Plain JSON
+//! over HTTPS with the pod's token and CA: a client crate with the whole API's types would be
+//! most of the binary for six requests.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,6 +15,23 @@ use serde_json::{json, Value};
 pub const READY_LABEL: &str = "gpusnap.io/ready";
 /// Where a pod finds its service account's token and CA.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The component the agent's events name as their source.
+pub const EVENT_COMPONENT: &str = "gpusnap-agent";
+
+/// An event about a pod.
+#[derive(Debug, Clone)]
+pub struct PodEvent<'a> {
+    pub namespace: &'a str,
+    pub pod: &'a str,
+    /// The pod's `metadata.uid`: `kubectl describe pod` lists only events that carry it.
+    pub pod_uid: Option<&'a str>,
+    pub warning: bool,
+    /// CamelCase, e.g. `CheckpointPushed`.
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub node: &'a str,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -134,6 +152,49 @@ impl Kube {
             "PATCH",
             &format!("/api/v1/nodes/{node}"),
             Some(("application/merge-patch+json", patch)),
+        )
+        .map(drop)
+    }
+
+    /// Records `event` on its pod (a core/v1 Event, which `kubectl describe pod` and `kubectl
+    /// get events` show).
+    pub fn post_event(&self, event: &PodEvent<'_>) -> Result<(), KubeError> {
+        let now = time::OffsetDateTime::now_utc()
+            .replace_nanosecond(0)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        // The API server keeps messages of up to 1 KiB whole.
+        let message: String = event.message.chars().take(1000).collect();
+        let mut involved = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": event.namespace,
+            "name": event.pod,
+        });
+        if let Some(uid) = event.pod_uid {
+            involved["uid"] = json!(uid);
+        }
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": format!("{}.", event.pod),
+                "namespace": event.namespace,
+            },
+            "involvedObject": involved,
+            "type": if event.warning { "Warning" } else { "Normal" },
+            "reason": event.reason,
+            "message": message,
+            "source": {"component": EVENT_COMPONENT, "host": event.node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        });
+        self.call(
+            "POST",
+            &format!("/api/v1/namespaces/{}/events", event.namespace),
+            Some(("application/json", body)),
         )
         .map(drop)
     }

@@ -258,6 +258,18 @@ pub fn config_text(found: &FoundTools) -> String {
          # Sign every checkpoint this node takes (gpusnap-manifest.json.sig) with this private\n\
          # key: PKCS#8 PEM, ECDSA P-256, root-owned, mode 0600.\n\
          # signing_key = \"/etc/gpusnap/signing.key\"\n\
+         # Where the node agent (`gpusnap agent run --checkpoint-dir`) may push the kubelet's\n\
+         # checkpoint archives of pods annotated gpusnap.io/checkpoint-to: REGISTRY/REPOSITORY,\n\
+         # REGISTRY/PATH/* or REGISTRY/*; http:// first for a plain-HTTP registry. Empty: nowhere.\n\
+         allowed_destinations = []\n\
+         # Its registry credentials (a docker config.json; default $DOCKER_CONFIG/config.json)\n\
+         # and CAs trusted besides the system roots.\n\
+         # registry_config = \"/etc/gpusnap/registry/config.json\"\n\
+         registry_ca_files = []\n\
+         # Tries of a push the registry did not answer (1-20), the first wait between two (1-600\n\
+         # seconds), doubling each time.\n\
+         push_attempts = {push_attempts}\n\
+         push_retry_seconds = {push_retry}\n\
          \n\
          [store]\n\
          # The node's blob store, shared by every `gpusnap image pull` run as root (0700): a\n\
@@ -286,6 +298,8 @@ pub fn config_text(found: &FoundTools) -> String {
         systemd = d.runc.systemd_cgroup,
         checkpoint_root = q(&d.restore.checkpoint_root.to_string_lossy()),
         store_root = q(&d.store.root.to_string_lossy()),
+        push_attempts = d.checkpoint.push_attempts,
+        push_retry = d.checkpoint.push_retry_seconds,
     )
 }
 
