@@ -5,6 +5,8 @@
 //!   ([`cri`]) plays a Kubernetes node on top of one; [`containerd`] is the containerd process
 //!   both run on, also usable alone with a config of a test's own;
 //! - [`Registry`] ([`registry`]): a private OCI registry on loopback;
+//! - [`push_agent`]: the node agent's checkpoint pushes (`gpusnap agent run --checkpoint-dir`)
+//!   run as the installer DaemonSet runs them, and a fake Kubernetes API for its events;
 //! - [`BusyboxContainer`] ([`bundle`]): a runc-level busybox container for runc, CRIU and
 //!   `gpusnap-runc` tests;
 //! - [`fixtures`]: a sealed checkpoint directory, a CRI checkpoint archive around it, tree
@@ -70,6 +72,7 @@ pub mod paths;
 pub mod podman;
 pub mod privilege;
 pub mod pty;
+pub mod push_agent;
 pub mod refused_restore;
 pub mod registry;
 pub mod rig;
