@@ -6,7 +6,8 @@
 #      ci/example-values.yaml (= the example overlay), with ci/full-values.yaml (every
 #      value, Secrets included) and with each node layout preset (containerd, k3s, rke2);
 #      values the chart must refuse are refused; `helm show readme` shows the chart's README;
-#   4. schema-check every rendering strictly (kubernetes-validate, from PyPI);
+#   4. schema-check every rendering strictly (kubernetes-validate, from PyPI), and the YAML of
+#      docs/kubernetes.md: its manifests, and the chart rendered with its values blocks;
 #   5. check the invariants the node side relies on (handler name, node selectors, RBAC no
 #      wider than needed, the agent's mounts and probe, Secrets read-only and root-only;
 #      packaging/manifests.py);
@@ -146,12 +147,33 @@ refuse "unknown layout preset" --set layout.preset=microk8s
 refuse "relative containerd config" --set layout.containerdConfig=etc/containerd/config.toml
 refuse "binDir over the image's binaries" --set layout.binDir=/opt/gpusnap/bin
 refuse "negative restore deadline" --set config.restore.deadline_seconds=-1
+refuse "destination with a tag" --set 'config.checkpoint.allowed_destinations={registry.example.com/ckpt:v1}'
+refuse "destination wildcard inside a name" --set 'config.checkpoint.allowed_destinations={registry.example.com/ck*}'
+refuse "no push attempt" --set config.checkpoint.push_attempts=0
+refuse "relative kubelet checkpoints dir" --set checkpointPush.kubeletCheckpointsDir=checkpoints
+refuse "registry CAs without a Secret" --set 'registryCA.keys={ca.crt}'
 
 step "docs/install.md's Helm commands (client side)"
 "$PY" packaging/test/doc-helm.py "$HELM" "$KUBECTL" docs/install.md "$OUT"
 
+step "docs/kubernetes.md's YAML"
+# Its manifests are schema-checked with the rest; its chart values are rendered (and then
+# checked like every rendering).
+DOC_MANIFESTS=()
+doc_blocks=$("$PY" packaging/test/doc-yaml.py docs/kubernetes.md "$OUT/doc-yaml")
+while read -r kind file; do
+    case $kind in
+        manifests) DOC_MANIFESTS+=("$file") ;;
+        values)
+            "$HELM" template gpusnap "$CHART" --namespace gpusnap-system --values "$file" >"$file.rendered.yaml"
+            RENDERED+=("$file.rendered.yaml")
+            ;;
+    esac
+    echo "$kind: $file"
+done <<<"$doc_blocks"
+
 step "schema check (Kubernetes $K8S_VERSION, strict)"
-"$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" packaging/kubernetes/runtimeclass.yaml
+"$KV" --strict -k "$K8S_VERSION" "${RENDERED[@]}" "${DOC_MANIFESTS[@]}" packaging/kubernetes/runtimeclass.yaml
 
 step "invariants"
 "$PY" packaging/manifests.py invariants "${RENDERED[@]}"

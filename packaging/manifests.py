@@ -4,8 +4,8 @@
       What the node side relies on, in every rendering: the RuntimeClass handler `gpusnap`,
       scheduled onto gpusnap.io/ready=true (or, without the node label, the installer's
       nodes); RBAC no wider than the node label and the uninstall hook need; the installer as
-      `gpusnap agent run` with its readiness probe; the host mounts its args name; Secrets
-      mounted read-only and root-only. Writes the rendered gpusnap config next to each FILE as
+      `gpusnap agent run` with its readiness probe; the host mounts its args name (the
+      kubelet's checkpoint directory read-only); Secrets mounted read-only and root-only. Writes the rendered gpusnap config next to each FILE as
       FILE.config.toml.
   manifests.py compare DEFAULTS_TOML KUSTOMIZE HELM
       The installer DaemonSet of both renderings is the same where it matters: image, pull
@@ -22,9 +22,11 @@ import yaml
 
 HOST_MOUNTS = ["/etc/gpusnap", "/var/lib/gpusnap"]
 READY_LABEL = "gpusnap.io/ready"
-# What each kind of role may do: the installer labels its node and reads its DaemonSet; the
-# pre-delete hook also deletes the DaemonSet and lists its pods.
-INSTALLER_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get"}}
+# What each kind of role may do: the installer labels its node, reads its DaemonSet and posts
+# events on pods about their checkpoint pushes; the pre-delete hook also deletes the DaemonSet
+# and lists its pods.
+INSTALLER_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get"},
+                   ("", "events"): {"create"}}
 HOOK_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get", "delete"},
               ("", "pods"): {"list"}}
 BYTE_SETTINGS = {("storage", "transfer_chunk_bytes"), ("restore", "max_rootfs_diff_bytes"),
@@ -137,6 +139,15 @@ def invariants(paths):
         for m in host:
             assert m in mounts and mounts[m][0][0] == "hostPath" and mounts[m][0][1] == m, \
                 f"{path}: {m} not mounted from the host at the same path"
+        ckpt = r.arg("checkpoint-dir")
+        if ckpt:
+            assert ckpt in mounts and mounts[ckpt][0][:2] == ("hostPath", ckpt), \
+                f"{path}: --checkpoint-dir {ckpt} not mounted from the host at the same path"
+            assert mounts[ckpt][1], f"{path}: the kubelet's checkpoints must be mounted read-only"
+            assert any(("", "events") == (g, res) and "create" in rule["verbs"]
+                       for d in r.docs if d["kind"] == "ClusterRole"
+                       for rule in d["rules"] for g in rule["apiGroups"] for res in rule["resources"]) \
+                or not labelled, f"{path}: checkpoint pushes with a token need events create"
         for mount_path, ((kind, *_), read_only) in mounts.items():
             if kind == "secret":
                 vol = r.volume_of(mount_path)["secret"]

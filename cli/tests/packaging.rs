@@ -78,15 +78,17 @@ fn runtimeclass_handler_matches_install() {
 }
 
 /// Every setting of the config model is a chart value (values.yaml, values.schema.json, and
-/// rendered into config.toml by the chart's template), except the three that name key files,
-/// which come from Secrets: the schema cannot refuse a setting gpusnap accepts
+/// rendered into config.toml by the chart's template), except those that name key, credential
+/// and CA files, which come from Secrets: the schema cannot refuse a setting gpusnap accepts
 /// (`restore.deadline_seconds` was refused).
 #[test]
 fn chart_values_cover_every_config_setting() {
-    const FROM_SECRETS: [&str; 3] = [
+    const FROM_SECRETS: [&str; 5] = [
         "restore.signature_keys",
         "restore.decryption_keys",
         "checkpoint.signing_key",
+        "checkpoint.registry_config",
+        "checkpoint.registry_ca_files",
     ];
     let chart = repo("packaging/helm/gpusnap");
     let schema: serde_json::Value =
@@ -114,6 +116,7 @@ fn chart_values_cover_every_config_setting() {
             "criu.binary_dir",
             "criu.min_version",
             "checkpoint.signing_key",
+            "checkpoint.registry_config",
         ]
         .map(String::from),
     );

@@ -7,7 +7,7 @@
 #      volume, the service account's token directory);
 #   2. the node is this machine's in a private mount namespace whose node paths (containerd's
 #      configuration and socket directories, /etc/gpusnap, /var/lib/gpusnap, the binary
-#      directory, /etc/criu) are fresh tmpfs with the layout's files; a real containerd
+#      directory, /etc/criu, /var/lib/kubelet) are fresh tmpfs with the layout's files; a real containerd
 #      (the rig's 2.1) runs there under a supervisor loop, which renders k3s/RKE2 templates
 #      into config.toml before each start as k3s does; restarting it is the layout's restart;
 #   3. install → the readiness probe passes (doctor on the node, containerd answering with the
@@ -181,7 +181,8 @@ for preset in containerd k3s rke2; do
     layout_vars "$preset"
     rm -f "$T/stop-containerd" "$T/ds-deleting" "$T/ds-deleting.gone" "$T/api.log"
     for d in /etc/containerd /run/containerd /var/lib/containerd /var/lib/rancher /run/k3s \
-        /etc/gpusnap /var/lib/gpusnap /usr/local/bin /opt/gpusnap-node /etc/criu /etc/crio; do
+        /etc/gpusnap /var/lib/gpusnap /usr/local/bin /opt/gpusnap-node /etc/criu /etc/crio \
+        /var/lib/kubelet; do
         mkdir -p "$d"
         mount -t tmpfs -o mode=0755 "layout-$preset" "$d"
     done
@@ -311,7 +312,8 @@ print("\n".join([c["command"][0], c["image"]] + c["args"]))' "$T/rendered-$prese
     wait "$SUPERVISOR" 2>/dev/null || true
     SUPERVISOR=
     for d in /etc/containerd /run/containerd /var/lib/containerd /var/lib/rancher /run/k3s \
-        /etc/gpusnap /var/lib/gpusnap /usr/local/bin /opt/gpusnap-node /etc/criu /etc/crio; do
+        /etc/gpusnap /var/lib/gpusnap /usr/local/bin /opt/gpusnap-node /etc/criu /etc/crio \
+        /var/lib/kubelet; do
         umount "$d"
     done
     echo "layout $preset: passed in $((SECONDS - T0)) s"

@@ -41,6 +41,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpusnap.hostSigningKey" -}}/etc/gpusnap/signing.key{{- end -}}
 {{- define "gpusnap.hostRegistryDir" -}}/etc/gpusnap/registry{{- end -}}
 {{- define "gpusnap.hostDecryptionKeysDir" -}}/etc/gpusnap/decryption-keys{{- end -}}
+{{- define "gpusnap.hostRegistryCADir" -}}/etc/gpusnap/registry-ca{{- end -}}
 
 {{/* Refuses values that would install a config the node then refuses, with the reason. */}}
 {{- define "gpusnap.validate" -}}
@@ -57,6 +58,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- if and $dk.keys (not $dk.secretName) -}}
 {{- fail "decryptionKeys.keys is set: name the Secret holding them in decryptionKeys.secretName" -}}
+{{- end -}}
+{{- $ca := .Values.registryCA -}}
+{{- if and $ca.secretName (not $ca.keys) -}}
+{{- fail "registryCA.secretName is set: list the Secret's CA certificate entries in registryCA.keys" -}}
+{{- end -}}
+{{- if and $ca.keys (not $ca.secretName) -}}
+{{- fail "registryCA.keys is set: name the Secret holding them in registryCA.secretName" -}}
 {{- end -}}
 {{- $layout := include "gpusnap.layout" . | fromYaml -}}
 {{- if hasPrefix "/opt/gpusnap/bin" (clean $layout.binDir) -}}
@@ -126,12 +134,28 @@ deadline_seconds = {{ int64 (default 0 $c.restore.deadline_seconds) }}
 root = {{ include "gpusnap.tomlString" $c.store.root }}
 max_bytes = {{ include "gpusnap.tomlBytes" $c.store.max_bytes }}
 {{- end }}
-{{- if .Values.signingKey.secretName }}
 
 [checkpoint]
-# From Secret {{ .Values.signingKey.secretName }}, installed by the installer (root, 0600).
-signing_key = {{ include "gpusnap.tomlString" (include "gpusnap.hostSigningKey" .) }}
+{{- with .Values.signingKey.secretName }}
+# From Secret {{ . }}, installed by the installer (root, 0600).
+signing_key = {{ include "gpusnap.tomlString" (include "gpusnap.hostSigningKey" $) }}
 {{- end }}
+# Where the installer may push the checkpoints of pods annotated gpusnap.io/checkpoint-to.
+allowed_destinations = {{ toJson (default (list) $c.checkpoint.allowed_destinations) }}
+{{- with .Values.registryCredentials.secretName }}
+# From Secret {{ . }}, installed by the installer (root, 0600).
+registry_config = {{ include "gpusnap.tomlString" (printf "%s/config.json" (include "gpusnap.hostRegistryDir" $)) }}
+{{- end }}
+{{- $cas := list }}
+{{- range .Values.registryCA.keys }}
+{{- $cas = append $cas (printf "%s/%s" (include "gpusnap.hostRegistryCADir" $) .) }}
+{{- end }}
+{{- with .Values.registryCA.secretName }}
+# From Secret {{ . }}, installed by the installer (root, 0644).
+{{- end }}
+registry_ca_files = {{ toJson $cas }}
+push_attempts = {{ int64 $c.checkpoint.push_attempts }}
+push_retry_seconds = {{ int64 $c.checkpoint.push_retry_seconds }}
 {{ end -}}
 
 {{/*
