@@ -13,6 +13,8 @@
 //!   containerd and node store, signatures required) pulls it by the stable tag and a pod
 //!   annotated `gpusnap.io/restore-from` restores it: the counter carries on;
 //! - a restarted agent does not push the archive again;
+//! - a "CUDA" container (the driver double, the posix engine: device memory in
+//!   `gpusnap-gpu-*` files) pushed the same way restores on node B with its device memory;
 //! - a destination outside `checkpoint.allowed_destinations` (an archive written before the
 //!   agent started), a registry that does not answer (after the bounded retries) and a
 //!   registry that refuses the node's credentials: nothing is pushed, and the status file, the
@@ -26,7 +28,10 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::busybox_registry::{registry_with_busybox, BUSYBOX_REPO};
 use gpusnap_testkit::cmd::{check, gpusnap_ok};
-use gpusnap_testkit::counter::{count_of, wait_count, WARM};
+use gpusnap_testkit::counter::{check_continues, count_of, wait_count, COUNTER, WARM};
+use gpusnap_testkit::cri::gpusnap_handler;
+use gpusnap_testkit::crictl::PidMode;
+use gpusnap_testkit::gpu::{Cuda, Engine, GpuDouble};
 use gpusnap_testkit::push_agent::{AgentSetup, FakeApi, NodeAgent};
 use gpusnap_testkit::registry::{free_tcp_port, RegistrySetup};
 use gpusnap_testkit::signing::{keypair, set_policy, CriSigNode, Policy, Running};
@@ -377,6 +382,110 @@ fn checkpoint_to_refusals_push_nothing_and_say_why() {
                 .is_none(),
             "the agent left its scratch behind"
         );
+        Ok(())
+    })
+}
+
+/// A counter with `env` in new pod `name` (the gpusnap handler, `annotations`), running.
+fn start_with_env(
+    node: &CriSigNode,
+    name: &str,
+    annotations: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> Result<Running> {
+    let pod = node
+        .crictl
+        .run_pod(name, gpusnap_handler(), PidMode::Container, annotations)?;
+    let id = node.crictl.create(
+        &pod,
+        "counter",
+        &node.busybox,
+        &["sh", "-c", COUNTER, &node.run],
+        env,
+    )?;
+    node.crictl.start(&id)?;
+    let pid = gpusnap_testkit::wait_some(Duration::from_secs(30), || {
+        node.crictl.pid(&id).ok().filter(|p| *p != 0)
+    })
+    .with_context(|| format!("no pid for {id} in {name}"))?;
+    Ok(Running { pod, id, pid })
+}
+
+#[test]
+fn checkpoint_to_pushes_a_gpu_container_that_restores_with_its_device_memory() {
+    check(|| {
+        let gpu = GpuDouble::new(Engine::Posix, Cuda::V13_4)?;
+        let base = registry_with_busybox()?;
+        let busybox = base.image(BUSYBOX_REPO);
+        let dest = Registry::start_with(RegistrySetup::secure())?;
+        let work = tempfile::tempdir()?;
+        let docker = dest.write_docker_config(&work.path().join("docker"))?;
+        let ca = dest.ca_file().context("CA")?;
+        let watched = checkpoint_dir(work.path())?;
+        let node_a = CriSigNode::start_with_config(&base.host(), &busybox, &gpu.config())?;
+        let config = format!(
+            "[checkpoint]\nallowed_destinations = [\"{}/ckpt/*\"]\nregistry_config = {:?}\n\
+             registry_ca_files = [{:?}]\n\n[store]\nroot = {:?}\n",
+            dest.host(),
+            s(&docker),
+            s(&ca),
+            s(&work.path().join("store")),
+        );
+        let agent = NodeAgent::start(
+            &AgentSetup {
+                checkpoint_dir: &watched,
+                config,
+                node: "gpu-node-a",
+                api: None,
+            },
+            &work.path().join("agent"),
+        )?;
+        let (cuda, bytes) = gpu.cuda_process("push")?;
+        let (k, v) = cuda.env_pair();
+        let env = [(k, v)];
+        let repo = format!("{}/ckpt/gpu", dest.host());
+        let w = start_with_env(&node_a, "gpu", &[("gpusnap.io/checkpoint-to", &repo)], &env)?;
+        wait_count(&node_a.run, "gpu", WARM, || count_of(w.pid))?;
+        let name = kubelet_name("gpu");
+        let checkpointed = node_a.checkpoint(&w, &watched.join(&name))?;
+        gpu.check_checkpoint_calls(&cuda, w.pid, true)?;
+        let rec = agent.wait_state(&name, "pushed", PUSHED_WITHIN)?;
+        ensure!(rec["signed"] == false, "no signing key, yet signed: {rec}");
+        let latest = format!("{repo}:latest");
+        ensure!(rec["references"][1] == latest.as_str(), "{rec}");
+
+        // Node B: the image pulled by its stable tag, restored by pod annotation.
+        node_a.crictl.remove_pod(&w.pod)?;
+        gpu.emulate_criu_restore(&cuda)?;
+        let node_b = CriSigNode::start_with_config(&base.host(), &busybox, &gpu.config())?;
+        gpusnap_ok(&[
+            "--config",
+            s(node_b.node.config_path()),
+            "image",
+            "pull",
+            &format!("https://{latest}"),
+            "--extract",
+            "ck-gpu",
+            "--ca-file",
+            s(&ca),
+            "--registry-config",
+            s(&docker),
+        ])?;
+        let extents = gpusnap_testkit::gpu::gpu_files(
+            &node_b.node.checkpoint_root().join("ck-gpu/checkpoint"),
+        );
+        ensure!(
+            !extents.is_empty(),
+            "the pushed image carries no GPU state files"
+        );
+        let r = start_with_env(
+            &node_b,
+            "gpu-restored",
+            &[("gpusnap.io/restore-from", "ck-gpu")],
+            &env,
+        )?;
+        gpu.check_restored(&cuda, r.pid, &bytes)?;
+        check_continues("gpu-restored", &checkpointed, || count_of(r.pid))?;
         Ok(())
     })
 }

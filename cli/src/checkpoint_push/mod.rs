@@ -79,6 +79,9 @@ pub struct PushAgent<'a> {
     pub node: String,
     /// Posts events when the agent has an API client.
     pub kube: Option<&'a Kube>,
+    /// Set once the agent has put the Secrets' files on the node (the registry credentials,
+    /// CAs and signing key the config names): nothing is pushed before.
+    pub files_ready: &'a AtomicBool,
 }
 
 /// An archive waiting to be looked at.
@@ -152,6 +155,9 @@ impl PushAgent<'_> {
             node = %self.node,
             "watching for checkpoint archives of pods annotated gpusnap.io/checkpoint-to"
         );
+        while !self.files_ready.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let mut queue: BTreeMap<OsString, Pending> = BTreeMap::new();
         let mut last_scan = Instant::now();
         self.scan(dir_fd.as_fd(), &mut queue);
@@ -182,11 +188,15 @@ impl PushAgent<'_> {
                         overflow = true;
                     }
                     if let Some(name) = e.name.filter(|n| is_archive_name(n)) {
-                        let p = queue.entry(name).or_insert(Pending {
-                            due: Instant::now(),
-                            attempts: 0,
-                        });
-                        p.due = p.due.min(Instant::now());
+                        // Written (again) or renamed in: another archive, with attempts of its
+                        // own (its status record tells whether it is the one already seen).
+                        queue.insert(
+                            name,
+                            Pending {
+                                due: Instant::now(),
+                                attempts: 0,
+                            },
+                        );
                     }
                 }
             }

@@ -114,6 +114,9 @@ struct Placed {
 }
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
+/// Set after the first round (whatever came of it): it puts the Secrets' files on the node,
+/// and the checkpoint pushes need the credentials and keys in place.
+static FILES_PLACED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_terminate(_: libc::c_int) {
     TERMINATE.store(true, Ordering::SeqCst);
@@ -178,6 +181,7 @@ impl Agent {
                             .unwrap_or_else(|_| "node".to_owned())
                     }),
                     kube: self.kube.as_ref(),
+                    files_ready: &FILES_PLACED,
                 };
                 std::thread::Builder::new()
                     .name("checkpoint-push".into())
@@ -218,6 +222,7 @@ impl Agent {
                     false
                 }
             };
+            FILES_PLACED.store(true, Ordering::SeqCst);
             self.set_ready(ready);
             log(format!(
                 "round done in {} ms: {}; next in {} s",
