@@ -116,23 +116,43 @@ pub enum Refusal {
     Incomplete(String),
     #[error("{}", exceeds(.0))]
     Exceeds(Vec<Finding>),
+    #[error("{}", not_modeled(.0))]
+    NotModeled(Vec<Finding>),
 }
 
-fn exceeds(findings: &[Finding]) -> String {
-    const SHOWN: usize = 6;
+fn not_modeled(findings: &[Finding]) -> String {
     let mut s = String::from(
-        "the checkpoint's CRIU images give its processes more than the spec of the container \
-         being restored allows: ",
+        "the checkpoint holds CRIU images or fields that gpusnap's model of what CRIU applies \
+         on restore does not accept (what it does not know is refused): ",
     );
+    s.push_str(&shown(findings));
+    s.push_str(
+        ". Nothing was changed. Take the checkpoint again without it (docs/security.md lists \
+         every image type and field the restore accepts, and why)",
+    );
+    s
+}
+
+fn shown(findings: &[Finding]) -> String {
+    const SHOWN: usize = 6;
     let shown: Vec<String> = findings
         .iter()
         .take(SHOWN)
         .map(Finding::to_string)
         .collect();
-    s.push_str(&shown.join("; "));
+    let mut s = shown.join("; ");
     if findings.len() > SHOWN {
         s.push_str(&format!(" (and {} more)", findings.len() - SHOWN));
     }
+    s
+}
+
+fn exceeds(findings: &[Finding]) -> String {
+    let mut s = String::from(
+        "the checkpoint's CRIU images give its processes more than the spec of the container \
+         being restored allows: ",
+    );
+    s.push_str(&shown(findings));
     s.push_str(
         ". Nothing was changed. Restore it into a container whose spec grants this (user, \
          capabilities, no_new_privs, seccomp, LSM label, namespaces, mounts), or take the \
@@ -160,6 +180,12 @@ pub fn bound_by_spec_on(
             source,
         })
     })?;
+    let mut unmodeled = Vec::new();
+    let listing = crate::allowlist::walk_dir(&mut dir, &mut unmodeled)?;
+    if !unmodeled.is_empty() {
+        return Err(Refusal::NotModeled(unmodeled));
+    }
+    let _ = &listing;
     let mut check = Check {
         bound: &bound,
         findings: Vec::new(),
@@ -505,7 +531,7 @@ impl Check<'_> {
                     .ok_or_else(|| missing(&core_file))?;
                 // A zombie's core has no thread state: CRIU restores it only to exit, and
                 // none of its credentials are set.
-                if tid == pid && core.tc.as_ref().and_then(|t| t.task_state) == Some(TASK_DEAD) {
+                if tid == pid && core.tc.as_ref().map(|t| t.task_state) == Some(TASK_DEAD) {
                     break;
                 }
                 let Some(thread) = &core.thread_core else {
@@ -962,6 +988,14 @@ impl Check<'_> {
                 if let Err(why) = self.mount(e, ns_root, own, sysadmin) {
                     self.find(None, &name, "mountpoint", why);
                 }
+                if !(ns_root && own) {
+                    if let Err(why) = self.mount_root(e, &entries) {
+                        self.find(None, &name, "root", why);
+                    }
+                }
+                if let Err(why) = propagation(e, &entries) {
+                    self.find(None, &name, "master_id", why);
+                }
             }
         }
         Ok(())
@@ -1103,6 +1137,71 @@ impl Check<'_> {
         ))
     }
 
+    /// The path CRIU bind-mounts from. For a mount that is not external, CRIU takes a mount
+    /// of the image with the same device (`root_dev`) whose root is a prefix of this one's as
+    /// the bind source, and mounts `<that mount in CRIU's yard>/<the rest of root>`, walking
+    /// the path as root with symlinks followed (`criu/mount.c`, `do_bind_mount`). So a root of
+    /// `/` binds a mount of the container onto another (its own content), and any other root
+    /// is accepted only as runc makes one: a read-only or masked path of the spec that is a
+    /// bind of the container's own proc or sysfs mount onto itself (`/proc/sys` with root
+    /// `/sys`), whose components are plain names (procfs and sysfs have no symlink on those
+    /// paths; tmpfs content comes from the image, so no tmpfs root is accepted).
+    fn mount_root(&self, e: &MntEntry, all: &[MntEntry]) -> Result<(), String> {
+        let ext = e.ext_key.as_ref().is_some_and(|k| !k.is_empty()) || e.ext_mount == Some(true);
+        if ext {
+            // runc hands CRIU the source of an external mount; the root is not used.
+            return Ok(());
+        }
+        if e.root == b"/" {
+            return Ok(());
+        }
+        let shown = String::from_utf8_lossy(&e.root).escape_debug().to_string();
+        let mountpoint = normalize(&e.mountpoint).unwrap_or_default();
+        let plain = e.root.starts_with(b"/")
+            && e.root[1..]
+                .split(|c| *c == b'/')
+                .all(|p| !p.is_empty() && p != b"." && p != b"..");
+        if !plain {
+            return Err(format!(
+                "of {mountpoint} is {shown:?}, not a plain absolute path: CRIU would bind-mount \
+                 a path outside the mount it binds from"
+            ));
+        }
+        let b = self.bound;
+        if ![fs::PROC, fs::SYSFS].contains(&e.fstype)
+            || !(b.readonly.contains(&mountpoint) || b.masked.contains(&mountpoint))
+        {
+            return Err(format!(
+                "of {mountpoint} is {shown:?}: CRIU would bind-mount that path of another mount \
+                 (with symlinks followed); runc makes such a bind only of proc or sysfs onto a \
+                 read-only or masked path of the spec"
+            ));
+        }
+        let onto_itself = all.iter().any(|s| {
+            s.mnt_id != e.mnt_id
+                && s.root_dev == e.root_dev
+                && s.fstype == e.fstype
+                && s.root == b"/"
+                && normalize(&s.mountpoint).is_some_and(|p| {
+                    let joined = if p == "/" {
+                        shown.clone()
+                    } else {
+                        format!("{p}{shown}")
+                    };
+                    joined == mountpoint
+                })
+        });
+        if onto_itself {
+            Ok(())
+        } else {
+            Err(format!(
+                "of {mountpoint} is {shown:?}, which is not a bind of the container's own {} \
+                 mount onto itself",
+                fs::name(e.fstype)
+            ))
+        }
+    }
+
     fn apparmor(&mut self, dir: &mut ImageDir) -> Result<(), Refusal> {
         let entries: Vec<ApparmorEntry> = dir
             .read("apparmor.img", Kind::Apparmor)?
@@ -1122,6 +1221,25 @@ impl Check<'_> {
         }
         Ok(())
     }
+}
+
+/// A mount receives propagation only from a peer group of the image's own mounts: CRIU
+/// refuses an external master unless told to, and gpusnap does not tell it.
+fn propagation(e: &MntEntry, all: &[MntEntry]) -> Result<(), String> {
+    let Some(master) = e.master_id.filter(|m| *m != 0) else {
+        return Ok(());
+    };
+    if all
+        .iter()
+        .any(|o| o.mnt_id != e.mnt_id && o.shared_id == Some(master))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "of {} is peer group {master}, which no mount of the image shares: propagation from a \
+         mount outside the checkpoint",
+        String::from_utf8_lossy(&e.mountpoint).escape_debug()
+    ))
 }
 
 const TASK_DEAD: u32 = 2;

@@ -48,6 +48,26 @@ impl Kind {
         }
     }
 
+    /// The kind with this type magic, among those the check reads.
+    pub fn of_magic(magic: u32) -> Option<Kind> {
+        use Kind::*;
+        [
+            Inventory,
+            Pstree,
+            Core,
+            Ids,
+            Creds,
+            Seccomp,
+            Mountpoints,
+            Userns,
+            Apparmor,
+            Files,
+            RemapFpath,
+        ]
+        .into_iter()
+        .find(|k| k.magic() == magic)
+    }
+
     /// Whether the file starts with [`IMG_COMMON_MAGIC`] (every image but the inventory).
     pub fn has_head(self) -> bool {
         self != Kind::Inventory
@@ -255,6 +275,10 @@ pub struct ImageDir {
     path: PathBuf,
     limits: Limits,
     files_read: usize,
+    /// Each file is read once: the schema walk reads every image, the checks read them again
+    /// from here (and see the bytes the walk saw).
+    cache: std::collections::HashMap<String, Vec<u8>>,
+    counted: std::collections::HashSet<String>,
 }
 
 impl ImageDir {
@@ -265,11 +289,17 @@ impl ImageDir {
             path: path.to_path_buf(),
             limits,
             files_read: 0,
+            cache: Default::default(),
+            counted: Default::default(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// How many image files were read so far.
@@ -290,7 +320,17 @@ impl ImageDir {
     }
 
     /// The bytes of `name`, `None` when it does not exist.
-    pub fn read_bytes(&mut self, name: &str, kind: Kind) -> Result<Option<Vec<u8>>, ImageError> {
+    pub fn read_bytes(
+        &mut self,
+        name: &str,
+        what: &'static str,
+    ) -> Result<Option<Vec<u8>>, ImageError> {
+        if let Some(bytes) = self.cache.get(name) {
+            if self.counted.insert(name.to_owned()) {
+                self.files_read += 1;
+            }
+            return Ok(Some(bytes.clone()));
+        }
         let file = match beneath::open_file(self.root.as_fd(), Path::new(name)) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -310,7 +350,7 @@ impl ImageDir {
         if size > limit {
             return Err(ImageError::FileTooLarge {
                 name: name.into(),
-                what: kind.what(),
+                what,
                 size,
                 limit,
             });
@@ -323,13 +363,26 @@ impl ImageDir {
         if bytes.len() as u64 > limit {
             return Err(ImageError::FileTooLarge {
                 name: name.into(),
-                what: kind.what(),
+                what,
                 size: bytes.len() as u64,
                 limit,
             });
         }
         self.files_read += 1;
+        self.counted.insert(name.to_owned());
+        self.cache.insert(name.to_owned(), bytes.clone());
         Ok(Some(bytes))
+    }
+
+    /// [`Self::read_bytes`] for the schema walk, which reads every image: not counted in
+    /// [`Self::files_read`] (the images the checks read).
+    pub fn walk_bytes(&mut self, name: &str, what: &'static str) -> Result<Vec<u8>, ImageError> {
+        let counted = self.counted.contains(name);
+        let bytes = self.read_bytes(name, what)?.unwrap_or_default();
+        if !counted && self.counted.remove(name) {
+            self.files_read -= 1;
+        }
+        Ok(bytes)
     }
 
     /// Every entry of `name` decoded as `M`; `None` when the file does not exist.
@@ -339,7 +392,7 @@ impl ImageDir {
         kind: Kind,
     ) -> Result<Option<Vec<M>>, ImageError> {
         let limits = self.limits;
-        match self.read_bytes(name, kind)? {
+        match self.read_bytes(name, kind.what())? {
             None => Ok(None),
             Some(bytes) => decode_entries(name, &bytes, kind, &limits).map(Some),
         }

@@ -73,6 +73,7 @@ fn ids(pid_ns: u32, net: u32, ipc: u32, uts: u32, mnt: u32, user: u32) -> TaskKo
         user_ns_id: Some(user),
         cgroup_ns_id: Some(8),
         time_ns_id: Some(5),
+        ..Default::default()
     }
 }
 
@@ -86,10 +87,8 @@ fn mnt(id: u32, parent: u32, fstype: u32, mountpoint: &str, flags: u32) -> MntEn
         mountpoint: mountpoint.as_bytes().to_vec(),
         source: b"none".to_vec(),
         options: vec![],
-        ext_mount: None,
-        fsname: None,
         sb_flags: Some(0),
-        ext_key: None,
+        ..Default::default()
     }
 }
 
@@ -118,7 +117,9 @@ impl Fixture {
                 creds: Some(forge::creds(uid, gid, RUNC_CAPS)),
                 seccomp_mode: None,
                 seccomp_filter: None,
+                ..Default::default()
             }),
+            ..Default::default()
         };
         let container = ids(9, 10, 11, 12, 13, 7);
         let (r, nosuid, nodev, noexec) = (1, 2, 4, 8);
@@ -127,6 +128,7 @@ impl Fixture {
                 img_version: 2,
                 root_ids: Some(ids(1, 2, 3, 4, 6, 7)),
                 lsmtype: Some(0),
+                ..Default::default()
             },
             pstree: vec![
                 PstreeEntry {
@@ -447,9 +449,10 @@ fn a_dropped_seccomp_filter_is_refused() {
     // The per-task mode of old images wins, as in CRIU.
     let mut f = filtered();
     f.cores[0].1.tc = Some(TaskCoreEntry {
-        task_state: Some(1),
+        task_state: 1,
         old_seccomp_mode: Some(0),
         old_seccomp_filter: None,
+        ..Default::default()
     });
     refused(
         f.check(&seccomp_spec()),
@@ -688,7 +691,7 @@ fn legacy_creds_files_are_checked_too() {
     );
     // A zombie has none, and CRIU sets none of its credentials.
     f.cores[1].1.tc = Some(TaskCoreEntry {
-        task_state: Some(2),
+        task_state: 2,
         ..Default::default()
     });
     f.check(&spec_of(spec_json())).unwrap();
@@ -737,7 +740,10 @@ fn apparmor_policy_loads_are_refused() {
         forge::image_of(
             Kind::Apparmor,
             &[ApparmorEntry {
-                namespaces: vec![b"\x0a\x03../".to_vec()],
+                namespaces: vec![AaNamespace {
+                    name: b"../".to_vec(),
+                    ..Default::default()
+                }],
             }],
         ),
     ));
@@ -865,20 +871,33 @@ fn malformed_images_are_refused_with_what_is_wrong() {
 
 #[test]
 fn forged_cores_keep_every_field_the_check_does_not_read() {
-    // A core with fields the crate does not declare (registers in field 2, the task's comm
-    // inside tc).
-    let mut entry = Vec::new();
-    prost::encoding::uint32::encode(1, &1, &mut entry);
-    prost::encoding::bytes::encode(2, &vec![0xaa; 40], &mut entry);
-    let mut tc = Vec::new();
-    prost::encoding::string::encode(6, &"sh".to_string(), &mut tc);
-    prost::encoding::bytes::encode(3, &tc, &mut entry);
-    let mut thread = Vec::new();
-    prost::encoding::uint64::encode(1, &0x1234, &mut thread);
-    let creds = forge::creds(1000, 1000, 0);
-    prost::encoding::message::encode(10, &creds, &mut thread);
-    prost::encoding::bytes::encode(5, &thread, &mut entry);
-    let img = forge::image(Kind::Core, &[entry]);
+    // A core with fields the check does not read (registers, the task's comm, the thread's
+    // robust futex list), as CRIU writes them.
+    let regs = ThreadInfoX86 {
+        clear_tid_addr: 0x7f00,
+        gpregs: UserX86RegsEntry {
+            r15: 0xaaaa,
+            ip: 0x4000,
+            ..Default::default()
+        },
+        fpregs: UserX86FpregsEntry::default(),
+        ..Default::default()
+    };
+    let core = CoreEntry {
+        mtype: 1,
+        thread_info: Some(regs.clone()),
+        tc: Some(TaskCoreEntry {
+            comm: b"sh".to_vec(),
+            ..Default::default()
+        }),
+        thread_core: Some(ThreadCoreEntry {
+            futex_rla: 0x1234,
+            creds: Some(forge::creds(1000, 1000, 0)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let img = forge::image_of(Kind::Core, std::slice::from_ref(&core));
 
     let forged = forge::edit_creds(&img, |c| {
         c.uid = 0;
@@ -889,14 +908,12 @@ fn forged_cores_keep_every_field_the_check_does_not_read() {
         gpusnap_criu_images::image::split_entries("core", &forged, Kind::Core, &Limits::default())
             .unwrap();
     let e = entries[0];
-    assert_eq!(forge::field_bytes(e, 2).unwrap(), Some(&[0xaa; 40][..]));
-    assert_eq!(forge::field_bytes(e, 3).unwrap(), Some(&tc[..]));
-    let thread = forge::field_bytes(e, 5).unwrap().unwrap();
-    let mut rest = Vec::new();
-    prost::encoding::uint64::encode(1, &0x1234, &mut rest);
-    assert!(thread.starts_with(&rest), "futex_rla kept");
-    let core: CoreEntry = prost::Message::decode(e).unwrap();
-    let c = core.thread_core.unwrap().creds.unwrap();
+    let forged: CoreEntry = prost::Message::decode(e).unwrap();
+    assert_eq!(forged.thread_info, Some(regs), "registers kept");
+    assert_eq!(forged.tc, core.tc, "task state kept");
+    let thread = forged.thread_core.unwrap();
+    assert_eq!(thread.futex_rla, 0x1234, "futex_rla kept");
+    let c = thread.creds.unwrap();
     assert_eq!((c.uid, caps::from_words(&c.cap_eff)), (0, caps::ALL));
     assert_eq!(c.euid, 1000);
 }
