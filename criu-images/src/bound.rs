@@ -275,6 +275,12 @@ struct SpecMount {
 struct Bound {
     bnd: u64,
     prm: u64,
+    /// With `noNewPrivileges`, what any process of the container can ever hold: the spec's
+    /// permitted set for uid 0 (execve intersects root's new set with the old permitted one);
+    /// for another uid the ambient set (all execve leaves a non-root process, and runc's
+    /// execve of the container's process comes after it set the uid). Without it, the
+    /// bounding set (a setuid-root program gets it).
+    held: u64,
     /// Everything a process of the container could ever hold: the bounding set and the sets
     /// the spec gives explicitly (runc sets them even where they exceed the bounding set).
     any: u64,
@@ -369,8 +375,14 @@ impl Bound {
         };
         let bnd = set(|c| c.bounding());
         let prm = set(|c| c.permitted());
-        let any =
-            bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | set(|c| c.ambient());
+        let amb = set(|c| c.ambient());
+        let any = bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | amb;
+        let nnp = process.no_new_privileges().unwrap_or(false);
+        let held = match (nnp, process.user().uid()) {
+            (false, _) => bnd,
+            (true, 0) => prm,
+            (true, _) => amb & prm,
+        };
         let user = process.user();
         let mut gids: BTreeSet<u32> = user.additional_gids().iter().flatten().copied().collect();
         gids.insert(user.gid());
@@ -417,8 +429,9 @@ impl Bound {
         Ok(Bound {
             bnd,
             prm,
+            held,
             any,
-            nnp: process.no_new_privileges().unwrap_or(false),
+            nnp,
             uid: user.uid(),
             gid: user.gid(),
             gids,
@@ -440,6 +453,26 @@ impl Bound {
                 .is_some_and(|r| r.readonly().unwrap_or(false)),
             terminal: process.terminal().unwrap_or(false),
         })
+    }
+
+    /// Whether a process of the container could ever hold `cap` ([`Bound::held`]): in the
+    /// bounding set (execve of a setuid or file-capability program grants it), or with
+    /// `noNewPrivileges` only what execve left the container's process (no execve adds to it
+    /// then, and capset only removes).
+    fn may(&self, cap: u64) -> bool {
+        self.held & cap != 0
+    }
+
+    /// The set that denies `cap` in [`Bound::may`], for messages.
+    fn may_set(&self, cap: u64) -> &'static str {
+        if self.bnd & cap == 0 {
+            "bounding set"
+        } else if self.uid == 0 {
+            "permitted set (which noNewPrivileges keeps every process of it within)"
+        } else {
+            "ambient set (all a process of a non-root user keeps across execve, and \
+             noNewPrivileges keeps it within that)"
+        }
     }
 
     fn has_ns(&self, typ: &str) -> bool {
@@ -609,16 +642,22 @@ impl Check<'_> {
                         b.any
                     ),
                 );
-            } else if b.nnp && field != "cap_inh" && mask & !b.prm != 0 {
+            } else if b.nnp && field != "cap_inh" && mask & !b.held != 0 {
+                let which = if b.uid == 0 {
+                    "the spec's permitted set, which no_new_privs keeps any process of the \
+                     container within"
+                } else {
+                    "the spec's ambient set: a process of a non-root user keeps only its ambient \
+                     capabilities across runc's execve, and no_new_privs keeps it within them"
+                };
                 self.find(
                     task,
                     file,
                     field,
                     format!(
-                        "holds {}, outside the spec's permitted set, which no_new_privs keeps \
-                         any process of the container within (spec {:#x}, image {mask:#x})",
-                        caps::names(mask & !b.prm),
-                        b.prm
+                        "holds {}, outside {which} (spec {:#x}, image {mask:#x})",
+                        caps::names(mask & !b.held),
+                        b.held
                     ),
                 );
             }
@@ -638,7 +677,7 @@ impl Check<'_> {
             );
         }
 
-        if b.bnd & caps::SETUID == 0 {
+        if !b.may(caps::SETUID) {
             for (field, v) in [
                 ("uid", c.uid),
                 ("euid", c.euid),
@@ -651,15 +690,17 @@ impl Check<'_> {
                         file,
                         field,
                         format!(
-                            "is {v}, but the container spec's user is uid {} and its bounding \
-                             set lacks CAP_SETUID (spec {}, image {v})",
-                            b.uid, b.uid
+                            "is {v}, but the container spec's user is uid {} and its {} \
+                             lacks CAP_SETUID (spec {}, image {v})",
+                            b.uid,
+                            b.may_set(caps::SETUID),
+                            b.uid
                         ),
                     );
                 }
             }
         }
-        if b.bnd & caps::SETGID == 0 {
+        if !b.may(caps::SETGID) {
             for (field, v) in [
                 ("gid", c.gid),
                 ("egid", c.egid),
@@ -672,9 +713,11 @@ impl Check<'_> {
                         file,
                         field,
                         format!(
-                            "is {v}, but the container spec's user is gid {} and its bounding \
-                             set lacks CAP_SETGID (spec {}, image {v})",
-                            b.gid, b.gid
+                            "is {v}, but the container spec's user is gid {} and its {} \
+                             lacks CAP_SETGID (spec {}, image {v})",
+                            b.gid,
+                            b.may_set(caps::SETGID),
+                            b.gid
                         ),
                     );
                 }
@@ -692,8 +735,9 @@ impl Check<'_> {
                     "groups",
                     format!(
                         "hold {}, which are neither the spec's gid nor its additionalGids and \
-                         its bounding set lacks CAP_SETGID (spec {:?}, image {:?})",
+                         its {} lacks CAP_SETGID (spec {:?}, image {:?})",
                         extra.join(", "),
+                        b.may_set(caps::SETGID),
                         b.gids,
                         c.groups
                     ),
@@ -702,15 +746,15 @@ impl Check<'_> {
         }
 
         const SECBIT_NO_SETUID_FIXUP: u32 = 1 << 2;
-        if c.secbits & SECBIT_NO_SETUID_FIXUP != 0 && b.bnd & caps::SETPCAP == 0 {
+        if c.secbits & SECBIT_NO_SETUID_FIXUP != 0 && !b.may(caps::SETPCAP) {
             self.find(
                 task,
                 file,
                 "secbits",
                 format!(
                     "set SECBIT_NO_SETUID_FIXUP (capabilities kept across uid changes), which \
-                     needs CAP_SETPCAP the container spec's bounding set lacks (spec 0, image \
-                     {:#x})",
+                     needs CAP_SETPCAP the container spec's {} lacks (spec 0, image {:#x})",
+                    b.may_set(caps::SETPCAP),
                     c.secbits
                 ),
             );
@@ -969,7 +1013,7 @@ impl Check<'_> {
             };
             let entries: Vec<MntEntry> = dir.read(&name, Kind::Mountpoints)?.unwrap_or_default();
             let own = ns == root_mnt;
-            let sysadmin = self.bound.bnd & caps::SYS_ADMIN != 0;
+            let sysadmin = self.bound.may(caps::SYS_ADMIN);
             if !own && !sysadmin {
                 self.find(
                     None,
@@ -977,7 +1021,8 @@ impl Check<'_> {
                     "mount namespace",
                     format!(
                         "{ns} is not the container's ({root_mnt}): only a process with \
-                         CAP_SYS_ADMIN makes one, which the container spec's bounding set lacks"
+                         CAP_SYS_ADMIN makes one, which the container spec's {} lacks",
+                        self.bound.may_set(caps::SYS_ADMIN)
                     ),
                 );
                 continue;

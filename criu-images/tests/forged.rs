@@ -348,12 +348,60 @@ fn uid_0_in_a_non_root_container_is_refused() {
     );
 }
 
+/// Finding 4: with noNewPrivileges, a root checkpoint restored into a `--user 1000:1000`
+/// container whose spec lists CAP_SETUID in every set but the ambient one (containerd's
+/// default for `ctr run --user`) would run as uid 0 with the spec's capabilities; that
+/// container's own process runs as uid 1000 with none.
+#[test]
+fn no_new_privileges_keeps_a_non_root_user_without_capabilities() {
+    let mut spec = spec_json();
+    spec["process"]["user"] = json!({"uid": 1000, "gid": 1000});
+    let caps = json!([
+        "CAP_KILL",
+        "CAP_SETUID",
+        "CAP_SETGID",
+        "CAP_NET_BIND_SERVICE"
+    ]);
+    spec["process"]["capabilities"] =
+        json!({"bounding": caps, "permitted": caps, "effective": caps});
+    let mut f = Fixture::honest();
+    for t in [1, 16] {
+        *f.creds(t) = forge::creds(1000, 1000, 0);
+        f.creds(t).cap_bnd = cap_words(0x4e0 | 1 << 10);
+    }
+    f.check(&spec_of(spec.clone())).unwrap();
+    // The honest root checkpoint of the same container run as root.
+    for t in [1, 16] {
+        *f.creds(t) = forge::creds(0, 0, 0x4e0);
+    }
+    refused(
+        f.check(&spec_of(spec.clone())),
+        &[
+            "task 1 (core-1.img): uid is 0, but the container spec's user is uid 1000 and its \
+             ambient set",
+            "lacks CAP_SETUID",
+            "task 1 (core-1.img): cap_eff holds CAP_KILL, CAP_SETGID, CAP_SETUID, \
+             CAP_NET_BIND_SERVICE, outside the spec's ambient set",
+        ],
+    );
+    // Without noNewPrivileges a setuid-root program could make it so: accepted.
+    spec["process"]["noNewPrivileges"] = false.into();
+    for t in [1, 16] {
+        f.creds(t).no_new_privs = Some(0);
+    }
+    f.check(&spec_of(spec)).unwrap();
+}
+
 #[test]
 fn ids_may_change_when_the_spec_grants_setuid_and_setgid() {
     let mut spec = spec_json();
     spec["process"]["user"] = json!({"uid": 1000, "gid": 1000});
     let all = json!(["CAP_KILL", "CAP_SETUID", "CAP_SETGID"]);
-    spec["process"]["capabilities"] = json!({"bounding": all, "permitted": all, "effective": all});
+    // A non-root process keeps across runc's execve only its ambient capabilities, and
+    // no_new_privs keeps it within them: they must be ambient for it to hold them.
+    spec["process"]["capabilities"] = json!({
+        "bounding": all, "permitted": all, "effective": all, "inheritable": all, "ambient": all
+    });
     let mut f = Fixture::honest();
     for t in [1, 16] {
         *f.creds(t) = forge::creds(1000, 1000, 0xe0);
