@@ -36,6 +36,12 @@ use std::path::Path;
 
 use oci_spec::runtime::Spec;
 
+mod cgroup;
+mod files;
+mod netns;
+mod task;
+mod tmpfs;
+
 use crate::caps;
 use crate::image::{ImageDir, ImageError, Kind, Limits};
 use crate::proto::{
@@ -61,6 +67,77 @@ impl HostLsm {
             HostLsm::SeLinux
         } else {
             HostLsm::None
+        }
+    }
+}
+
+/// What the restore inherits from the node and the runtime that runs it: the bounds for the
+/// fields a spec does not set (a container inherits them from runc, which inherits them from
+/// the shim or gpusnap-runc: this process).
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub lsm: HostLsm,
+    /// This process's hard resource limits, by resource number.
+    pub rlimits: Vec<u64>,
+    /// This process's audit loginuid (`None` without audit).
+    pub loginuid: Option<u32>,
+    pub oom_score_adj: i32,
+    /// `net.core.wmem_max` and `net.core.rmem_max`: the largest socket buffers a process
+    /// without CAP_NET_ADMIN sets (the kernel doubles them).
+    pub wmem_max: u64,
+    pub rmem_max: u64,
+    /// The maxima of `net.ipv4.tcp_wmem` and `tcp_rmem`, to which TCP autotuning grows a
+    /// connection's buffers.
+    pub tcp_wmem_max: u64,
+    pub tcp_rmem_max: u64,
+}
+
+impl Host {
+    /// This process and this node.
+    pub fn detect() -> Host {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        let num = |p: &str| read(p).and_then(|s| s.trim().parse::<u64>().ok());
+        let third = |p: &str| {
+            read(p).and_then(|s| {
+                s.split_whitespace()
+                    .nth(2)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        };
+        use rustix::process::Resource as R;
+        // By resource number, as `task_rlimits_entry` holds them.
+        let rlimits = [
+            R::Cpu,
+            R::Fsize,
+            R::Data,
+            R::Stack,
+            R::Core,
+            R::Rss,
+            R::Nproc,
+            R::Nofile,
+            R::Memlock,
+            R::As,
+            R::Locks,
+            R::Sigpending,
+            R::Msgqueue,
+            R::Nice,
+            R::Rtprio,
+            R::Rttime,
+        ]
+        .into_iter()
+        .map(|r| rustix::process::getrlimit(r).maximum.unwrap_or(u64::MAX))
+        .collect();
+        Host {
+            lsm: HostLsm::detect(),
+            rlimits,
+            loginuid: read("/proc/self/loginuid").and_then(|s| s.trim().parse().ok()),
+            oom_score_adj: read("/proc/self/oom_score_adj")
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0),
+            wmem_max: num("/proc/sys/net/core/wmem_max").unwrap_or(212_992),
+            rmem_max: num("/proc/sys/net/core/rmem_max").unwrap_or(212_992),
+            tcp_wmem_max: third("/proc/sys/net/ipv4/tcp_wmem").unwrap_or(4 << 20),
+            tcp_rmem_max: third("/proc/sys/net/ipv4/tcp_rmem").unwrap_or(6 << 20),
         }
     }
 }
@@ -161,19 +238,33 @@ fn exceeds(findings: &[Finding]) -> String {
     s
 }
 
-/// Checks the CRIU images in `checkpoint_dir` against `spec`, on this node's LSM.
+/// Checks the CRIU images in `checkpoint_dir` against `spec`, on this node.
 pub fn bound_by_spec(checkpoint_dir: &Path, spec: &Spec) -> Result<Report, Refusal> {
-    bound_by_spec_on(checkpoint_dir, spec, HostLsm::detect(), Limits::default())
+    bound_by_spec_host(checkpoint_dir, spec, &Host::detect(), Limits::default())
 }
 
-/// [`bound_by_spec`] for a given LSM and reader limits.
+/// [`bound_by_spec`] for a given LSM and reader limits (the rest of [`Host`] detected).
 pub fn bound_by_spec_on(
     checkpoint_dir: &Path,
     spec: &Spec,
     lsm: HostLsm,
     limits: Limits,
 ) -> Result<Report, Refusal> {
-    let bound = Bound::of(spec, lsm)?;
+    let host = Host {
+        lsm,
+        ..Host::detect()
+    };
+    bound_by_spec_host(checkpoint_dir, spec, &host, limits)
+}
+
+/// [`bound_by_spec`] for a given node and runtime, and reader limits.
+pub fn bound_by_spec_host(
+    checkpoint_dir: &Path,
+    spec: &Spec,
+    host: &Host,
+    limits: Limits,
+) -> Result<Report, Refusal> {
+    let bound = Bound::of(spec, host.lsm)?;
     let mut dir = ImageDir::open(checkpoint_dir, limits).map_err(|source| {
         Refusal::Unreadable(ImageError::Open {
             name: checkpoint_dir.display().to_string(),
@@ -185,13 +276,21 @@ pub fn bound_by_spec_on(
     if !unmodeled.is_empty() {
         return Err(Refusal::NotModeled(unmodeled));
     }
-    let _ = &listing;
     let mut check = Check {
         bound: &bound,
+        host,
         findings: Vec::new(),
         compared: std::collections::HashMap::new(),
+        cg_sets: Vec::new(),
+        net_ns: BTreeSet::new(),
+        root_cg_set: None,
+        criu_ns: Default::default(),
     };
     let (tasks, threads) = check.tasks(&mut dir)?;
+    check.cgroups(&mut dir)?;
+    check.files(&mut dir, &listing)?;
+    check.tmpfs(&mut dir, &listing)?;
+    check.netns(&mut dir, &listing)?;
     check.apparmor(&mut dir)?;
     if check.findings.is_empty() {
         Ok(Report {
@@ -274,7 +373,6 @@ struct SpecMount {
 
 struct Bound {
     bnd: u64,
-    prm: u64,
     /// With `noNewPrivileges`, what any process of the container can ever hold: the spec's
     /// permitted set for uid 0 (execve intersects root's new set with the old permitted one);
     /// for another uid the ambient set (all execve leaves a non-root process, and runc's
@@ -303,6 +401,13 @@ struct Bound {
     readonly: BTreeSet<String>,
     root_readonly: bool,
     terminal: bool,
+    /// The spec's hard resource limits by OCI name (`RLIMIT_NOFILE`).
+    rlimits: std::collections::BTreeMap<String, u64>,
+    oom_score_adj: Option<i32>,
+    /// The spec's `linux.sysctl`.
+    sysctl: std::collections::BTreeMap<String, String>,
+    /// The spec's devices (path, type, major, minor) and runc's defaults.
+    devices: Vec<(String, char, i64, i64)>,
 }
 
 fn cap_mask(set: &Option<oci_spec::runtime::Capabilities>) -> u64 {
@@ -428,7 +533,6 @@ impl Bound {
             .collect();
         Ok(Bound {
             bnd,
-            prm,
             held,
             any,
             nnp,
@@ -452,6 +556,21 @@ impl Bound {
                 .as_ref()
                 .is_some_and(|r| r.readonly().unwrap_or(false)),
             terminal: process.terminal().unwrap_or(false),
+            rlimits: process
+                .rlimits()
+                .iter()
+                .flatten()
+                .filter_map(|r| {
+                    let name = serde_json::to_value(r.typ()).ok()?.as_str()?.to_owned();
+                    Some((name, r.hard()))
+                })
+                .collect(),
+            oom_score_adj: process.oom_score_adj(),
+            sysctl: linux
+                .and_then(|l| l.sysctl().clone())
+                .map(|m| m.into_iter().collect())
+                .unwrap_or_default(),
+            devices: tmpfs::devices(linux),
         })
     }
 
@@ -489,7 +608,16 @@ impl Bound {
 
 struct Check<'a> {
     bound: &'a Bound,
+    host: &'a Host,
     findings: Vec<Finding>,
+    /// The cgroup sets tasks and threads are in: (task, file, field, set id).
+    cg_sets: Vec<(u32, String, &'static str, u32)>,
+    /// The network namespaces of the tasks.
+    net_ns: BTreeSet<u32>,
+    /// CRIU's own cgroup set at the dump (`inventory.img`).
+    root_cg_set: Option<u32>,
+    /// CRIU's own namespaces (`inventory.img`'s `root_ids`).
+    criu_ns: TaskKobjIdsEntry,
     /// Filters of `seccomp.img` already compared with the spec's profile, by index (threads
     /// share them): `Err` says how the filter is weaker.
     compared: std::collections::HashMap<u32, Result<(), String>>,
@@ -529,6 +657,8 @@ impl Check<'_> {
             return Err(missing("a task in pstree.img"));
         }
         let root_ids = inventory.root_ids.unwrap_or_default();
+        self.criu_ns = root_ids;
+        self.root_cg_set = inventory.root_cg_set;
         let mut seccomp: Option<SeccompEntry> = None;
         let mut threads = 0;
         let mut root_mnt_ns = None;
@@ -538,6 +668,7 @@ impl Check<'_> {
             let ids: Option<TaskKobjIdsEntry> = dir.read_one(&ids_file, Kind::Ids)?;
             match &ids {
                 Some(ids) => {
+                    self.net_ns.insert(ids.net_ns_id.unwrap_or(0));
                     self.namespaces(dir, pid, &ids_file, ids, &root_ids, index == 0)?;
                     if index == 0 {
                         root_mnt_ns = Some(ids.mnt_ns_id.unwrap_or(0));
@@ -566,6 +697,20 @@ impl Check<'_> {
                 // none of its credentials are set.
                 if tid == pid && core.tc.as_ref().map(|t| t.task_state) == Some(TASK_DEAD) {
                     break;
+                }
+                if tid == pid {
+                    self.task_state(pid, &core_file, &core, self.host);
+                    if let Some(set) = core.tc.as_ref().and_then(|t| t.cg_set) {
+                        self.cg_sets
+                            .push((pid, core_file.clone(), "tc.cg_set", set));
+                    }
+                }
+                if let Some(t) = &core.thread_core {
+                    self.thread_state(pid, &core_file, t);
+                    if let Some(set) = t.cg_set {
+                        self.cg_sets
+                            .push((pid, core_file.clone(), "thread_core.cg_set", set));
+                    }
                 }
                 let Some(thread) = &core.thread_core else {
                     self.find(

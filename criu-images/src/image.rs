@@ -29,6 +29,12 @@ pub enum Kind {
     Apparmor,
     Files,
     RemapFpath,
+    Cgroup,
+    MemfdInode,
+    TtyInfo,
+    GhostFile,
+    Netdev,
+    Mm,
 }
 
 impl Kind {
@@ -45,6 +51,12 @@ impl Kind {
             Kind::Apparmor => 0x5942_3047,
             Kind::Files => 0x5630_3138,
             Kind::RemapFpath => 0x5913_3954,
+            Kind::Cgroup => 0x5938_3330,
+            Kind::MemfdInode => 0x4845_3499,
+            Kind::TtyInfo => 0x5945_3036,
+            Kind::GhostFile => 0x5258_3605,
+            Kind::Netdev => 0x5737_3951,
+            Kind::Mm => 0x5749_2820,
         }
     }
 
@@ -87,6 +99,12 @@ impl Kind {
             Kind::Apparmor => "AppArmor namespaces",
             Kind::Files => "open files",
             Kind::RemapFpath => "file remaps",
+            Kind::Cgroup => "cgroups",
+            Kind::MemfdInode => "memfd inodes",
+            Kind::TtyInfo => "terminals",
+            Kind::GhostFile => "ghost file",
+            Kind::Netdev => "network devices",
+            Kind::Mm => "memory layout",
         }
     }
 }
@@ -300,6 +318,11 @@ impl ImageDir {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// `name` opened beneath the directory, for a reader that streams it.
+    pub fn open_file(&self, name: &str) -> std::io::Result<std::fs::File> {
+        beneath::open_file(self.root.as_fd(), Path::new(name))
     }
 
     /// How many image files were read so far.

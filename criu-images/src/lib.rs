@@ -37,6 +37,8 @@ pub mod rules;
 pub mod schema;
 pub mod seccomp;
 
-pub use bound::{bound_by_spec, bound_by_spec_on, Finding, HostLsm, Refusal, Report};
+pub use bound::{
+    bound_by_spec, bound_by_spec_host, bound_by_spec_on, Finding, Host, HostLsm, Refusal, Report,
+};
 pub use image::{ImageDir, ImageError, Kind, Limits};
 pub use open_files::{open_files_in_rootfs, OpenFiles, Problem, Unmatched};

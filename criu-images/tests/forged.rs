@@ -146,7 +146,7 @@ impl Fixture {
                     threads: vec![16],
                 },
             ],
-            ids: vec![(1, container.clone()), (16, container)],
+            ids: vec![(1, container), (16, container)],
             cores: vec![(1, core(0, 0)), (16, core(0, 0))],
             seccomp: SeccompEntry::default(),
             mounts: vec![
