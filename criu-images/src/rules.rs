@@ -436,13 +436,13 @@ pub const RULES: &[(&str, &str, Rule)] = &[
 
 /// The rule for `field` of `message`: its own row, else the message's `*` row.
 pub fn rule(message: &str, field: &str) -> Option<Rule> {
-    let find = |f: &str| {
-        RULES
-            .iter()
-            .find(|(m, n, _)| *m == message && *n == f)
-            .map(|(_, _, r)| *r)
-    };
-    find(field).or_else(|| find("*"))
+    type Table = std::collections::HashMap<(&'static str, &'static str), Rule>;
+    static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| RULES.iter().map(|(m, f, r)| ((*m, *f), *r)).collect());
+    table
+        .get(&(message, field))
+        .or_else(|| table.get(&(message, "*")))
+        .copied()
 }
 
 /// The table as markdown: image types, then fields (what `docs/security.md` holds between

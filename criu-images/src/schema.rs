@@ -53,15 +53,17 @@ pub fn walk(
 ) -> Result<(DynamicMessage, Vec<Violation>), prost::DecodeError> {
     let message = DynamicMessage::decode(desc.clone(), bytes)?;
     let mut out = Vec::new();
-    visit(&message, desc.full_name(), &mut out);
+    visit(&message, &mut vec![desc.full_name().to_owned()], &mut out);
     Ok((message, out))
 }
 
-fn visit(message: &DynamicMessage, at: &str, out: &mut Vec<Violation>) {
+/// `path` is the way from the entry's root message to `message` (joined with `.` only when
+/// a violation is reported: the walk visits every field of every entry).
+fn visit(message: &DynamicMessage, path: &mut Vec<String>, out: &mut Vec<Violation>) {
     let desc = message.descriptor();
     for unknown in message.unknown_fields() {
         out.push(Violation {
-            at: at.into(),
+            at: path.join("."),
             field: format!("#{}", unknown.number()),
             why: format!(
                 "is field number {} that CRIU 4.2.1's {} does not have: not modeled, refused",
@@ -72,7 +74,7 @@ fn visit(message: &DynamicMessage, at: &str, out: &mut Vec<Violation>) {
     }
     for (field, value) in message.fields() {
         let refuse = |why: String| Violation {
-            at: at.into(),
+            at: path.join("."),
             field: field.name().into(),
             why,
         };
@@ -106,12 +108,13 @@ fn visit(message: &DynamicMessage, at: &str, out: &mut Vec<Violation>) {
             }
         }
         if matches!(field.kind(), Kind::Message(_)) {
-            let inner = format!("{at}.{}", field.name());
+            path.push(field.name().to_owned());
             for v in values(value) {
                 if let Value::Message(m) = v {
-                    visit(m, &inner, out);
+                    visit(m, path, out);
                 }
             }
+            path.pop();
         }
     }
 }
