@@ -8,11 +8,12 @@
 //!   path, the read-only `/sys/firmware` variant, a deleted mount (finding 1); every cgroup
 //!   set at `/` (finding 2); RLIMIT_NOFILE raised, loginuid 0, a setuid-root file and a block
 //!   device in the `/dev` tarball (finding 9).
-//! - `ctr containers restore` with the gpusnap shim: the mount forgeries (finding 1), and an
-//!   honest root checkpoint's images in the checkpoint of a `--user 1000:1000` container with
-//!   noNewPrivileges (finding 4).
+//! - `ctr containers restore` with the gpusnap shim: the mount forgeries (finding 1).
 //! - `gpusnap-runc restore` (the door ctr with runc.v2 + gpusnap-runc, CRI-O and Podman call):
-//!   the finding 9 forgeries and the mount root.
+//!   the finding 9 forgeries, the mount root, and an honest root checkpoint restored into the
+//!   same container specified `--user 1000:1000` with noNewPrivileges (finding 4; through
+//!   `ctr` this needs a checkpoint of a non-root task, which CRIU cannot take where it lacks
+//!   CAP_SYS_RESOURCE over the task, as on the test machines).
 //!
 //! Each refusal: nothing of the checkpoint runs, runc never created the container, CRIU
 //! wrote no restore log, and a sentinel host tree the mount forgeries aim at is unchanged.
@@ -94,12 +95,12 @@ fn task_cases() -> Vec<Case> {
         case(
             "setuid",
             Box::new(|d| dev_tarball_with(d, DevMember::SetuidRoot("rootsh"))),
-            &["holds \"./rootsh\", which is setuid"],
+            &["holds \"rootsh\", which is setuid"],
         ),
         case(
             "blockdev",
             Box::new(|d| dev_tarball_with(d, DevMember::Block("sda", 8, 0))),
-            &["holds \"./sda\", a block device 8:0 at /dev/sda"],
+            &["holds \"sda\", a block device 8:0 at /dev/sda"],
         ),
     ]
 }
@@ -249,7 +250,7 @@ fn restore_from_refuses_forged_mounts_cgroups_limits_and_tarballs() {
 // ----- door: ctr containers restore with the gpusnap shim ----------------------------------
 
 #[test]
-fn ctr_restore_refuses_forged_mount_roots_and_a_root_checkpoint_in_a_user_container() {
+fn ctr_restore_refuses_forged_mount_roots() {
     use gpusnap_testkit::checkpoint::{container_checkpoint_ok, kill_and_remove, CkRig};
     use gpusnap_testkit::refused_restore::CriuTar;
     check(|| {
@@ -266,7 +267,7 @@ fn ctr_restore_refuses_forged_mount_roots_and_a_root_checkpoint_in_a_user_contai
         kill_and_remove(&rig, "src")?;
 
         let criu_tar = CriuTar::of(&rig, image)?;
-        let mut failures = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
         for (i, c) in mount_cases(&sentinel).iter().enumerate() {
             let restore = criu_tar.restore_altered(&format!("forged{i}"), |d| (c.forge)(d).map(drop))?;
             criu_tar.put_back()?;
@@ -278,48 +279,6 @@ fn ctr_restore_refuses_forged_mount_roots_and_a_root_checkpoint_in_a_user_contai
             }
         }
 
-        // Finding 4: the images of an honest root checkpoint, restored into the checkpoint of
-        // a `--user 1000:1000` container with noNewPrivileges (its spec, its rw layer).
-        let root_images = tempfile::tempdir()?;
-        tar::Archive::new(&criu_tar.pristine()[..]).unpack(root_images.path())?;
-        let run_user = run_token();
-        // ctr sets noNewPrivileges unless told --allow-new-privs.
-        let opts = gpusnap_testkit::RunOpts {
-            extra_args: vec!["--user".into(), "1000:1000".into()],
-            ..Default::default()
-        };
-        rig.run_detached_with(
-            Runtime::Gpusnap,
-            "user",
-            &["sh", "-c", COUNTER, run_user.as_str()],
-            &opts,
-        )?;
-        let user_pid = rig.task_pid("user")?;
-        wait_count(&run_user, "user", WARM, || count_of(user_pid))?;
-        let user_image = "ck/allowlist-user:1";
-        container_checkpoint_ok(&rig, "user", user_image, true)?;
-        kill_and_remove(&rig, "user")?;
-        let user_tar = CriuTar::of(&rig, user_image)?;
-        let restore = user_tar.restore_altered("as-root", |d| {
-            for e in fs::read_dir(d)? {
-                let p = e?.path();
-                if p.file_name().is_some_and(|n| n != "gpusnap-manifest.json") {
-                    fs::remove_file(p)?;
-                }
-            }
-            for e in fs::read_dir(root_images.path())? {
-                let e = e?;
-                fs::copy(e.path(), d.join(e.file_name()))?;
-            }
-            gpusnap_testkit::privilege::reseal(d)
-        })?;
-        user_tar.put_back()?;
-        ensure!(!restore.succeeded && !restore.running, "the root images restored as --user 1000");
-        for w in ["uid is 0, but the container spec's user is uid 1000", "lacks CAP_SETUID"] {
-            if !restore.stderr.contains(w) {
-                failures.push(format!("user: {w:?} missing from {}", restore.stderr));
-            }
-        }
         let after = sentinel.snapshot();
         ensure!(
             before_sentinel == after,
@@ -338,7 +297,7 @@ fn ctr_restore_refuses_forged_mount_roots_and_a_root_checkpoint_in_a_user_contai
 // ----- door: gpusnap-runc --------------------------------------------------------------------
 
 #[test]
-fn gpusnap_runc_refuses_forged_limits_tarballs_and_mount_roots() {
+fn gpusnap_runc_refuses_forged_limits_tarballs_mount_roots_and_a_root_checkpoint_as_a_user() {
     check(|| {
         let sentinel = Sentinel::new()?;
         let before_sentinel = sentinel.snapshot();
@@ -373,6 +332,34 @@ fn gpusnap_runc_refuses_forged_limits_tarballs_and_mount_roots() {
                 failures.push(format!("{}: {e}", case.name));
             }
         }
+        // Finding 4: the honest root checkpoint restored into the same container specified as
+        // `--user 1000:1000` with noNewPrivileges and containerd's default capabilities
+        // (CAP_SETUID in the bounding and permitted sets, none ambient): its own process
+        // would run as uid 1000 with no capability.
+        let spec_path = c.bundle.join("config.json");
+        let spec = fs::read(&spec_path)?;
+        let mut user: serde_json::Value = serde_json::from_slice(&spec)?;
+        let caps = serde_json::json!([
+            "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+            "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"
+        ]);
+        user["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
+        user["process"]["noNewPrivileges"] = true.into();
+        user["process"]["capabilities"] =
+            serde_json::json!({"bounding": caps, "permitted": caps, "effective": caps});
+        fs::write(&spec_path, serde_json::to_vec(&user)?)?;
+        let as_user = gpusnap_testkit::refused_restore::gpusnap_runc_refuses(
+            &c,
+            &images,
+            "uid is 0, but the container spec's user is uid 1000 and its ambient set",
+            dir,
+        );
+        fs::write(&spec_path, spec)?;
+        if let Err(e) = as_user {
+            failures.push(format!("user: {e}"));
+        }
+
         let after = sentinel.snapshot();
         ensure!(
             before_sentinel == after,

@@ -51,7 +51,9 @@ pub fn forge_mounts(dir: &Path, edit: impl Fn(&[MntEntry], &mut MntEntry) -> boo
 }
 
 /// `/dev/shm` made a bind of the `/dev` tmpfs whose root climbs to `host_path` (finding 1):
-/// CRIU would bind-mount the node's `host_path` at the container's `/dev/shm`.
+/// CRIU would bind-mount the node's `host_path` at the container's `/dev/shm`. (Where the
+/// runtime gave `/dev/shm` as an external mount, as CRI does from the pod, the forgery makes
+/// it internal: CRIU ignores an external mount's root.)
 pub fn shm_binds_host_path(dir: &Path, host_path: &str) -> Result<usize> {
     let climb = format!("{}{}", "/..".repeat(16), host_path);
     let n = forge_mounts(dir, |all, m| {
@@ -64,6 +66,8 @@ pub fn shm_binds_host_path(dir: &Path, host_path: &str) -> Result<usize> {
         m.root_dev = dev.root_dev;
         m.root = climb.as_bytes().to_vec();
         m.fstype = dev.fstype;
+        m.ext_key = None;
+        m.ext_mount = None;
         true
     })?;
     reseal(dir)?;
