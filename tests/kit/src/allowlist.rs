@@ -29,24 +29,42 @@ fn named(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<String>> {
 
 /// Edits every mount of every `mountpoints-*.img` with `edit(all mounts, mount)`; returns how
 /// many it changed (`edit` says).
-pub fn forge_mounts(dir: &Path, edit: impl Fn(&[MntEntry], &mut MntEntry) -> bool) -> Result<usize> {
+pub fn forge_mounts(
+    dir: &Path,
+    edit: impl Fn(&[MntEntry], &mut MntEntry) -> bool,
+) -> Result<usize> {
     let mut n = 0;
+    let mut seen = Vec::new();
     for name in named(dir, "mountpoints-", ".img")? {
         let path = dir.join(&name);
         let bytes = fs::read(&path)?;
-        let forged = forge::edit_entries(&bytes, Kind::Mountpoints, |mounts: &mut Vec<MntEntry>| {
-            let all = mounts.clone();
-            for m in mounts.iter_mut() {
-                if edit(&all, m) {
-                    n += 1;
+        let forged =
+            forge::edit_entries(&bytes, Kind::Mountpoints, |mounts: &mut Vec<MntEntry>| {
+                let all = mounts.clone();
+                seen.extend(all.iter().map(|m| {
+                    format!(
+                        "{} (type {}, root {})",
+                        String::from_utf8_lossy(&m.mountpoint),
+                        m.fstype,
+                        String::from_utf8_lossy(&m.root)
+                    )
+                }));
+                for m in mounts.iter_mut() {
+                    if edit(&all, m) {
+                        n += 1;
+                    }
                 }
-            }
-            Ok(())
-        })
-        .with_context(|| format!("forging {name}"))?;
+                Ok(())
+            })
+            .with_context(|| format!("forging {name}"))?;
         fs::write(&path, forged)?;
     }
-    ensure!(n > 0, "no mount of {} was changed", dir.display());
+    ensure!(
+        n > 0,
+        "no mount of {} was changed; its mounts: {}",
+        dir.display(),
+        seen.join(", ")
+    );
     Ok(n)
 }
 
@@ -74,15 +92,31 @@ pub fn shm_binds_host_path(dir: &Path, host_path: &str) -> Result<usize> {
     Ok(n)
 }
 
-/// The read-only variant: a masked path (`/sys/firmware`, a read-only tmpfs) made a bind of the
-/// `/dev` tmpfs climbing to `host_path`.
+/// The read-only variant: a masked directory (`/sys/firmware`, else another runc masks with a
+/// read-only tmpfs, else the tmpfs at `/sys/fs/cgroup`) made a bind of the `/dev` tmpfs
+/// climbing to `host_path`.
 pub fn firmware_binds_host_path(dir: &Path, host_path: &str) -> Result<usize> {
     let climb = format!("{}{}", "/..".repeat(16), host_path);
+    // A CRI container of the test nodes has no masked path: its /sys/fs/cgroup tmpfs is the
+    // read-only tmpfs there.
+    let masked: [&[u8]; 4] = [
+        b"/sys/firmware",
+        b"/proc/acpi",
+        b"/proc/scsi",
+        b"/sys/fs/cgroup",
+    ];
     let n = forge_mounts(dir, |all, m| {
         let Some(dev) = all.iter().find(|d| d.mountpoint == b"/dev") else {
             return false;
         };
-        if m.mountpoint != b"/sys/firmware" {
+        // The first masked directory of the list that the image has.
+        let Some(target) = masked
+            .iter()
+            .find(|p| all.iter().any(|o| o.mountpoint == **p && o.root == b"/"))
+        else {
+            return false;
+        };
+        if m.mountpoint != *target {
             return false;
         }
         m.root_dev = dev.root_dev;
@@ -146,17 +180,19 @@ pub fn forge_task_cores(dir: &Path, edit: impl Fn(&mut CoreEntry)) -> Result<usi
     Ok(n)
 }
 
-/// RLIMIT_NOFILE raised to `to` (soft and hard) in every task (finding 9).
+/// RLIMIT_NOFILE raised (soft and hard) in every task to `to`, or one above the dumped hard
+/// limit where that is higher: the container inherits the runtime's hard limit when its spec
+/// sets none, as a CRI container does (finding 9).
 pub fn nofile_raised(dir: &Path, to: u64) -> Result<usize> {
     forge_task_cores(dir, |c| {
-        if let Some(r) = c
-            .tc
-            .as_mut()
-            .and_then(|t| t.rlimits.as_mut())
-            .and_then(|r| r.rlimits.get_mut(7))
+        if let Some(r) =
+            c.tc.as_mut()
+                .and_then(|t| t.rlimits.as_mut())
+                .and_then(|r| r.rlimits.get_mut(7))
         {
-            r.cur = to;
-            r.max = to;
+            let raised = to.max(r.max.saturating_add(1));
+            r.cur = raised;
+            r.max = raised;
         }
     })
 }
@@ -190,7 +226,10 @@ pub fn dev_tarball_with(dir: &Path, add: DevMember) -> Result<usize> {
                 Kind::Mountpoints,
                 &Default::default(),
             )?;
-            if let Some(m) = mounts.iter().find(|m| m.mountpoint == b"/dev" && m.root == b"/") {
+            if let Some(m) = mounts
+                .iter()
+                .find(|m| m.mountpoint == b"/dev" && m.root == b"/")
+            {
                 found = Some(m.root_dev);
             }
         }
