@@ -9,6 +9,8 @@
 //!   set at `/` (finding 2); RLIMIT_NOFILE raised, loginuid 0, a setuid-root file and a block
 //!   device in the `/dev` tarball (finding 9).
 //! - `ctr containers restore` with the gpusnap shim: the mount forgeries (finding 1).
+//! - CRI CreateContainer from a real CRI checkpoint archive: every cgroup set at `/` (finding
+//!   2).
 //! - `gpusnap-runc restore` (the door ctr with runc.v2 + gpusnap-runc, CRI-O and Podman call):
 //!   the finding 9 forgeries, the mount root, and an honest root checkpoint restored into the
 //!   same container specified `--user 1000:1000` with noNewPrivileges (finding 4; through
@@ -427,5 +429,98 @@ fn gpusnap_runc_refuses_forged_limits_tarballs_mount_roots_and_a_root_checkpoint
         ensure!(code == 0, "the honest restore failed (exit {code}):\n{err}");
         check_continues(&c.id, &before, count)?;
         Ok(())
+    })
+}
+
+// ----- door: CRI checkpoint archives -------------------------------------------------------
+
+/// CRI CreateContainer + StartContainer from a real CRI checkpoint archive (CheckpointContainer
+/// of a gpusnap container) whose `cgroup.img` puts every set at `/` (finding 2): refused before
+/// runc creates anything; the pristine archive restores.
+#[test]
+fn cri_archive_refuses_cgroup_sets_outside_the_container() {
+    check(|| {
+        let reg = gpusnap_testkit::Registry::start()?;
+        gpusnap_oci_image::push(
+            &paths::busybox_archive(),
+            &reg.url("gpusnap/busybox:test"),
+            &gpusnap_oci_image::RegistryOptions::default(),
+        )
+        .context("pushing busybox to the test registry")?;
+        let node = CriNode::start(CriNodeOptions {
+            registry_host: Some(reg.host()),
+            ..Default::default()
+        })?;
+        let image = reg.image("gpusnap/busybox:test");
+        node.cri
+            .pull_image(&image)
+            .map_err(anyhow::Error::from)
+            .context("CRI PullImage of busybox")?;
+        let pod = node.run_pod("allow-cri-src", &[], gpusnap_handler())?;
+        let spec = ContainerSpec {
+            name: "src".into(),
+            image,
+            command: vec!["sleep".into(), "1000".into()],
+            env: vec![],
+        };
+        let id = node.run_container(&pod, &spec)?;
+        let pristine = node.scratch().join("pristine.tar");
+        node.cri
+            .checkpoint_container(&id, &pristine, 60)
+            .map_err(anyhow::Error::from)
+            .context("CRI CheckpointContainer")?;
+        node.remove_pod(&pod.id)?;
+
+        let tree = tempfile::tempdir()?;
+        tar::Archive::new(fs::File::open(&pristine)?).unpack(tree.path())?;
+        cgroups_at_root(&tree.path().join("checkpoint"))?;
+        let forged = node.scratch().join("forged.tar");
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", tree.path())?;
+        fs::write(&forged, b.into_inner()?)?;
+
+        let pod = node.run_pod("allow-cri", &[], gpusnap_handler())?;
+        let forged_spec = ContainerSpec {
+            name: "forged".into(),
+            image: forged.display().to_string(),
+            ..spec.clone()
+        };
+        let err = match node.create_container(&pod, &forged_spec) {
+            Err(e) => e.to_string(),
+            Ok(id) => {
+                let started = node.cri.start_container(&id);
+                ensure!(started.is_err(), "the forged archive started");
+                ensure!(node.runc_state(&id).is_none(), "runc created {id}");
+                ensure!(
+                    node.cgroup_procs(&id).is_empty(),
+                    "processes in {id}'s cgroup"
+                );
+                started.unwrap_err().to_string()
+            }
+        };
+        ensure!(
+            err.contains("cgroup.img: sets set")
+                && err.contains("path \"/\" is not the dumped cgroup"),
+            "{err}"
+        );
+
+        let honest_spec = ContainerSpec {
+            name: "honest".into(),
+            image: pristine.display().to_string(),
+            ..spec
+        };
+        let id = node.create_container(&pod, &honest_spec)?;
+        node.cri
+            .start_container(&id)
+            .map_err(anyhow::Error::from)
+            .context("starting the honest archive")?;
+        wait_for_state(
+            &node,
+            &id,
+            ContainerState::ContainerRunning,
+            Duration::from_secs(30),
+        )?;
+        node.remove_pod(&pod.id)
     })
 }
