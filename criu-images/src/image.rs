@@ -35,6 +35,8 @@ pub enum Kind {
     GhostFile,
     Netdev,
     Mm,
+    Pidns,
+    Netns,
 }
 
 impl Kind {
@@ -57,6 +59,8 @@ impl Kind {
             Kind::GhostFile => 0x5258_3605,
             Kind::Netdev => 0x5737_3951,
             Kind::Mm => 0x5749_2820,
+            Kind::Pidns => 0x6115_7326,
+            Kind::Netns => 0x5593_3752,
         }
     }
 
@@ -105,6 +109,8 @@ impl Kind {
             Kind::GhostFile => "ghost file",
             Kind::Netdev => "network devices",
             Kind::Mm => "memory layout",
+            Kind::Pidns => "pid namespace",
+            Kind::Netns => "network namespace",
         }
     }
 }

@@ -1952,3 +1952,30 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) -> &'static str {
         }
     }
 }
+
+/// runc hands CRIU a pid or network namespace the spec joins by path under its own key
+/// (pods sharing a pid namespace): accepted only then, and only with runc's key.
+#[test]
+fn external_namespaces_are_runcs_for_a_namespace_the_spec_joins() {
+    let pidns = |key: &str| {
+        let entry = prost::Message::encode_to_vec(&PidnsEntry {
+            ext_key: Some(key.as_bytes().to_vec()),
+        });
+        framed(magic_of("pidns-9.img"), &[entry])
+    };
+    let mut joined = spec_json();
+    joined["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"});
+    let mut f = Fixture::honest();
+    f.extra.push(("pidns-9.img".into(), pidns("extRootPidNS")));
+    f.check(&spec_of(joined.clone())).unwrap();
+    refused(
+        f.check(&spec_of(spec_json())),
+        &["pidns-9.img: ext_key is \"extRootPidNS\": an external pid namespace"],
+    );
+    let mut f = Fixture::honest();
+    f.extra.push(("pidns-9.img".into(), pidns("CRIU:whatever")));
+    refused(
+        f.check(&spec_of(joined)),
+        &["pidns-9.img: ext_key is \"CRIU:whatever\""],
+    );
+}

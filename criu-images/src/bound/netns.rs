@@ -8,7 +8,15 @@ use super::{Check, Refusal};
 use crate::allowlist::Listing;
 use crate::caps;
 use crate::image::{ImageDir, Kind};
-use crate::proto::{NdType, NetDeviceEntry};
+use crate::proto::{NdType, NetDeviceEntry, NetnsEntry, PidnsEntry};
+
+/// The keys runc gives CRIU for a pid or network namespace the spec joins by path
+/// (`--external pid[...]:extRootPidNS`, `net[...]:extRootNetNS`): CRIU then uses the namespace
+/// runc hands it, not one the image describes.
+const RUNC_KEYS: [(&str, &str, &str); 2] = [
+    ("PIDNS", "pid", "extRootPidNS"),
+    ("NETNS", "network", "extRootNetNS"),
+];
 
 const RAW: [&str; 7] = [
     "NETNS", "NETDEV", "IFADDR", "ROUTE", "ROUTE6", "RULE", "IPTABLES",
@@ -17,10 +25,25 @@ const TABLES: [&str; 3] = ["IPTABLES", "IP6TABLES", "NFTABLES"];
 
 impl Check<'_> {
     pub(super) fn netns(&mut self, dir: &mut ImageDir, listing: &Listing) -> Result<(), Refusal> {
+        self.external_namespaces(dir, listing)?;
         let criu = self.criu_ns.net_ns_id.unwrap_or(0);
+        let joined_net = self.bound.has_ns("network") && !self.bound.new_ns("network");
         for id in RAW.iter().chain(&TABLES[1..]) {
             for (name, ns) in listing.of(id) {
                 let ns = ns as u32;
+                // A network namespace runc hands CRIU (the spec joins it by path) is not
+                // restored from the image; its key is checked above.
+                if *id == "NETNS" && joined_net {
+                    let name = name.to_owned();
+                    let external = dir
+                        .read::<NetnsEntry>(&name, Kind::Netns)?
+                        .unwrap_or_default()
+                        .iter()
+                        .all(|e| e.ext_key.as_deref() == Some(&b"extRootNetNS"[..]));
+                    if external {
+                        continue;
+                    }
+                }
                 if ns == criu || !self.net_ns.contains(&ns) {
                     self.find(
                         None,
@@ -78,6 +101,50 @@ impl Check<'_> {
                             self.bound.may_set(caps::NET_ADMIN)
                         ),
                     );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Check<'_> {
+    /// An external namespace key is runc's, for a namespace the spec joins by path.
+    fn external_namespaces(
+        &mut self,
+        dir: &mut ImageDir,
+        listing: &Listing,
+    ) -> Result<(), Refusal> {
+        for (id, typ, runc_key) in RUNC_KEYS {
+            for (name, _) in listing.of(id) {
+                let name = name.to_owned();
+                let keys: Vec<Vec<u8>> = if id == "PIDNS" {
+                    dir.read::<PidnsEntry>(&name, Kind::Pidns)?
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|e| e.ext_key)
+                        .collect()
+                } else {
+                    dir.read::<NetnsEntry>(&name, Kind::Netns)?
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|e| e.ext_key)
+                        .collect()
+                };
+                let joined = self.bound.has_ns(typ) && !self.bound.new_ns(typ);
+                for key in keys.iter().filter(|k| !k.is_empty()) {
+                    if !(joined && key == runc_key.as_bytes()) {
+                        self.find(
+                            None,
+                            &name,
+                            "ext_key",
+                            format!(
+                                "is {:?}: an external {typ} namespace, which only runc's key \
+                                 {runc_key:?} for a namespace the spec joins by path may name",
+                                String::from_utf8_lossy(key)
+                            ),
+                        );
+                    }
                 }
             }
         }
