@@ -1335,7 +1335,8 @@ impl Check<'_> {
     /// is accepted only as runc makes one: a read-only or masked path of the spec that is a
     /// bind of the container's own proc or sysfs mount onto itself (`/proc/sys` with root
     /// `/sys`), whose components are plain names (procfs and sysfs have no symlink on those
-    /// paths; tmpfs content comes from the image, so no tmpfs root is accepted).
+    /// paths; tmpfs content comes from the image, so no tmpfs root is accepted), or, with a
+    /// terminal, the pty of the container's own devpts runc binds over `/dev/console`.
     fn mount_root(&self, e: &MntEntry, all: &[MntEntry]) -> Result<(), String> {
         let ext = e.ext_key.as_ref().is_some_and(|k| !k.is_empty()) || e.ext_mount == Some(true);
         if ext {
@@ -1358,6 +1359,29 @@ impl Check<'_> {
             ));
         }
         let b = self.bound;
+        // runc's console: the pty it allocated (`/<n>` of the container's own devpts)
+        // bind-mounted over /dev/console. devpts holds device nodes by number, no symlink.
+        let console = e.fstype == fs::DEVPTS
+            && b.terminal
+            && mountpoint == "/dev/console"
+            && e.root.len() > 1
+            && e.root[1..].iter().all(u8::is_ascii_digit);
+        if console {
+            let own_devpts = all.iter().any(|s| {
+                s.mnt_id != e.mnt_id
+                    && s.root_dev == e.root_dev
+                    && s.fstype == fs::DEVPTS
+                    && s.root == b"/"
+            });
+            return if own_devpts {
+                Ok(())
+            } else {
+                Err(format!(
+                    "of /dev/console is {shown:?}, a pseudo-terminal of no devpts mount of the \
+                     container"
+                ))
+            };
+        }
         if ![fs::PROC, fs::SYSFS].contains(&e.fstype)
             || !(b.readonly.contains(&mountpoint) || b.masked.contains(&mountpoint))
         {

@@ -1979,3 +1979,39 @@ fn external_namespaces_are_runcs_for_a_namespace_the_spec_joins() {
         &["pidns-9.img: ext_key is \"CRIU:whatever\""],
     );
 }
+
+/// With a terminal, runc binds the pty it allocated (`/0` of the container's devpts) over
+/// `/dev/console`; only that.
+#[test]
+fn the_console_is_a_pty_of_the_containers_devpts() {
+    let mut spec = spec_json();
+    spec["process"]["terminal"] = true.into();
+    let spec = spec_of(spec);
+    let console = |f: &mut Fixture, root: &[u8], dev: u32| {
+        let mut m = mnt(90, 70, 6, "/dev/console", 0);
+        m.root = root.to_vec();
+        m.root_dev = dev;
+        f.mounts.push(m);
+    };
+    let mut f = Fixture::honest();
+    let devpts = f.mounts[3].root_dev;
+    console(&mut f, b"/0", devpts);
+    f.check(&spec).unwrap();
+    for (root, dev, says) in [
+        (
+            &b"/../../etc"[..],
+            devpts,
+            "root of /dev/console is \"/../../etc\", not a plain",
+        ),
+        (b"/ptmx", devpts, "root of /dev/console is \"/ptmx\""),
+        (
+            b"/0",
+            4242,
+            "a pseudo-terminal of no devpts mount of the container",
+        ),
+    ] {
+        let mut f = Fixture::honest();
+        console(&mut f, root, dev);
+        refused(f.check(&spec), &[says]);
+    }
+}
