@@ -229,7 +229,7 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("mnt_entry", "root_dev", Bounded("mounts: which mounts CRIU treats as binds of each other (same device)")),
     ("mnt_entry", "parent_mnt_id", Bounded("mounts: ids that make one tree")),
     ("mnt_entry", "flags", Bounded("mounts: the spec's ro/nosuid/nodev/noexec kept")),
-    ("mnt_entry", "root", Bounded("mounts: `/` except on runc's read-only/masked binds of the container's own mounts onto themselves; never `.`/`..`")),
+    ("mnt_entry", "root", Bounded("mounts: `/`, except runc's read-only/masked binds of the container's own proc or sysfs onto themselves and, with a terminal, its pty over /dev/console; never `.`/`..`")),
     ("mnt_entry", "mountpoint", Bounded("mounts: a destination of the spec (or a masked or read-only path)")),
     ("mnt_entry", "source", Inert("the source CRIU passes to mount(2) for a filesystem that takes none (proc, sysfs, tmpfs, ...): a name only; other types are refused")),
     ("mnt_entry", "options", Inert("options of a filesystem the spec mounts there (the type is bounded), for the container's own mount")),
