@@ -6,6 +6,8 @@
 #     iptables/nftables, jq, ...
 #   * CRIU 4.x built from Debian sid's *source* package (bookworm's 3.17 fails on
 #     recent kernels: vDSO), installed to $PREFIX/bin/criu.
+#   * CRIU 4.2.1's image format (images/*.proto, LICENSE) in $PREFIX/criu-proto/4.2.1, for
+#     criu-images/build.rs.
 #   * containerd 2.x binaries (containerd, ctr, containerd-shim-runc-v2) taken
 #     from Debian sid's containerd .deb (they only need glibc >= 2.34).
 #   * OCI test images: $PREFIX/images/busybox.oci.tar (docker.io/gpusnap/busybox:test)
@@ -169,11 +171,13 @@ criu_installed_version() {
     "$BIN/criu" --version 2>/dev/null | awk '/^Version:/ {print $2}' || true
 }
 
-install_criu() {
+# fetch_criu_orig [VERSION]: CRIU's orig tarball from sid, checked against the sha256 sid's
+# Sources index lists, cached in $SRC; sets CRIU_ORIG (its path) and CRIU_UPVER.
+fetch_criu_orig() {
     sid_prepare
-    local srcver upver orig sha
-    if [[ -n $WANT_CRIU ]]; then
-        upver=$WANT_CRIU
+    local want=${1:-} srcver upver orig sha
+    if [[ -n $want ]]; then
+        upver=$want
     else
         srcver=$(sid_apt_cache showsrc criu | awk '/^Version:/ {print $2}' | sort -V | tail -n1)
         [[ -n $srcver ]] || die "criu source package not found in sid"
@@ -206,7 +210,14 @@ install_criu() {
         mv "$dl/$orig" "$SRC/$orig"
         rm -rf "$dl"
     fi
+    CRIU_ORIG=$SRC/$orig
+    CRIU_UPVER=$upver
+}
 
+install_criu() {
+    fetch_criu_orig "$WANT_CRIU"
+    local upver=$CRIU_UPVER orig
+    orig=$(basename "$CRIU_ORIG")
     local build
     build=$(mktemp -d "$SRC/build.XXXXXX")
     tar -C "$build" -xf "$SRC/$orig"
@@ -233,6 +244,41 @@ if [[ $FORCE == 1 || -z $CRIU_HAVE ]] || ! version_ge "$CRIU_HAVE" "$CRIU_MIN" |
 else
     log "CRIU $CRIU_HAVE: already installed"
 fi
+
+# ---------------------------------------------------------------------------
+# 2b. CRIU 4.2.1's image format (images/*.proto and their LICENSE), which
+#     criu-images/build.rs generates its types and its allowlist's schema from. Always 4.2.1,
+#     whatever CRIU is installed: the allowlist models that format, and build.rs checks each
+#     file against criu-images/proto/criu-4.2.1.sha256.
+# ---------------------------------------------------------------------------
+CRIU_PROTO_VERSION=4.2.1
+CRIU_PROTO_DIR=$PREFIX/criu-proto/$CRIU_PROTO_VERSION
+CRIU_PROTO_SUMS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/criu-images/proto/criu-$CRIU_PROTO_VERSION.sha256
+
+criu_protos_ok() {
+    [[ -f $CRIU_PROTO_DIR/LICENSE ]] && (cd "$CRIU_PROTO_DIR" && sha256sum -c --status --strict "$CRIU_PROTO_SUMS")
+}
+
+install_criu_protos() {
+    if [[ $FORCE != 1 ]] && criu_protos_ok; then
+        log "CRIU $CRIU_PROTO_VERSION image protos: present in $CRIU_PROTO_DIR"
+        return 0
+    fi
+    fetch_criu_orig "$CRIU_PROTO_VERSION"
+    local tmp
+    tmp=$(mktemp -d "$SRC/proto.XXXXXX")
+    tar -C "$tmp" -xf "$CRIU_ORIG" --wildcards --no-anchored '*/images/*.proto' '*/images/LICENSE'
+    rm -rf "$CRIU_PROTO_DIR.new"
+    mkdir -p "$CRIU_PROTO_DIR.new"
+    install -m 0644 "$tmp"/*/images/*.proto "$tmp"/*/images/LICENSE "$CRIU_PROTO_DIR.new/"
+    rm -rf "$tmp"
+    (cd "$CRIU_PROTO_DIR.new" && sha256sum -c --status --strict "$CRIU_PROTO_SUMS") ||
+        die "CRIU $CRIU_PROTO_VERSION's images/*.proto do not match $CRIU_PROTO_SUMS"
+    rm -rf "$CRIU_PROTO_DIR"
+    mv "$CRIU_PROTO_DIR.new" "$CRIU_PROTO_DIR"
+    changed "CRIU $CRIU_PROTO_VERSION image protos in $CRIU_PROTO_DIR"
+}
+install_criu_protos
 
 # ---------------------------------------------------------------------------
 # 3. containerd 2.x from sid's binary .deb (extracted, never dpkg-installed)

@@ -36,6 +36,12 @@ use std::path::Path;
 
 use oci_spec::runtime::Spec;
 
+mod cgroup;
+mod files;
+mod netns;
+mod task;
+mod tmpfs;
+
 use crate::caps;
 use crate::image::{ImageDir, ImageError, Kind, Limits};
 use crate::proto::{
@@ -61,6 +67,77 @@ impl HostLsm {
             HostLsm::SeLinux
         } else {
             HostLsm::None
+        }
+    }
+}
+
+/// What the restore inherits from the node and the runtime that runs it: the bounds for the
+/// fields a spec does not set (a container inherits them from runc, which inherits them from
+/// the shim or gpusnap-runc: this process).
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub lsm: HostLsm,
+    /// This process's hard resource limits, by resource number.
+    pub rlimits: Vec<u64>,
+    /// This process's audit loginuid (`None` without audit).
+    pub loginuid: Option<u32>,
+    pub oom_score_adj: i32,
+    /// `net.core.wmem_max` and `net.core.rmem_max`: the largest socket buffers a process
+    /// without CAP_NET_ADMIN sets (the kernel doubles them).
+    pub wmem_max: u64,
+    pub rmem_max: u64,
+    /// The maxima of `net.ipv4.tcp_wmem` and `tcp_rmem`, to which TCP autotuning grows a
+    /// connection's buffers.
+    pub tcp_wmem_max: u64,
+    pub tcp_rmem_max: u64,
+}
+
+impl Host {
+    /// This process and this node.
+    pub fn detect() -> Host {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        let num = |p: &str| read(p).and_then(|s| s.trim().parse::<u64>().ok());
+        let third = |p: &str| {
+            read(p).and_then(|s| {
+                s.split_whitespace()
+                    .nth(2)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        };
+        use rustix::process::Resource as R;
+        // By resource number, as `task_rlimits_entry` holds them.
+        let rlimits = [
+            R::Cpu,
+            R::Fsize,
+            R::Data,
+            R::Stack,
+            R::Core,
+            R::Rss,
+            R::Nproc,
+            R::Nofile,
+            R::Memlock,
+            R::As,
+            R::Locks,
+            R::Sigpending,
+            R::Msgqueue,
+            R::Nice,
+            R::Rtprio,
+            R::Rttime,
+        ]
+        .into_iter()
+        .map(|r| rustix::process::getrlimit(r).maximum.unwrap_or(u64::MAX))
+        .collect();
+        Host {
+            lsm: HostLsm::detect(),
+            rlimits,
+            loginuid: read("/proc/self/loginuid").and_then(|s| s.trim().parse().ok()),
+            oom_score_adj: read("/proc/self/oom_score_adj")
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0),
+            wmem_max: num("/proc/sys/net/core/wmem_max").unwrap_or(212_992),
+            rmem_max: num("/proc/sys/net/core/rmem_max").unwrap_or(212_992),
+            tcp_wmem_max: third("/proc/sys/net/ipv4/tcp_wmem").unwrap_or(4 << 20),
+            tcp_rmem_max: third("/proc/sys/net/ipv4/tcp_rmem").unwrap_or(6 << 20),
         }
     }
 }
@@ -116,23 +193,43 @@ pub enum Refusal {
     Incomplete(String),
     #[error("{}", exceeds(.0))]
     Exceeds(Vec<Finding>),
+    #[error("{}", not_modeled(.0))]
+    NotModeled(Vec<Finding>),
 }
 
-fn exceeds(findings: &[Finding]) -> String {
-    const SHOWN: usize = 6;
+fn not_modeled(findings: &[Finding]) -> String {
     let mut s = String::from(
-        "the checkpoint's CRIU images give its processes more than the spec of the container \
-         being restored allows: ",
+        "the checkpoint holds CRIU images or fields that gpusnap's model of what CRIU applies \
+         on restore does not accept (what it does not know is refused): ",
     );
+    s.push_str(&shown(findings));
+    s.push_str(
+        ". Nothing was changed. Take the checkpoint again without it (docs/security.md lists \
+         every image type and field the restore accepts, and why)",
+    );
+    s
+}
+
+fn shown(findings: &[Finding]) -> String {
+    const SHOWN: usize = 6;
     let shown: Vec<String> = findings
         .iter()
         .take(SHOWN)
         .map(Finding::to_string)
         .collect();
-    s.push_str(&shown.join("; "));
+    let mut s = shown.join("; ");
     if findings.len() > SHOWN {
         s.push_str(&format!(" (and {} more)", findings.len() - SHOWN));
     }
+    s
+}
+
+fn exceeds(findings: &[Finding]) -> String {
+    let mut s = String::from(
+        "the checkpoint's CRIU images give its processes more than the spec of the container \
+         being restored allows: ",
+    );
+    s.push_str(&shown(findings));
     s.push_str(
         ". Nothing was changed. Restore it into a container whose spec grants this (user, \
          capabilities, no_new_privs, seccomp, LSM label, namespaces, mounts), or take the \
@@ -141,31 +238,59 @@ fn exceeds(findings: &[Finding]) -> String {
     s
 }
 
-/// Checks the CRIU images in `checkpoint_dir` against `spec`, on this node's LSM.
+/// Checks the CRIU images in `checkpoint_dir` against `spec`, on this node.
 pub fn bound_by_spec(checkpoint_dir: &Path, spec: &Spec) -> Result<Report, Refusal> {
-    bound_by_spec_on(checkpoint_dir, spec, HostLsm::detect(), Limits::default())
+    bound_by_spec_host(checkpoint_dir, spec, &Host::detect(), Limits::default())
 }
 
-/// [`bound_by_spec`] for a given LSM and reader limits.
+/// [`bound_by_spec`] for a given LSM and reader limits (the rest of [`Host`] detected).
 pub fn bound_by_spec_on(
     checkpoint_dir: &Path,
     spec: &Spec,
     lsm: HostLsm,
     limits: Limits,
 ) -> Result<Report, Refusal> {
-    let bound = Bound::of(spec, lsm)?;
+    let host = Host {
+        lsm,
+        ..Host::detect()
+    };
+    bound_by_spec_host(checkpoint_dir, spec, &host, limits)
+}
+
+/// [`bound_by_spec`] for a given node and runtime, and reader limits.
+pub fn bound_by_spec_host(
+    checkpoint_dir: &Path,
+    spec: &Spec,
+    host: &Host,
+    limits: Limits,
+) -> Result<Report, Refusal> {
+    let bound = Bound::of(spec, host.lsm)?;
     let mut dir = ImageDir::open(checkpoint_dir, limits).map_err(|source| {
         Refusal::Unreadable(ImageError::Open {
             name: checkpoint_dir.display().to_string(),
             source,
         })
     })?;
+    let mut unmodeled = Vec::new();
+    let listing = crate::allowlist::walk_dir(&mut dir, &mut unmodeled)?;
+    if !unmodeled.is_empty() {
+        return Err(Refusal::NotModeled(unmodeled));
+    }
     let mut check = Check {
         bound: &bound,
+        host,
         findings: Vec::new(),
         compared: std::collections::HashMap::new(),
+        cg_sets: Vec::new(),
+        net_ns: BTreeSet::new(),
+        root_cg_set: None,
+        criu_ns: Default::default(),
     };
     let (tasks, threads) = check.tasks(&mut dir)?;
+    check.cgroups(&mut dir)?;
+    check.files(&mut dir, &listing)?;
+    check.tmpfs(&mut dir, &listing)?;
+    check.netns(&mut dir, &listing)?;
     check.apparmor(&mut dir)?;
     if check.findings.is_empty() {
         Ok(Report {
@@ -248,7 +373,12 @@ struct SpecMount {
 
 struct Bound {
     bnd: u64,
-    prm: u64,
+    /// With `noNewPrivileges`, what any process of the container can ever hold: the spec's
+    /// permitted set for uid 0 (execve intersects root's new set with the old permitted one);
+    /// for another uid the ambient set (all execve leaves a non-root process, and runc's
+    /// execve of the container's process comes after it set the uid). Without it, the
+    /// bounding set (a setuid-root program gets it).
+    held: u64,
     /// Everything a process of the container could ever hold: the bounding set and the sets
     /// the spec gives explicitly (runc sets them even where they exceed the bounding set).
     any: u64,
@@ -271,6 +401,13 @@ struct Bound {
     readonly: BTreeSet<String>,
     root_readonly: bool,
     terminal: bool,
+    /// The spec's hard resource limits by OCI name (`RLIMIT_NOFILE`).
+    rlimits: std::collections::BTreeMap<String, u64>,
+    oom_score_adj: Option<i32>,
+    /// The spec's `linux.sysctl`.
+    sysctl: std::collections::BTreeMap<String, String>,
+    /// The spec's devices (path, type, major, minor) and runc's defaults.
+    devices: Vec<(String, char, i64, i64)>,
 }
 
 fn cap_mask(set: &Option<oci_spec::runtime::Capabilities>) -> u64 {
@@ -343,8 +480,14 @@ impl Bound {
         };
         let bnd = set(|c| c.bounding());
         let prm = set(|c| c.permitted());
-        let any =
-            bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | set(|c| c.ambient());
+        let amb = set(|c| c.ambient());
+        let any = bnd | prm | set(|c| c.effective()) | set(|c| c.inheritable()) | amb;
+        let nnp = process.no_new_privileges().unwrap_or(false);
+        let held = match (nnp, process.user().uid()) {
+            (false, _) => bnd,
+            (true, 0) => prm,
+            (true, _) => amb & prm,
+        };
         let user = process.user();
         let mut gids: BTreeSet<u32> = user.additional_gids().iter().flatten().copied().collect();
         gids.insert(user.gid());
@@ -390,9 +533,9 @@ impl Bound {
             .collect();
         Ok(Bound {
             bnd,
-            prm,
+            held,
             any,
-            nnp: process.no_new_privileges().unwrap_or(false),
+            nnp,
             uid: user.uid(),
             gid: user.gid(),
             gids,
@@ -413,7 +556,42 @@ impl Bound {
                 .as_ref()
                 .is_some_and(|r| r.readonly().unwrap_or(false)),
             terminal: process.terminal().unwrap_or(false),
+            rlimits: process
+                .rlimits()
+                .iter()
+                .flatten()
+                .filter_map(|r| {
+                    let name = serde_json::to_value(r.typ()).ok()?.as_str()?.to_owned();
+                    Some((name, r.hard()))
+                })
+                .collect(),
+            oom_score_adj: process.oom_score_adj(),
+            sysctl: linux
+                .and_then(|l| l.sysctl().clone())
+                .map(|m| m.into_iter().collect())
+                .unwrap_or_default(),
+            devices: tmpfs::devices(linux),
         })
+    }
+
+    /// Whether a process of the container could ever hold `cap` ([`Bound::held`]): in the
+    /// bounding set (execve of a setuid or file-capability program grants it), or with
+    /// `noNewPrivileges` only what execve left the container's process (no execve adds to it
+    /// then, and capset only removes).
+    fn may(&self, cap: u64) -> bool {
+        self.held & cap != 0
+    }
+
+    /// The set that denies `cap` in [`Bound::may`], for messages.
+    fn may_set(&self, cap: u64) -> &'static str {
+        if self.bnd & cap == 0 {
+            "bounding set"
+        } else if self.uid == 0 {
+            "permitted set (which noNewPrivileges keeps every process of it within)"
+        } else {
+            "ambient set (all a process of a non-root user keeps across execve, and \
+             noNewPrivileges keeps it within that)"
+        }
     }
 
     fn has_ns(&self, typ: &str) -> bool {
@@ -430,7 +608,16 @@ impl Bound {
 
 struct Check<'a> {
     bound: &'a Bound,
+    host: &'a Host,
     findings: Vec<Finding>,
+    /// The cgroup sets tasks and threads are in: (task, file, field, set id).
+    cg_sets: Vec<(u32, String, &'static str, u32)>,
+    /// The network namespaces of the tasks.
+    net_ns: BTreeSet<u32>,
+    /// CRIU's own cgroup set at the dump (`inventory.img`).
+    root_cg_set: Option<u32>,
+    /// CRIU's own namespaces (`inventory.img`'s `root_ids`).
+    criu_ns: TaskKobjIdsEntry,
     /// Filters of `seccomp.img` already compared with the spec's profile, by index (threads
     /// share them): `Err` says how the filter is weaker.
     compared: std::collections::HashMap<u32, Result<(), String>>,
@@ -470,6 +657,8 @@ impl Check<'_> {
             return Err(missing("a task in pstree.img"));
         }
         let root_ids = inventory.root_ids.unwrap_or_default();
+        self.criu_ns = root_ids;
+        self.root_cg_set = inventory.root_cg_set;
         let mut seccomp: Option<SeccompEntry> = None;
         let mut threads = 0;
         let mut root_mnt_ns = None;
@@ -479,6 +668,7 @@ impl Check<'_> {
             let ids: Option<TaskKobjIdsEntry> = dir.read_one(&ids_file, Kind::Ids)?;
             match &ids {
                 Some(ids) => {
+                    self.net_ns.insert(ids.net_ns_id.unwrap_or(0));
                     self.namespaces(dir, pid, &ids_file, ids, &root_ids, index == 0)?;
                     if index == 0 {
                         root_mnt_ns = Some(ids.mnt_ns_id.unwrap_or(0));
@@ -505,8 +695,22 @@ impl Check<'_> {
                     .ok_or_else(|| missing(&core_file))?;
                 // A zombie's core has no thread state: CRIU restores it only to exit, and
                 // none of its credentials are set.
-                if tid == pid && core.tc.as_ref().and_then(|t| t.task_state) == Some(TASK_DEAD) {
+                if tid == pid && core.tc.as_ref().map(|t| t.task_state) == Some(TASK_DEAD) {
                     break;
+                }
+                if tid == pid {
+                    self.task_state(pid, &core_file, &core, self.host);
+                    if let Some(set) = core.tc.as_ref().and_then(|t| t.cg_set) {
+                        self.cg_sets
+                            .push((pid, core_file.clone(), "tc.cg_set", set));
+                    }
+                }
+                if let Some(t) = &core.thread_core {
+                    self.thread_state(pid, &core_file, t);
+                    if let Some(set) = t.cg_set {
+                        self.cg_sets
+                            .push((pid, core_file.clone(), "thread_core.cg_set", set));
+                    }
                 }
                 let Some(thread) = &core.thread_core else {
                     self.find(
@@ -583,16 +787,22 @@ impl Check<'_> {
                         b.any
                     ),
                 );
-            } else if b.nnp && field != "cap_inh" && mask & !b.prm != 0 {
+            } else if b.nnp && field != "cap_inh" && mask & !b.held != 0 {
+                let which = if b.uid == 0 {
+                    "the spec's permitted set, which no_new_privs keeps any process of the \
+                     container within"
+                } else {
+                    "the spec's ambient set: a process of a non-root user keeps only its ambient \
+                     capabilities across runc's execve, and no_new_privs keeps it within them"
+                };
                 self.find(
                     task,
                     file,
                     field,
                     format!(
-                        "holds {}, outside the spec's permitted set, which no_new_privs keeps \
-                         any process of the container within (spec {:#x}, image {mask:#x})",
-                        caps::names(mask & !b.prm),
-                        b.prm
+                        "holds {}, outside {which} (spec {:#x}, image {mask:#x})",
+                        caps::names(mask & !b.held),
+                        b.held
                     ),
                 );
             }
@@ -612,7 +822,7 @@ impl Check<'_> {
             );
         }
 
-        if b.bnd & caps::SETUID == 0 {
+        if !b.may(caps::SETUID) {
             for (field, v) in [
                 ("uid", c.uid),
                 ("euid", c.euid),
@@ -625,15 +835,17 @@ impl Check<'_> {
                         file,
                         field,
                         format!(
-                            "is {v}, but the container spec's user is uid {} and its bounding \
-                             set lacks CAP_SETUID (spec {}, image {v})",
-                            b.uid, b.uid
+                            "is {v}, but the container spec's user is uid {} and its {} \
+                             lacks CAP_SETUID (spec {}, image {v})",
+                            b.uid,
+                            b.may_set(caps::SETUID),
+                            b.uid
                         ),
                     );
                 }
             }
         }
-        if b.bnd & caps::SETGID == 0 {
+        if !b.may(caps::SETGID) {
             for (field, v) in [
                 ("gid", c.gid),
                 ("egid", c.egid),
@@ -646,9 +858,11 @@ impl Check<'_> {
                         file,
                         field,
                         format!(
-                            "is {v}, but the container spec's user is gid {} and its bounding \
-                             set lacks CAP_SETGID (spec {}, image {v})",
-                            b.gid, b.gid
+                            "is {v}, but the container spec's user is gid {} and its {} \
+                             lacks CAP_SETGID (spec {}, image {v})",
+                            b.gid,
+                            b.may_set(caps::SETGID),
+                            b.gid
                         ),
                     );
                 }
@@ -666,8 +880,9 @@ impl Check<'_> {
                     "groups",
                     format!(
                         "hold {}, which are neither the spec's gid nor its additionalGids and \
-                         its bounding set lacks CAP_SETGID (spec {:?}, image {:?})",
+                         its {} lacks CAP_SETGID (spec {:?}, image {:?})",
                         extra.join(", "),
+                        b.may_set(caps::SETGID),
                         b.gids,
                         c.groups
                     ),
@@ -676,15 +891,15 @@ impl Check<'_> {
         }
 
         const SECBIT_NO_SETUID_FIXUP: u32 = 1 << 2;
-        if c.secbits & SECBIT_NO_SETUID_FIXUP != 0 && b.bnd & caps::SETPCAP == 0 {
+        if c.secbits & SECBIT_NO_SETUID_FIXUP != 0 && !b.may(caps::SETPCAP) {
             self.find(
                 task,
                 file,
                 "secbits",
                 format!(
                     "set SECBIT_NO_SETUID_FIXUP (capabilities kept across uid changes), which \
-                     needs CAP_SETPCAP the container spec's bounding set lacks (spec 0, image \
-                     {:#x})",
+                     needs CAP_SETPCAP the container spec's {} lacks (spec 0, image {:#x})",
+                    b.may_set(caps::SETPCAP),
                     c.secbits
                 ),
             );
@@ -943,7 +1158,7 @@ impl Check<'_> {
             };
             let entries: Vec<MntEntry> = dir.read(&name, Kind::Mountpoints)?.unwrap_or_default();
             let own = ns == root_mnt;
-            let sysadmin = self.bound.bnd & caps::SYS_ADMIN != 0;
+            let sysadmin = self.bound.may(caps::SYS_ADMIN);
             if !own && !sysadmin {
                 self.find(
                     None,
@@ -951,7 +1166,8 @@ impl Check<'_> {
                     "mount namespace",
                     format!(
                         "{ns} is not the container's ({root_mnt}): only a process with \
-                         CAP_SYS_ADMIN makes one, which the container spec's bounding set lacks"
+                         CAP_SYS_ADMIN makes one, which the container spec's {} lacks",
+                        self.bound.may_set(caps::SYS_ADMIN)
                     ),
                 );
                 continue;
@@ -961,6 +1177,14 @@ impl Check<'_> {
                 let ns_root = !ids.contains(&e.parent_mnt_id);
                 if let Err(why) = self.mount(e, ns_root, own, sysadmin) {
                     self.find(None, &name, "mountpoint", why);
+                }
+                if !(ns_root && own) {
+                    if let Err(why) = self.mount_root(e, &entries) {
+                        self.find(None, &name, "root", why);
+                    }
+                }
+                if let Err(why) = propagation(e, &entries) {
+                    self.find(None, &name, "master_id", why);
                 }
             }
         }
@@ -1103,6 +1327,95 @@ impl Check<'_> {
         ))
     }
 
+    /// The path CRIU bind-mounts from. For a mount that is not external, CRIU takes a mount
+    /// of the image with the same device (`root_dev`) whose root is a prefix of this one's as
+    /// the bind source, and mounts `<that mount in CRIU's yard>/<the rest of root>`, walking
+    /// the path as root with symlinks followed (`criu/mount.c`, `do_bind_mount`). So a root of
+    /// `/` binds a mount of the container onto another (its own content), and any other root
+    /// is accepted only as runc makes one: a read-only or masked path of the spec that is a
+    /// bind of the container's own proc or sysfs mount onto itself (`/proc/sys` with root
+    /// `/sys`), whose components are plain names (procfs and sysfs have no symlink on those
+    /// paths; tmpfs content comes from the image, so no tmpfs root is accepted), or, with a
+    /// terminal, the pty of the container's own devpts runc binds over `/dev/console`.
+    fn mount_root(&self, e: &MntEntry, all: &[MntEntry]) -> Result<(), String> {
+        let ext = e.ext_key.as_ref().is_some_and(|k| !k.is_empty()) || e.ext_mount == Some(true);
+        if ext {
+            // runc hands CRIU the source of an external mount; the root is not used.
+            return Ok(());
+        }
+        if e.root == b"/" {
+            return Ok(());
+        }
+        let shown = String::from_utf8_lossy(&e.root).escape_debug().to_string();
+        let mountpoint = normalize(&e.mountpoint).unwrap_or_default();
+        let plain = e.root.starts_with(b"/")
+            && e.root[1..]
+                .split(|c| *c == b'/')
+                .all(|p| !p.is_empty() && p != b"." && p != b"..");
+        if !plain {
+            return Err(format!(
+                "of {mountpoint} is {shown:?}, not a plain absolute path: CRIU would bind-mount \
+                 a path outside the mount it binds from"
+            ));
+        }
+        let b = self.bound;
+        // runc's console: the pty it allocated (`/<n>` of the container's own devpts)
+        // bind-mounted over /dev/console. devpts holds device nodes by number, no symlink.
+        let console = e.fstype == fs::DEVPTS
+            && b.terminal
+            && mountpoint == "/dev/console"
+            && e.root.len() > 1
+            && e.root[1..].iter().all(u8::is_ascii_digit);
+        if console {
+            let own_devpts = all.iter().any(|s| {
+                s.mnt_id != e.mnt_id
+                    && s.root_dev == e.root_dev
+                    && s.fstype == fs::DEVPTS
+                    && s.root == b"/"
+            });
+            return if own_devpts {
+                Ok(())
+            } else {
+                Err(format!(
+                    "of /dev/console is {shown:?}, a pseudo-terminal of no devpts mount of the \
+                     container"
+                ))
+            };
+        }
+        if ![fs::PROC, fs::SYSFS].contains(&e.fstype)
+            || !(b.readonly.contains(&mountpoint) || b.masked.contains(&mountpoint))
+        {
+            return Err(format!(
+                "of {mountpoint} is {shown:?}: CRIU would bind-mount that path of another mount \
+                 (with symlinks followed); runc makes such a bind only of proc or sysfs onto a \
+                 read-only or masked path of the spec"
+            ));
+        }
+        let onto_itself = all.iter().any(|s| {
+            s.mnt_id != e.mnt_id
+                && s.root_dev == e.root_dev
+                && s.fstype == e.fstype
+                && s.root == b"/"
+                && normalize(&s.mountpoint).is_some_and(|p| {
+                    let joined = if p == "/" {
+                        shown.clone()
+                    } else {
+                        format!("{p}{shown}")
+                    };
+                    joined == mountpoint
+                })
+        });
+        if onto_itself {
+            Ok(())
+        } else {
+            Err(format!(
+                "of {mountpoint} is {shown:?}, which is not a bind of the container's own {} \
+                 mount onto itself",
+                fs::name(e.fstype)
+            ))
+        }
+    }
+
     fn apparmor(&mut self, dir: &mut ImageDir) -> Result<(), Refusal> {
         let entries: Vec<ApparmorEntry> = dir
             .read("apparmor.img", Kind::Apparmor)?
@@ -1122,6 +1435,25 @@ impl Check<'_> {
         }
         Ok(())
     }
+}
+
+/// A mount receives propagation only from a peer group of the image's own mounts: CRIU
+/// refuses an external master unless told to, and gpusnap does not tell it.
+fn propagation(e: &MntEntry, all: &[MntEntry]) -> Result<(), String> {
+    let Some(master) = e.master_id.filter(|m| *m != 0) else {
+        return Ok(());
+    };
+    if all
+        .iter()
+        .any(|o| o.mnt_id != e.mnt_id && o.shared_id == Some(master))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "of {} is peer group {master}, which no mount of the image shares: propagation from a \
+         mount outside the checkpoint",
+        String::from_utf8_lossy(&e.mountpoint).escape_debug()
+    ))
 }
 
 const TASK_DEAD: u32 = 2;

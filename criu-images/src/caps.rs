@@ -49,6 +49,14 @@ pub const SETGID: u64 = 1 << 6;
 pub const SETUID: u64 = 1 << 7;
 pub const SETPCAP: u64 = 1 << 8;
 pub const SYS_ADMIN: u64 = 1 << 21;
+pub const CHOWN: u64 = 1;
+pub const NET_BIND_SERVICE: u64 = 1 << 10;
+pub const NET_ADMIN: u64 = 1 << 12;
+pub const NET_RAW: u64 = 1 << 13;
+pub const SYS_NICE: u64 = 1 << 23;
+pub const SYS_RESOURCE: u64 = 1 << 24;
+pub const AUDIT_CONTROL: u64 = 1 << 30;
+pub const WAKE_ALARM: u64 = 1 << 35;
 
 /// Every capability this table names.
 pub const ALL: u64 = (1 << NAMES.len()) - 1;

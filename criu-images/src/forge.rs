@@ -1,12 +1,10 @@
 //! Writing CRIU images: what an attacker with write access to a checkpoint does, for tests.
 //!
-//! [`image`] frames entries as CRIU does. [`edit_core`] and [`edit_creds`] change the fields
-//! of a real `core-<tid>.img` that the check reads and keep every other byte of the entry (the
-//! registers, signal state, ... that [`crate::proto`] does not declare), so an edited image is
-//! one CRIU would restore as edited.
+//! [`image`] frames entries as CRIU does. [`edit_entries`], [`edit_core`] and [`edit_creds`]
+//! decode a real image's entries into the types generated from CRIU's own `.proto` files,
+//! change them and encode them again (every field CRIU wrote is declared there, so none is
+//! lost): an edited image is one CRIU would restore as edited.
 
-use prost::bytes::Buf;
-use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, WireType};
 use prost::Message;
 
 use crate::image::{split_entries, ImageError, Kind, Limits, IMG_COMMON_MAGIC};
@@ -26,9 +24,6 @@ impl From<prost::DecodeError> for ForgeError {
     }
 }
 
-fn malformed(what: &str) -> ForgeError {
-    ForgeError::Malformed(what.into())
-}
 use crate::proto::{CoreEntry, CredsEntry, ThreadCoreEntry};
 
 /// An image file of `kind` holding `entries` (each one encoded message).
@@ -57,94 +52,51 @@ pub fn cap_words(mask: u64) -> Vec<u32> {
     vec![mask as u32, (mask >> 32) as u32]
 }
 
-/// The raw fields of `message` whose tag is not in `drop`, followed by `append` (already
-/// encoded fields). Protobuf readers, CRIU's included, accept fields in any order.
-pub fn splice(message: &[u8], drop: &[u32], append: &[u8]) -> Result<Vec<u8>, ForgeError> {
-    let mut out = Vec::with_capacity(message.len() + append.len());
-    let mut buf = message;
-    while buf.has_remaining() {
-        let start = message.len() - buf.remaining();
-        let (tag, wire) = decode_key(&mut buf)?;
-        skip_value(&mut buf, wire)?;
-        let end = message.len() - buf.remaining();
-        if !drop.contains(&tag) {
-            out.extend_from_slice(&message[start..end]);
-        }
-    }
-    out.extend_from_slice(append);
-    Ok(out)
-}
-
-/// The value bytes of the last length-delimited field `tag` of `message`.
-pub fn field_bytes(message: &[u8], tag: u32) -> Result<Option<&[u8]>, ForgeError> {
-    let mut found = None;
-    let mut buf = message;
-    while buf.has_remaining() {
-        let (t, wire) = decode_key(&mut buf)?;
-        if t == tag && wire == WireType::LengthDelimited {
-            let len = decode_varint(&mut buf)? as usize;
-            if len > buf.remaining() {
-                return Err(malformed("field runs past the message"));
-            }
-            let start = message.len() - buf.remaining();
-            found = Some(&message[start..start + len]);
-            buf.advance(len);
-        } else {
-            skip_value(&mut buf, wire)?;
-        }
-    }
-    Ok(found)
-}
-
-fn skip_value(buf: &mut &[u8], wire: WireType) -> Result<(), ForgeError> {
-    let n = match wire {
-        WireType::Varint => {
-            decode_varint(buf)?;
-            0
-        }
-        WireType::SixtyFourBit => 8,
-        WireType::ThirtyTwoBit => 4,
-        WireType::LengthDelimited => decode_varint(buf)? as usize,
-        WireType::StartGroup | WireType::EndGroup => {
-            return Err(malformed("groups are not used by CRIU"))
-        }
-    };
-    if n > buf.remaining() {
-        return Err(malformed("field runs past the message"));
-    }
-    buf.advance(n);
-    Ok(())
-}
-
-fn length_delimited(tag: u32, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_key(tag, WireType::LengthDelimited, &mut out);
-    encode_varint(value.len() as u64, &mut out);
-    out.extend_from_slice(value);
-    out
-}
-
-/// `core_img` (a whole `core-<tid>.img`) with its thread's creds, seccomp mode and filter
-/// index changed by `edit`; every other field is kept byte for byte.
+/// `core_img` (a whole `core-<tid>.img`) with its thread's state changed by `edit`. The entry
+/// is decoded into the types generated from CRIU's own `.proto` files and encoded again, so
+/// every field CRIU wrote (registers, signal state, ...) is kept.
 pub fn edit_core(
     core_img: &[u8],
     edit: impl FnOnce(&mut ThreadCoreEntry),
 ) -> Result<Vec<u8>, ForgeError> {
-    let entries = split_entries("core image", core_img, Kind::Core, &Limits::default())?;
-    let [entry] = entries[..] else {
-        return Err(ImageError::NotOne {
-            name: "core image".into(),
-            found: entries.len(),
+    edit_entry(core_img, Kind::Core, |core: &mut CoreEntry| {
+        edit(core.thread_core.get_or_insert_with(Default::default))
+    })
+}
+
+/// `img` (a whole single-entry image of `kind`) with its entry, decoded as `M`, changed by
+/// `edit` and encoded again.
+pub fn edit_entry<M: Message + Default>(
+    img: &[u8],
+    kind: Kind,
+    edit: impl FnOnce(&mut M),
+) -> Result<Vec<u8>, ForgeError> {
+    edit_entries(img, kind, |entries: &mut Vec<M>| match &mut entries[..] {
+        [one] => {
+            edit(one);
+            Ok(())
         }
-        .into());
-    };
-    let core = CoreEntry::decode(entry)?;
-    let mut thread = core.thread_core.unwrap_or_default();
-    edit(&mut thread);
-    let old_thread = field_bytes(entry, 5)?.unwrap_or(&[]);
-    let new_thread = splice(old_thread, &[10, 11, 12], &thread.encode_to_vec())?;
-    let new_entry = splice(entry, &[5], &length_delimited(5, &new_thread))?;
-    Ok(image(Kind::Core, &[new_entry]))
+        other => Err(ImageError::NotOne {
+            name: kind.what().into(),
+            found: other.len(),
+        }
+        .into()),
+    })
+}
+
+/// `img` (a whole image of `kind`) with its entries, decoded as `M`, changed by `edit` (which
+/// may add or remove some) and encoded again.
+pub fn edit_entries<M: Message + Default>(
+    img: &[u8],
+    kind: Kind,
+    edit: impl FnOnce(&mut Vec<M>) -> Result<(), ForgeError>,
+) -> Result<Vec<u8>, ForgeError> {
+    let mut entries = split_entries(kind.what(), img, kind, &Limits::default())?
+        .into_iter()
+        .map(M::decode)
+        .collect::<Result<Vec<M>, _>>()?;
+    edit(&mut entries)?;
+    Ok(image_of(kind, &entries))
 }
 
 /// [`edit_core`] of the thread's credentials (created empty when the core has none).

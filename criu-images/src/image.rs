@@ -29,6 +29,14 @@ pub enum Kind {
     Apparmor,
     Files,
     RemapFpath,
+    Cgroup,
+    MemfdInode,
+    TtyInfo,
+    GhostFile,
+    Netdev,
+    Mm,
+    Pidns,
+    Netns,
 }
 
 impl Kind {
@@ -45,7 +53,35 @@ impl Kind {
             Kind::Apparmor => 0x5942_3047,
             Kind::Files => 0x5630_3138,
             Kind::RemapFpath => 0x5913_3954,
+            Kind::Cgroup => 0x5938_3330,
+            Kind::MemfdInode => 0x4845_3499,
+            Kind::TtyInfo => 0x5945_3036,
+            Kind::GhostFile => 0x5258_3605,
+            Kind::Netdev => 0x5737_3951,
+            Kind::Mm => 0x5749_2820,
+            Kind::Pidns => 0x6115_7326,
+            Kind::Netns => 0x5593_3752,
         }
+    }
+
+    /// The kind with this type magic, among those the check reads.
+    pub fn of_magic(magic: u32) -> Option<Kind> {
+        use Kind::*;
+        [
+            Inventory,
+            Pstree,
+            Core,
+            Ids,
+            Creds,
+            Seccomp,
+            Mountpoints,
+            Userns,
+            Apparmor,
+            Files,
+            RemapFpath,
+        ]
+        .into_iter()
+        .find(|k| k.magic() == magic)
     }
 
     /// Whether the file starts with [`IMG_COMMON_MAGIC`] (every image but the inventory).
@@ -67,6 +103,14 @@ impl Kind {
             Kind::Apparmor => "AppArmor namespaces",
             Kind::Files => "open files",
             Kind::RemapFpath => "file remaps",
+            Kind::Cgroup => "cgroups",
+            Kind::MemfdInode => "memfd inodes",
+            Kind::TtyInfo => "terminals",
+            Kind::GhostFile => "ghost file",
+            Kind::Netdev => "network devices",
+            Kind::Mm => "memory layout",
+            Kind::Pidns => "pid namespace",
+            Kind::Netns => "network namespace",
         }
     }
 }
@@ -255,6 +299,10 @@ pub struct ImageDir {
     path: PathBuf,
     limits: Limits,
     files_read: usize,
+    /// Each file is read once: the schema walk reads every image, the checks read them again
+    /// from here (and see the bytes the walk saw).
+    cache: std::collections::HashMap<String, Vec<u8>>,
+    counted: std::collections::HashSet<String>,
 }
 
 impl ImageDir {
@@ -265,11 +313,22 @@ impl ImageDir {
             path: path.to_path_buf(),
             limits,
             files_read: 0,
+            cache: Default::default(),
+            counted: Default::default(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// `name` opened beneath the directory, for a reader that streams it.
+    pub fn open_file(&self, name: &str) -> std::io::Result<std::fs::File> {
+        beneath::open_file(self.root.as_fd(), Path::new(name))
     }
 
     /// How many image files were read so far.
@@ -290,7 +349,17 @@ impl ImageDir {
     }
 
     /// The bytes of `name`, `None` when it does not exist.
-    pub fn read_bytes(&mut self, name: &str, kind: Kind) -> Result<Option<Vec<u8>>, ImageError> {
+    pub fn read_bytes(
+        &mut self,
+        name: &str,
+        what: &'static str,
+    ) -> Result<Option<Vec<u8>>, ImageError> {
+        if let Some(bytes) = self.cache.get(name) {
+            if self.counted.insert(name.to_owned()) {
+                self.files_read += 1;
+            }
+            return Ok(Some(bytes.clone()));
+        }
         let file = match beneath::open_file(self.root.as_fd(), Path::new(name)) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -310,7 +379,7 @@ impl ImageDir {
         if size > limit {
             return Err(ImageError::FileTooLarge {
                 name: name.into(),
-                what: kind.what(),
+                what,
                 size,
                 limit,
             });
@@ -323,13 +392,26 @@ impl ImageDir {
         if bytes.len() as u64 > limit {
             return Err(ImageError::FileTooLarge {
                 name: name.into(),
-                what: kind.what(),
+                what,
                 size: bytes.len() as u64,
                 limit,
             });
         }
         self.files_read += 1;
+        self.counted.insert(name.to_owned());
+        self.cache.insert(name.to_owned(), bytes.clone());
         Ok(Some(bytes))
+    }
+
+    /// [`Self::read_bytes`] for the schema walk, which reads every image: not counted in
+    /// [`Self::files_read`] (the images the checks read).
+    pub fn walk_bytes(&mut self, name: &str, what: &'static str) -> Result<Vec<u8>, ImageError> {
+        let counted = self.counted.contains(name);
+        let bytes = self.read_bytes(name, what)?.unwrap_or_default();
+        if !counted && self.counted.remove(name) {
+            self.files_read -= 1;
+        }
+        Ok(bytes)
     }
 
     /// Every entry of `name` decoded as `M`; `None` when the file does not exist.
@@ -339,7 +421,7 @@ impl ImageDir {
         kind: Kind,
     ) -> Result<Option<Vec<M>>, ImageError> {
         let limits = self.limits;
-        match self.read_bytes(name, kind)? {
+        match self.read_bytes(name, kind.what())? {
             None => Ok(None),
             Some(bytes) => decode_entries(name, &bytes, kind, &limits).map(Some),
         }

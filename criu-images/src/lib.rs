@@ -9,29 +9,36 @@
 //! [`open_files_in_rootfs`] names the files the checkpoint's processes hold open that the
 //! root filesystem they are restored onto lacks, which CRIU would fail on mid-restore.
 //!
-//! # Why the messages are written by hand
+//! # The model
 //!
-//! [`proto`] declares, with `prost`'s derive, only the messages and fields the check reads,
-//! from CRIU's documented image format (`images/*.proto`: names, field numbers, types), instead
-//! of generating code from CRIU's `.proto` files:
-//! - the check needs a few dozen fields of a dozen messages, not CRIU's ~70 files;
-//! - no `protoc` and no build-time download of CRIU's sources: a fresh CI machine builds this
-//!   crate like any other;
-//! - prost skips fields a message does not declare, so an entry with everything CRIU writes
-//!   (registers, signal state, ...) decodes into the declared fields alone.
+//! [`proto`] holds types generated at build time from CRIU 4.2.1's own `images/*.proto`
+//! (`build.rs`: `protox` + `prost-build`, no `protoc`; the files are checked against a
+//! committed SHA-256 list), and their descriptors. Before any bound, [`allowlist`] walks every
+//! file of the checkpoint directory: a file that is neither gpusnap's, the runtime's nor an
+//! image type of [`catalog`] is refused, an image type the catalog refuses is refused, and
+//! every entry of an allowed image is decoded against the descriptors ([`schema`]): a field
+//! number CRIU 4.2.1 does not have, an enum value it does not define, a field without a row in
+//! the rule table ([`rules`]) or one whose row refuses it, is refused with the image, the
+//! message and the field. The bounded fields are then checked by [`bound`].
 //!
 //! [`image`] reads the framing (magics, length-prefixed entries) with caps on every size, and
-//! opens files only beneath the checkpoint directory. [`forge`] writes images, for tests that
-//! play an attacker with write access to a checkpoint.
+//! opens files only beneath the checkpoint directory. [`forge`] writes images with the
+//! generated types, for tests that play an attacker with write access to a checkpoint.
 
+pub mod allowlist;
 pub mod bound;
 pub mod caps;
+pub mod catalog;
 pub mod forge;
 pub mod image;
 pub mod open_files;
 pub mod proto;
+pub mod rules;
+pub mod schema;
 pub mod seccomp;
 
-pub use bound::{bound_by_spec, bound_by_spec_on, Finding, HostLsm, Refusal, Report};
+pub use bound::{
+    bound_by_spec, bound_by_spec_host, bound_by_spec_on, Finding, Host, HostLsm, Refusal, Report,
+};
 pub use image::{ImageDir, ImageError, Kind, Limits};
 pub use open_files::{open_files_in_rootfs, OpenFiles, Problem, Unmatched};

@@ -32,8 +32,7 @@ use rustix::io::Errno;
 
 use crate::image::{ImageDir, ImageError, Kind, Limits};
 use crate::proto::{
-    FileEntry, MntEntry, PstreeEntry, RegFileEntry, RemapFilePathEntry, TaskKobjIdsEntry,
-    FD_TYPE_REG,
+    FdTypes, FileEntry, MntEntry, PstreeEntry, RegFileEntry, RemapFilePathEntry, TaskKobjIdsEntry,
 };
 
 /// The most distinct names resolved; a real dump has a few hundred (libraries, logs).
@@ -144,7 +143,7 @@ pub fn open_files_in_rootfs(
     let mut seen = BTreeSet::new();
     for reg in files
         .into_iter()
-        .filter(|f| f.r#type == FD_TYPE_REG)
+        .filter(|f| f.r#type == FdTypes::Reg as i32)
         .filter_map(|f| f.reg)
     {
         out.regular_files += 1;
@@ -332,16 +331,13 @@ mod tests {
             mountpoint: mountpoint.as_bytes().to_vec(),
             source: b"none".to_vec(),
             options: Vec::new(),
-            ext_mount: None,
-            fsname: None,
-            sb_flags: None,
-            ext_key: None,
+            ..Default::default()
         }
     }
 
     fn reg(id: u32, name: &str, mnt: u32, mode: u32) -> FileEntry {
         FileEntry {
-            r#type: FD_TYPE_REG,
+            r#type: FdTypes::Reg as i32,
             id,
             reg: Some(RegFileEntry {
                 id,
@@ -350,7 +346,9 @@ mod tests {
                 size: Some(5),
                 ext: None,
                 mode: Some(mode),
+                ..Default::default()
             }),
+            ..Default::default()
         }
     }
 
@@ -427,6 +425,7 @@ mod tests {
         let remap = RemapFilePathEntry {
             orig_id: 12,
             remap_id: 70,
+            ..Default::default()
         };
         write(c, "remap-fpath.img", Kind::RemapFpath, &[remap]);
 

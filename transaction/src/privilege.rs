@@ -6,8 +6,11 @@
 //! spec's. So before anything changes, the images are checked against the spec of the
 //! container being created: `<bundle>/config.json`, which containerd, CRI-O or Podman wrote
 //! for this container. The checkpoint's own copy of a spec (`config.dump`, `spec.dump`) is
-//! as hostile as its images and is never read here. The rules are in
-//! `gpusnap_criu_images::bound`.
+//! as hostile as its images and is never read here. First the whole checkpoint directory is
+//! held against the model of what CRIU 4.2.1 applies (`gpusnap_criu_images::allowlist`:
+//! unknown files, image types and fields are refused), then each bounded field against the
+//! spec (`gpusnap_criu_images::bound`). The restore runs this before the rootfs diff and
+//! runc, on every door, and logs its time as `privilege_check_ms`.
 
 use std::io::Read;
 use std::path::Path;

@@ -51,6 +51,7 @@
 //!    `CARGO_TARGET_DIR` and `--release`);
 //! 3. `<workspace>/target/debug/containerd-shim-gpusnap-v2`.
 
+pub mod allowlist;
 pub mod beneath;
 pub mod bundle;
 pub mod busybox_registry;

@@ -79,6 +79,7 @@ pub fn minimal_images(dir: &Path) -> Result<()> {
         user_ns_id: Some(7),
         cgroup_ns_id: Some(8),
         time_ns_id: Some(5),
+        ..Default::default()
     };
     let mut creds = forge::creds(0, 0, 0);
     creds.no_new_privs = None;
@@ -91,6 +92,7 @@ pub fn minimal_images(dir: &Path) -> Result<()> {
                 img_version: 2,
                 root_ids: Some(ids(1)),
                 lsmtype: None,
+                ..Default::default()
             }],
         ),
     )?;
@@ -119,7 +121,9 @@ pub fn minimal_images(dir: &Path) -> Result<()> {
                     creds: Some(creds),
                     seccomp_mode: None,
                     seccomp_filter: None,
+                    ..Default::default()
                 }),
+                ..Default::default()
             }],
         ),
     )?;
@@ -136,10 +140,7 @@ pub fn minimal_images(dir: &Path) -> Result<()> {
                 mountpoint: b"/".to_vec(),
                 source: b"none".to_vec(),
                 options: vec![],
-                ext_mount: None,
-                fsname: None,
-                sb_flags: None,
-                ext_key: None,
+                ..Default::default()
             }],
         ),
     )?;

@@ -136,6 +136,11 @@ impl<'a> CriuTar<'a> {
         Ok(restore)
     }
 
+    /// The pristine `criu.tar`.
+    pub fn pristine(&self) -> &[u8] {
+        &self.pristine
+    }
+
     /// Writes the pristine `criu.tar` back.
     pub fn put_back(&self) -> Result<()> {
         write_blob(&self.blob, &self.pristine)
