@@ -52,12 +52,15 @@ impl Phase {
             Phase::CriuRestore => "criu-restore",
         }
     }
+}
 
-    /// Whether a deadline passed in this phase has changed anything: the rootfs diff writes
-    /// into the container's rootfs, and nothing before it changes anything.
-    fn changed_something(self) -> bool {
-        matches!(self, Phase::RootfsDiff | Phase::OpenFilesCheck)
-    }
+/// What the restore has changed by the end of a phase: the rootfs diff is the only change
+/// before runc runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    Nothing,
+    /// (Some of) the rootfs diff was written into the container's root filesystem.
+    RootfsDiff,
 }
 
 impl fmt::Display for Phase {
@@ -137,12 +140,12 @@ impl Deadline {
 
     /// Ends the restore when the deadline passed during `phase` (checked as the phase ends):
     /// a refusal before anything changed, a failure that says what was left after.
-    pub fn check(&self, phase: Phase) -> Result<()> {
+    pub fn check(&self, phase: Phase, changed: Changed) -> Result<()> {
         if !self.passed() {
             return Ok(());
         }
         let message = self.ran_out(phase);
-        Err(if phase.changed_something() {
+        Err(if changed == Changed::RootfsDiff {
             Error::failed(
                 Outcome::NothingRunning,
                 format!(
@@ -187,16 +190,18 @@ mod tests {
         };
         let d = Deadline::start_at(Instant::now() - Duration::from_secs(4), &config, 0);
         assert!(d.passed() && d.remaining() == Duration::ZERO);
-        let e = d.check(Phase::Validate).unwrap_err();
+        let e = d.check(Phase::Validate, Changed::Nothing).unwrap_err();
         assert!(e.outcome().is_none(), "a refusal: {e}");
         let text = e.to_string();
         assert!(text.contains("within 3s"), "{text}");
         assert!(text.contains("in the validate phase"), "{text}");
         assert!(text.contains("try again"), "{text}");
-        let e = d.check(Phase::RootfsDiff).unwrap_err();
+        let e = d
+            .check(Phase::OpenFilesCheck, Changed::RootfsDiff)
+            .unwrap_err();
         assert_eq!(e.outcome(), Some(Outcome::NothingRunning), "{e}");
         let fresh = Deadline::start(&config, 0);
-        fresh.check(Phase::CriuRestore).unwrap();
+        fresh.check(Phase::CriuRestore, Changed::Nothing).unwrap();
     }
 
     #[test]

@@ -34,7 +34,7 @@ use gpusnap_config::Config;
 use gpusnap_criu_bridge::{CriuFlags, Restore, RuncCommand, RuncGlobal};
 use gpusnap_cuda::PendingDriver;
 
-use crate::deadline::{Deadline, Phase};
+use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Error, Outcome, Result};
 use crate::gpu::{self, GpuRestore};
 use crate::host::Host;
@@ -162,7 +162,13 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         let t = Instant::now();
         let _assembling = DirLock::exclusive(ckpt)?;
         dir::chunks::assemble(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
-        end_phase(&deadline, Phase::Assemble, &mut timings, t)?;
+        end_phase(
+            &deadline,
+            Phase::Assemble,
+            Changed::Nothing,
+            &mut timings,
+            t,
+        )?;
     }
     let t = Instant::now();
     let _lock = DirLock::shared(ckpt)?;
@@ -196,7 +202,13 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         &req.config.restore,
         manifest.images.total_bytes.saturating_add(diff_bytes),
     );
-    end_phase(&deadline, Phase::Validate, &mut timings, t)?;
+    end_phase(
+        &deadline,
+        Phase::Validate,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     // Whether GPU state is restored follows the validated manifest only: the early read above
     // is a hint for starting the driver, and a checkpoint whose validated manifest lists CUDA
@@ -209,7 +221,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         }
         _ => None,
     };
-    end_phase(&deadline, Phase::GpuGate, &mut timings, t)?;
+    end_phase(&deadline, Phase::GpuGate, Changed::Nothing, &mut timings, t)?;
 
     let t = Instant::now();
     let mut global = req.runc.clone();
@@ -230,20 +242,39 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
              gpusnap restores the CUDA processes",
         ));
     }
-    end_phase(&deadline, Phase::CriuPrepare, &mut timings, t)?;
+    end_phase(
+        &deadline,
+        Phase::CriuPrepare,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     // Last of the refusals: what the CRIU images give the restored processes, bounded by
     // the spec of the container being created (`privilege.rs`).
     let t = Instant::now();
     let spec = crate::privilege::read_spec(&req.bundle)?;
     crate::privilege::check(&spec, ckpt)?;
-    end_phase(&deadline, Phase::PrivilegeCheck, &mut timings, t)?;
+    end_phase(
+        &deadline,
+        Phase::PrivilegeCheck,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     let rootfs = crate::open_files::rootfs_of(&req.bundle, &spec);
+    let changed = if req.rootfs_diff.is_some() {
+        Changed::RootfsDiff
+    } else {
+        Changed::Nothing
+    };
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
         // DEADLINE: `deadline: Some(deadline.at())` in these Limits once rootfs_diff has the
-        // field, so that the walk and the writes stop when the deadline passes.
+        // field, so that the walk and the writes stop when the deadline passes; its deadline
+        // error maps to `Error::failed(Outcome::NothingRunning, ...)` with
+        // `deadline.ran_out(Phase::RootfsDiff)` (a refusal while nothing was written yet).
         let applied = dir::rootfs_diff::apply(
             &diff.path,
             &rootfs,
@@ -273,14 +304,20 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             privileges_dropped = applied.privileges_dropped,
             "rootfs diff applied"
         );
-        end_phase(&deadline, Phase::RootfsDiff, &mut timings, t)?;
+        end_phase(
+            &deadline,
+            Phase::RootfsDiff,
+            Changed::RootfsDiff,
+            &mut timings,
+            t,
+        )?;
     }
 
     // After the diff, which may bring them: CRIU reopens every open file by its path and
     // fails mid-restore on one the rootfs lacks (`open_files.rs`).
     let t = Instant::now();
     crate::open_files::check(&rootfs, ckpt)?;
-    end_phase(&deadline, Phase::OpenFilesCheck, &mut timings, t)?;
+    end_phase(&deadline, Phase::OpenFilesCheck, changed, &mut timings, t)?;
 
     let runc = Runc::new(global, &req.container_id, host);
     // A runc state of this id whose init is dead (a restore or runtime killed before it could
@@ -423,10 +460,16 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
 
 /// Ends a phase: its time recorded, the test build's failpoint of its end (which may hold the
 /// restore there), then the deadline checked.
-fn end_phase(deadline: &Deadline, phase: Phase, timings: &mut Timings, t: Instant) -> Result<()> {
+fn end_phase(
+    deadline: &Deadline,
+    phase: Phase,
+    changed: Changed,
+    timings: &mut Timings,
+    t: Instant,
+) -> Result<()> {
     timings.add(phase.name(), t.elapsed());
     crate::failpoint::reached(&crate::failpoint::after_phase(phase));
-    deadline.check(phase)
+    deadline.check(phase, changed)
 }
 
 /// Where CRIU writes `restore.log` (its work directory also holds CRIU's cgroup yard).
