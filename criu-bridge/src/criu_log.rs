@@ -102,6 +102,67 @@ pub fn criu_log_tail(path: &Path, n: usize) -> io::Result<LogTail> {
     })
 }
 
+/// The directories a CRIU 4.2 restore makes in its work directory (its cwd), relative names
+/// from `mkdtemp`: the cgroup yard (`criu/cgroup.c` `prepare_cgroup_sfd`: a tmpfs with every
+/// cgroup hierarchy mounted below it, in the mount namespace CRIU runs in, the host's) and the
+/// mount point of a cgroup hierarchy CRIU opens without `fsopen` (`open_cgroupfs`).
+pub const WORK_DIR_YARDS: [&str; 2] = [".criu.cgyard.", ".criu.cgmounts."];
+
+/// The directories a CRIU 4.2 restore makes in `/tmp` of the host's file system (`mkdtemp`):
+/// the mount namespace yard (`criu/mount.c` `create_mnt_roots`, made 0777, mounted only in
+/// the restored mount namespace), the clean-path bind point (`mount_clean_path`) and the
+/// legacy proc mount (`criu/cr-restore.c` `__legacy_mount_proc`).
+pub const TMP_YARDS: [&str; 3] = [".criu.mntns.", "cr-tmpfs.", "crtools-proc."];
+
+/// How much of a restore log is searched for yard names: CRIU names them in its first lines.
+const YARD_SEARCH_BYTES: u64 = 32 << 20;
+
+/// Whether `name` is one of CRIU's `mkdtemp` names with one of `prefixes`: the prefix and six
+/// letters or digits.
+pub fn is_yard_name(name: &str, prefixes: &[&str]) -> bool {
+    prefixes.iter().any(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|r| r.len() == 6 && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+    })
+}
+
+/// The names in `/tmp` of the [`TMP_YARDS`] the restore whose log is `log` made, as the log
+/// names them (`mnt: Will mount 54 @ /tmp/.criu.mntns.5BQNPP/mnt-0000000054 /sys/firmware`).
+///
+/// The log holds strings from the checkpoint's images too, so a name is taken only when it is
+/// the one name of its kind in the log: a forged line naming another restore's yard makes two
+/// names, and neither is taken. A missing log names none.
+pub fn tmp_yards_named(log: &Path) -> Vec<String> {
+    let Ok(file) = File::open(log) else {
+        return Vec::new();
+    };
+    let mut reader = BufReader::new(io::Read::take(file, YARD_SEARCH_BYTES));
+    let mut seen: Vec<(usize, Option<String>)> = Vec::new();
+    let mut buf = Vec::new();
+    while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+        let line = String::from_utf8_lossy(&buf);
+        for (at, _) in line.match_indices("/tmp/") {
+            let rest = &line[at + "/tmp/".len()..];
+            let word: &str = rest
+                .split(|c: char| c == '/' || c.is_whitespace())
+                .next()
+                .unwrap_or_default();
+            let Some(kind) = TMP_YARDS.iter().position(|p| is_yard_name(word, &[p])) else {
+                continue;
+            };
+            match seen.iter_mut().find(|(k, _)| *k == kind) {
+                None => seen.push((kind, Some(word.to_string()))),
+                Some((_, name)) if name.as_deref() != Some(word) => *name = None,
+                Some(_) => {}
+            }
+        }
+        buf.clear();
+    }
+    let mut names: Vec<String> = seen.into_iter().filter_map(|(_, n)| n).collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +239,29 @@ mod tests {
     fn missing_file_is_an_io_error() {
         let err = criu_log_tail(Path::new("/nonexistent/dump.log"), 5).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn yard_names_are_taken_only_when_unambiguous() {
+        let f = log(b"(00.05) cg: Opening .criu.cgyard.kc9X8S as cg yard\n\
+            (00.07) mnt: \t\tWill mount 54 @ /tmp/.criu.mntns.5BQNPP/mnt-0000000054 /sys/firmware\n\
+            (00.07) mnt: \t\tWill mount 53 @ /tmp/.criu.mntns.5BQNPP/mnt-0000000053 /proc/keys\n\
+            (00.08) Mount procfs in /tmp/crtools-proc.Ab12Cd\n\
+            (00.09) mnt: /tmp/.criu.mntns.toolong1 /tmp/other\n");
+        assert_eq!(
+            tmp_yards_named(f.path()),
+            [".criu.mntns.5BQNPP", "crtools-proc.Ab12Cd"]
+        );
+        // A second mount yard name (an image's string forging a line): neither is taken.
+        let f = log(
+            b"Will mount 1 from /x\nWill mount 1 @ /tmp/.criu.mntns.VICTIM/mnt-1 /\n\
+            Will mount 2 @ /tmp/.criu.mntns.5BQNPP/mnt-2 /\n",
+        );
+        assert!(tmp_yards_named(f.path()).is_empty());
+        assert!(tmp_yards_named(Path::new("/nonexistent/restore.log")).is_empty());
+        assert!(is_yard_name(".criu.cgyard.kc9X8S", &WORK_DIR_YARDS));
+        assert!(!is_yard_name(".criu.cgyard.kc9X8", &WORK_DIR_YARDS));
+        assert!(!is_yard_name(".criu.cgyard.kc9X/S", &WORK_DIR_YARDS));
+        assert!(!is_yard_name("criu.cgyard.kc9X8S", &WORK_DIR_YARDS));
     }
 }

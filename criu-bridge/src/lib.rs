@@ -3,12 +3,15 @@
 //! - [`options`]: the CRIU flags of a checkpoint or restore ([`CriuFlags`]), in one place.
 //! - [`runc_cmd`]: `runc checkpoint` / `runc restore` command lines and a synchronous runner.
 //! - [`criu_probe`]: finding CRIU on runc's `PATH` and checking its version.
-//! - [`criu_log`]: the useful lines of CRIU's `dump.log` / `restore.log`.
+//! - [`criu_log`]: the useful lines of CRIU's `dump.log` / `restore.log`, and the yards a
+//!   killed restore's CRIU left.
+//! - [`criu_config`]: CRIU's config files, held to what gpusnap's model of a restore allows.
 //! - [`plugins`]: keeping CRIU's own cuda plugin out of the CRIU runs gpusnap starts.
 //! - [`versions`]: runc version, kernel release, architecture.
 
 mod exec;
 
+pub mod criu_config;
 pub mod criu_log;
 pub mod criu_probe;
 pub mod options;

@@ -82,6 +82,18 @@ pub fn excluded_in(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The name of the private plugin directory (or its config file) that process `pid` made
+/// ([`PluginDir::prepare`]): `criu-plugins-<pid>-<n>` and `criu-plugins-<pid>-<n>.conf`. A
+/// runtime killed mid-transaction never dropped them; whoever repairs after it removes them.
+pub fn is_plugin_dir_of(name: &std::ffi::OsStr, pid: u32) -> bool {
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    let name = name.strip_suffix(".conf").unwrap_or(name);
+    name.strip_prefix(&format!("criu-plugins-{pid}-"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A private plugin directory for one transaction; removed when dropped.
 #[derive(Debug)]
 pub struct PluginDir {
@@ -250,6 +262,14 @@ mod tests {
         assert!(text.starts_with("tcp-established\n"), "{text}");
         assert_eq!(config_libdir(&conf).unwrap().libdir, dir.path());
         let path = dir.path().to_path_buf();
+        let me = std::process::id();
+        assert!(is_plugin_dir_of(path.file_name().unwrap(), me));
+        assert!(is_plugin_dir_of(conf.file_name().unwrap(), me));
+        assert!(!is_plugin_dir_of(path.file_name().unwrap(), me + 1));
+        assert!(!is_plugin_dir_of(
+            std::ffi::OsStr::new("criu-plugins-1-x"),
+            1
+        ));
         drop(dir);
         assert!(!path.exists() && !conf.exists());
     }

@@ -12,6 +12,7 @@
 
 mod args;
 mod checkpoint;
+mod guard;
 mod locate;
 mod repair;
 mod restore;
@@ -212,7 +213,9 @@ fn init_logging(log_file: Option<&Path>, json: bool) {
 }
 
 /// Entry point; returns the exit code for the paths that do not exec.
-pub fn main(args: Vec<OsString>) -> i32 {
+pub fn main(mut args: Vec<OsString>) -> i32 {
+    // A restore's guard (`guard.rs`): started by `restore` itself, never by a caller.
+    let guard = guard::take_guard_arg(&mut args);
     let inv = Invocation::parse(args);
     init_logging(inv.log_file().as_deref(), inv.log_json());
     let config_path = std::env::var_os(CONFIG_ENV)
@@ -245,6 +248,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
         runc,
         path_env,
     };
+    if guard {
+        return guard::run(&ctx);
+    }
     repair::interrupted_checkpoints(&ctx);
     match ctx.inv.command().map(|c| c.to_string_lossy().into_owned()) {
         None if ctx.inv.global.is_set(&["version", "v"]) => version(&ctx),

@@ -6,9 +6,11 @@
 //! unsealed images are removed and the cgroup is frozen or thawed as the caller had it, so
 //! CRI-O and Podman see the container as it really is.
 //!
-//! A gpusnap-runc killed mid-restore leaves a record in its scratch directory: the orphaned
-//! `runc restore`, its CRIU and what they restored are killed and runc's state of the id is
-//! removed (the caller was never told the restore worked), as after any failed restore.
+//! A gpusnap-runc killed mid-restore leaves a record in its scratch directory. Its guard
+//! (`guard.rs`) repairs from it the moment it dies; should the guard be gone too, the next call
+//! does: the orphaned `runc restore`, its CRIU and what they restored are killed, CRIU's yards
+//! are removed and runc's state of the id is removed (the caller was never told the restore
+//! worked), as after any failed restore.
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;

@@ -36,9 +36,29 @@ use crate::{
 };
 
 const CHECKPOINT_OPTIONS: &str = "containerd.runc.v1.CheckpointOptions";
-/// Where runc restore's CRIU work files (restore.log) go: the bundle, so the checkpoint
-/// directory is never written to by a restore and can be restored again.
+/// Where runc restore's CRIU work files (restore.log, and CRIU's cgroup yard while it runs)
+/// go: the shim's own directory (below), so the checkpoint directory is never written to by a
+/// restore and can be restored again.
 const RESTORE_WORK_DIR: &str = "criu-restore";
+
+/// This shim's own directory: where containerd started it (the container's bundle, or the
+/// bundle of the pod's sandbox whose shim serves the pod) and where containerd runs the shim's
+/// `delete` once it died, before it removes that directory. A restore's in-flight record and
+/// CRIU's work directory (its cgroup yard is mounted there) live here so that the `delete`
+/// finds them: containerd may already have removed a pod container's own bundle by then.
+fn own_dir(bundle: &std::path::Path) -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| bundle.to_path_buf())
+}
+
+/// CRIU's work directory for a restore of `id` whose bundle is `bundle`: `criu-restore` in
+/// the container's own bundle, `criu-restore.<id>` in the sandbox's.
+fn restore_work_dir(own: &std::path::Path, bundle: &std::path::Path, id: &str) -> PathBuf {
+    if own == bundle {
+        own.join(RESTORE_WORK_DIR)
+    } else {
+        own.join(format!("{RESTORE_WORK_DIR}.{id}"))
+    }
+}
 
 /// containerd's checkpoint options, in the transaction's terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -366,6 +386,7 @@ impl TaskService {
         let (request, stdio) = {
             let state = self.state.lock().await;
             let c = state.container(id)?;
+            let own = own_dir(&c.bundle);
             let request = RestoreRequest {
                 container_id: id.to_string(),
                 bundle: c.bundle.clone(),
@@ -374,9 +395,9 @@ impl TaskService {
                 signature_evidence: restore.signature_evidence.clone(),
                 runc: c.runc_global(),
                 config: c.config.clone(),
-                scratch_dir: c.bundle.clone(),
+                scratch_dir: own.clone(),
                 command: RestoreCommand::Build {
-                    work_dir: c.bundle.join(RESTORE_WORK_DIR),
+                    work_dir: restore_work_dir(&own, &c.bundle, id),
                     pid_file: c.bundle.join("init.pid"),
                     console_socket: None,
                     no_pivot: c.settings.no_pivot_root,

@@ -76,10 +76,16 @@ impl Shim for Service {
         }
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
         // A restore this shim was running (Start of a container created from a checkpoint):
-        // its runc and CRIU are orphaned, and a CRIU that stalls is no longer bounded by the
-        // deadline's watch, which died with this shim.
-        if let Some(restore) =
-            RestoreInFlight::read(&bundle, &self.id).filter(|r| !r.writer_alive())
+        // its runc and CRIU are orphaned, a CRIU that stalls is no longer bounded by the
+        // deadline's watch, which died with this shim, CRIU's cgroup yard is mounted in the
+        // bundle (containerd could not remove it), and a container CRIU restored runs while
+        // containerd reports the task gone. The record says which of these to undo.
+        // The shim keeps the record of every container it restores in its own directory (this
+        // one: a pod's containers share the shim of its sandbox, and containerd runs `delete`
+        // for the sandbox only).
+        for restore in RestoreInFlight::read_all(&bundle)
+            .into_iter()
+            .filter(|r| !r.writer_alive())
         {
             let global = gpusnap_criu_bridge::RuncGlobal {
                 binary: PathBuf::from(&settings.runc_binary),
@@ -87,8 +93,13 @@ impl Shim for Service {
                 systemd_cgroup: settings.systemd_cgroup,
                 ..Default::default()
             };
-            let runc = gpusnap_transaction::runc::Runc::new(global, &self.id, &Direct);
+            let runc = gpusnap_transaction::runc::Runc::new(global, &restore.container_id, &Direct);
             restore.repair(&bundle, &runc);
+            // This shim mounted that container's rootfs; containerd deletes a pod container's
+            // bundle only through the shim that is gone.
+            if restore.bundle != bundle {
+                crate::container::unmount_rootfs(&restore.bundle);
+            }
         }
         // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
         // runc reports such a container paused, and a frozen process dies only once thawed.

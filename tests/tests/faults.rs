@@ -16,8 +16,8 @@ use gpusnap_testkit::checkpoint::read_in_task;
 use gpusnap_testkit::faults::{self, point, Failpoints, RestoreFault};
 use gpusnap_testkit::signing::CriSigNode;
 use gpusnap_testkit::{
-    binary, require_root, rig_bin_dir, unique, wait_some, wait_until, BusyboxContainer, Rig,
-    RigOptions, Runtime, Spawned, TaskState,
+    binary, require_root, rig_bin_dir, unique, wait_some, wait_until, BusyboxContainer, OutputExt,
+    Rig, RigOptions, Runtime, Spawned, TaskState,
 };
 
 /// A workload with a few hundred MiB of memory, so that a dump lasts long enough to be
@@ -834,5 +834,1076 @@ fn gpusnap_runc_restore_deadline_and_crash() -> Result<()> {
             "{what}: runc restore still running"
         );
     }
+    Ok(())
+}
+
+// ----- the kill matrix: every restore door × the process killed × the phase ------------------
+
+/// Where in a restore the matrix kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// The front end is stopped before it runs runc (failpoint `restore-before-criu`).
+    BeforeRunc,
+    /// CRIU is held at its pre-restore script: its cgroup yard is mounted in its work
+    /// directory, in the host's mount namespace.
+    CriuRunning,
+    /// CRIU is held at post-setup-namespaces: the restored mounts are under its mount yard,
+    /// an 0777 directory in /tmp.
+    RestoringMounts,
+    /// runc has returned and the container runs; the front end has not reported yet (it would
+    /// restore the CUDA state next: failpoint `restore-after-criu`).
+    AfterCriu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victim {
+    Criu,
+    Runc,
+    /// The shim, or gpusnap-runc.
+    FrontEnd,
+}
+
+/// The cases of every door: each process that exists at each phase.
+const MATRIX: [(At, Victim); 8] = [
+    (At::BeforeRunc, Victim::FrontEnd),
+    (At::CriuRunning, Victim::Criu),
+    (At::CriuRunning, Victim::Runc),
+    (At::CriuRunning, Victim::FrontEnd),
+    (At::RestoringMounts, Victim::Criu),
+    (At::RestoringMounts, Victim::Runc),
+    (At::RestoringMounts, Victim::FrontEnd),
+    (At::AfterCriu, Victim::FrontEnd),
+];
+
+/// The workload every door checkpoints: it writes nothing (so restoring it needs no rootfs
+/// diff) and carries the door's run token in its command line, so that any process of the
+/// checkpoint can be found anywhere on the host.
+const QUIET: &str = "while true; do sleep 1; done";
+
+/// A restore door, as the matrix drives it.
+trait Door {
+    fn name(&self) -> &'static str;
+    /// The front end's name in the table.
+    fn front_end(&self) -> &'static str;
+    fn failpoints(&self) -> &Failpoints;
+    fn phases(&self) -> &faults::CriuPhases;
+    /// The token in the checkpointed workload's command line.
+    fn token(&self) -> &str;
+    /// Starts a restore of the door's checkpoint into a new container `id`; the client runs
+    /// until the restore succeeded or failed.
+    fn start_restore(&self, id: &str) -> Result<Spawned>;
+    /// How containerd reports container `id`: `None` when it has no task.
+    fn state(&self, id: &str) -> Option<String>;
+    /// The processes in container `id`'s cgroup.
+    fn cgroup_pids(&self, id: &str) -> Vec<u32>;
+    fn runc_state(&self, id: &str) -> PathBuf;
+    fn bundle(&self, id: &str) -> PathBuf;
+    /// Deletes container `id` (and its pod) as its user would after the failure.
+    fn remove(&self, id: &str);
+    /// The directory below which mounts are the door's own (its containerd's).
+    fn own_dir(&self) -> PathBuf;
+}
+
+/// Runs every case of [`MATRIX`] on `door`, prints the door's table and fails naming every
+/// case that left something.
+fn kill_matrix(door: &dyn Door) -> Result<()> {
+    let mut rows = Vec::new();
+    for (at, victim) in MATRIX {
+        let outcome = kill_case(door, at, victim);
+        let row = format!(
+            "| {} | {} | {at:?} | {} |",
+            door.name(),
+            match victim {
+                Victim::FrontEnd => door.front_end(),
+                Victim::Criu => "CRIU",
+                Victim::Runc => "runc",
+            },
+            match &outcome {
+                Ok(()) => "nothing".to_string(),
+                Err(e) => format!("{e:#}").replace('\n', " "),
+            }
+        );
+        eprintln!("{row}");
+        rows.push((row, outcome.is_ok()));
+    }
+    let failed: Vec<&String> = rows.iter().filter(|(_, ok)| !ok).map(|(r, _)| r).collect();
+    ensure!(
+        failed.is_empty(),
+        "kill -9 left something behind:\n{}",
+        failed
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+/// One case: restore, hold it at `at`, SIGKILL `victim`, and check what is left once the
+/// client returned and containerd cleaned up: no process of the checkpoint anywhere, no runc
+/// state, none of CRIU's yards (the ones it had set up at the phase are named), no new CRIU
+/// directory in /tmp, no new mount of the door's or CRIU's, containerd not reporting the
+/// container running and its cgroup empty; then the container is deleted and its bundle must
+/// go (containerd cannot remove a bundle with CRIU's yard mounted in it).
+fn kill_case(door: &dyn Door, at: At, victim: Victim) -> Result<()> {
+    let id = unique("km");
+    let tmp_before = faults::criu_tmp_dirs();
+    let mounts_before = faults::criu_or_own_mounts(&door.own_dir());
+    let (fp, phases) = (door.failpoints(), door.phases());
+    let arm = |on: bool| -> Result<()> {
+        match at {
+            At::BeforeRunc if on => fp.arm(point::BEFORE_RESTORE)?,
+            At::BeforeRunc => fp.disarm(point::BEFORE_RESTORE),
+            At::AfterCriu if on => fp.arm(point::AFTER_CRIU)?,
+            At::AfterCriu => fp.disarm(point::AFTER_CRIU),
+            At::CriuRunning if on => phases.arm(faults::criu_phase::PRE_RESTORE)?,
+            At::CriuRunning => phases.disarm(faults::criu_phase::PRE_RESTORE),
+            At::RestoringMounts if on => phases.arm(faults::criu_phase::POST_SETUP_NAMESPACES)?,
+            At::RestoringMounts => phases.disarm(faults::criu_phase::POST_SETUP_NAMESPACES),
+        }
+        Ok(())
+    };
+    arm(true)?;
+    let client = door.start_restore(&id)?;
+    let reached = match at {
+        At::BeforeRunc => fp
+            .wait_reached(point::BEFORE_RESTORE, Duration::from_secs(60))
+            .map(|pid| (pid, None)),
+        At::AfterCriu => fp
+            .wait_reached(point::AFTER_CRIU, Duration::from_secs(60))
+            .map(|pid| (pid, None)),
+        At::CriuRunning => phases
+            .wait_reached(faults::criu_phase::PRE_RESTORE, Duration::from_secs(60))
+            .map(|h| (0, Some(h))),
+        At::RestoringMounts => phases
+            .wait_reached(
+                faults::criu_phase::POST_SETUP_NAMESPACES,
+                Duration::from_secs(60),
+            )
+            .map(|h| (0, Some(h))),
+    };
+    let (stopped, held) = match reached {
+        Ok(r) => r,
+        Err(e) => {
+            arm(false)?;
+            let out = client.wait_timeout(Duration::from_secs(120));
+            door.remove(&id);
+            bail!("the phase was not reached ({e:#}); the client: {out:?}");
+        }
+    };
+    // What there is to leave at this phase (else the case would prove nothing).
+    match (at, &held) {
+        (At::CriuRunning, Some(h)) => ensure!(
+            h.cgroup_yard.as_deref().is_some_and(faults::mounted),
+            "CRIU's cgroup yard is not mounted at {at:?}: {h:?}"
+        ),
+        (At::RestoringMounts, Some(h)) => ensure!(
+            h.mount_yard.as_deref().is_some_and(Path::is_dir),
+            "CRIU's mount yard is not there at {at:?}: {h:?}"
+        ),
+        (At::AfterCriu, _) => ensure!(
+            !faults::processes_with(door.token()).is_empty(),
+            "nothing of the checkpoint runs at {at:?}"
+        ),
+        _ => {}
+    }
+    let pid = match (victim, &held) {
+        (Victim::FrontEnd, None) => stopped,
+        (Victim::FrontEnd, Some(h)) => h.front_end,
+        (Victim::Criu, Some(h)) => h.criu,
+        (Victim::Runc, Some(h)) => h.runc,
+        (_, None) => bail!("no {victim:?} at {at:?}"),
+    };
+    faults::kill9(pid);
+    let out = client.wait_timeout(Duration::from_secs(180))?;
+    let said = format!("{}{}", out.stdout_str(), out.stderr_str());
+    let mut left = Vec::new();
+    if out.status.success() {
+        left.push(format!("the restore succeeded with {victim:?} killed"));
+    }
+    // A CRIU killed mid-restore is noticed when it dies (by the watch, or by runc itself
+    // when nothing else holds CRIU's socket), not at the deadline (60 s here).
+    if victim == Victim::Criu && said.contains("did not finish within") {
+        left.push(format!(
+            "CRIU's death was noticed only at the deadline: {}",
+            said.trim()
+        ));
+    }
+    let bundle = door.bundle(&id);
+    let lingering = || -> Vec<String> {
+        let mut l = Vec::new();
+        let procs = faults::processes_with(door.token());
+        if !procs.is_empty() {
+            l.push(format!(
+                "processes of the checkpoint run: {:?}",
+                procs
+                    .iter()
+                    .map(|p| (p.pid, p.comm.clone()))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        if let Some(h) = &held {
+            for (what, pid) in [("CRIU", h.criu), ("runc", h.runc)] {
+                if faults::alive(pid) {
+                    l.push(format!("{what} (pid {pid}) runs"));
+                }
+            }
+            if let Some(y) = &h.cgroup_yard {
+                if y.exists() || faults::mounted(y) {
+                    l.push(format!("CRIU's cgroup yard {} is left", y.display()));
+                }
+            }
+            if let Some(y) = &h.mount_yard {
+                if y.exists() {
+                    l.push(format!("CRIU's mount yard {} is left", y.display()));
+                }
+            }
+        }
+        if door.runc_state(&id).exists() {
+            l.push(format!(
+                "runc state {} is left",
+                door.runc_state(&id).display()
+            ));
+        }
+        let tmp: Vec<String> = faults::criu_tmp_dirs()
+            .into_iter()
+            .filter(|n| !tmp_before.contains(n))
+            .collect();
+        if !tmp.is_empty() {
+            l.push(format!("CRIU directories in /tmp: {tmp:?}"));
+        }
+        // CRIU's (the container's and its pod's own mounts stay until they are deleted).
+        let mounts: Vec<PathBuf> = faults::criu_or_own_mounts(&door.own_dir())
+            .into_iter()
+            .filter(|m| !mounts_before.contains(m) && m.to_string_lossy().contains("/.criu."))
+            .collect();
+        if !mounts.is_empty() {
+            l.push(format!("CRIU's mounts left in the host: {mounts:?}"));
+        }
+        let state = door.state(&id);
+        let cgroup = door.cgroup_pids(&id);
+        if state.as_deref() == Some("RUNNING") {
+            l.push("containerd reports the container running".into());
+        }
+        if !cgroup.is_empty() {
+            l.push(format!(
+                "containerd reports {state:?} but pids {cgroup:?} are in its cgroup"
+            ));
+        }
+        l
+    };
+    // containerd's cleanup after a dead shim, and gpusnap-runc's guard, run on their own time.
+    wait_until(Duration::from_secs(60), || lingering().is_empty());
+    left.extend(lingering());
+    door.remove(&id);
+    let new_mounts = || -> Vec<PathBuf> {
+        faults::criu_or_own_mounts(&door.own_dir())
+            .into_iter()
+            .filter(|m| !mounts_before.contains(m))
+            .collect()
+    };
+    // Nothing mounted keeps containerd from removing the bundle (CRI leaves the bundle of a
+    // pod container whose shim died, mounts or not: containerd's own doing).
+    if !wait_until(Duration::from_secs(60), || new_mounts().is_empty()) {
+        left.push(format!(
+            "after the container was deleted, mounts are left (bundle {}): {:?}",
+            bundle.display(),
+            new_mounts()
+        ));
+    }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", left.join("; "))
+    }
+}
+
+/// The CRIU phase wrapper, the failpoints, and a gpusnap config naming the wrapper's CRIU
+/// (with a deadline long enough that only a death noticed at once is reported at once).
+struct MatrixParts {
+    fp: Failpoints,
+    phases: faults::CriuPhases,
+    config: PathBuf,
+    token: String,
+    dir: tempfile::TempDir,
+}
+
+impl MatrixParts {
+    fn new() -> Result<MatrixParts> {
+        require_root();
+        let dir = tempfile::tempdir()?;
+        let phases = faults::CriuPhases::install(&dir.path().join("criu"), &faults::real_criu())?;
+        let config = dir.path().join("gpusnap.toml");
+        std::fs::write(&config, Self::config_text(&phases))?;
+        Ok(MatrixParts {
+            fp: Failpoints::new()?,
+            phases,
+            config,
+            token: gpusnap_testkit::counter::run_token(),
+            dir,
+        })
+    }
+
+    fn config_text(phases: &faults::CriuPhases) -> String {
+        format!(
+            "[criu]\nbinary_dir = \"{}\"\n[restore]\ndeadline_seconds = 60\n",
+            phases.bin_dir().display()
+        )
+    }
+
+    fn containerd_env(&self) -> Vec<(String, String)> {
+        vec![
+            self.fp.env(),
+            ("GPUSNAP_CONFIG".into(), self.config.display().to_string()),
+        ]
+    }
+}
+
+/// `ctr containers restore --live` of a `ctr containers checkpoint --task` image, through the
+/// gpusnap shim or through containerd-shim-runc-v2 with gpusnap-runc as its runc.
+struct CtrDoor {
+    rig: Rig,
+    parts: MatrixParts,
+    image: String,
+    /// The checkpointed container: `ctr containers restore` creates the container from the
+    /// image's spec, so every restored container has its cgroup path.
+    source: String,
+    runc_v2: bool,
+}
+
+impl CtrDoor {
+    fn start(runc_v2: bool) -> Result<CtrDoor> {
+        let parts = MatrixParts::new()?;
+        let rig = Rig::start_with(RigOptions {
+            require_gpusnap: true,
+            containerd_env: parts.containerd_env(),
+            ..RigOptions::default()
+        })?;
+        let id = unique("km-src");
+        let (rt, extra_args) = if runc_v2 {
+            (
+                Runtime::RuncV2,
+                vec![
+                    "--runc-binary".to_string(),
+                    binary("gpusnap-runc").display().to_string(),
+                ],
+            )
+        } else {
+            (Runtime::Gpusnap, Vec::new())
+        };
+        rig.run_detached_with(
+            rt,
+            &id,
+            &["sh", "-c", QUIET, parts.token.as_str()],
+            &gpusnap_testkit::RunOpts {
+                extra_args,
+                ..Default::default()
+            },
+        )?;
+        let image = format!("localhost/faults/{id}:1");
+        gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, &id, &image, false)?;
+        gpusnap_testkit::checkpoint::kill_and_remove(&rig, &id)?;
+        ensure!(
+            wait_until(Duration::from_secs(30), || faults::processes_with(
+                &parts.token
+            )
+            .is_empty()),
+            "the checkpointed workload still runs"
+        );
+        Ok(CtrDoor {
+            rig,
+            parts,
+            image,
+            source: id,
+            runc_v2,
+        })
+    }
+}
+
+impl Door for CtrDoor {
+    fn name(&self) -> &'static str {
+        if self.runc_v2 {
+            "ctr, runc.v2 + gpusnap-runc"
+        } else {
+            "ctr, gpusnap shim"
+        }
+    }
+    fn front_end(&self) -> &'static str {
+        if self.runc_v2 {
+            "gpusnap-runc"
+        } else {
+            "shim"
+        }
+    }
+    fn failpoints(&self) -> &Failpoints {
+        &self.parts.fp
+    }
+    fn phases(&self) -> &faults::CriuPhases {
+        &self.parts.phases
+    }
+    fn token(&self) -> &str {
+        &self.parts.token
+    }
+    fn start_restore(&self, id: &str) -> Result<Spawned> {
+        Spawned::spawn(
+            self.rig
+                .ctr_command(&["containers", "restore", "--live", id, &self.image]),
+            None,
+        )
+    }
+    fn state(&self, id: &str) -> Option<String> {
+        match self.rig.task_state(id).ok()? {
+            Some(TaskState::Running) => Some("RUNNING".into()),
+            Some(other) => Some(format!("{other:?}")),
+            None => None,
+        }
+    }
+    fn cgroup_pids(&self, _id: &str) -> Vec<u32> {
+        faults::cgroup_pids(
+            &PathBuf::from("/sys/fs/cgroup/freezer")
+                .join(self.rig.namespace())
+                .join(&self.source),
+        )
+    }
+    fn runc_state(&self, id: &str) -> PathBuf {
+        self.rig.runc_root().join(id)
+    }
+    fn bundle(&self, id: &str) -> PathBuf {
+        self.rig.bundle_dir(id)
+    }
+    fn remove(&self, id: &str) {
+        let _ = self.rig.ctr(&["tasks", "delete", "--force", id]);
+        let _ = self.rig.delete_container(id);
+    }
+    fn own_dir(&self) -> PathBuf {
+        self.rig.dir().to_path_buf()
+    }
+}
+
+/// containerd's CRI through the gpusnap shim: a container created from a `crictl checkpoint
+/// --export` archive, or one in a pod annotated `gpusnap.io/restore-from` with a checkpoint
+/// the node sealed into its checkpoint root.
+struct CriDoor {
+    crictl: gpusnap_testkit::crictl::Crictl,
+    node: gpusnap_testkit::cri::CriNode,
+    _registry: gpusnap_testkit::registry::Registry,
+    /// The base image, in the registry (CRI restores an archive onto an image it can pull).
+    busybox: String,
+    parts: MatrixParts,
+    /// The archive (CRI door), or the checkpoint's name under the root (restore-from).
+    source: String,
+    restore_from: bool,
+    pods: std::sync::Mutex<Vec<(String, gpusnap_testkit::crictl::CrictlPod)>>,
+}
+
+impl CriDoor {
+    fn start(restore_from: bool) -> Result<CriDoor> {
+        use gpusnap_testkit::cri::{CriNode, CriNodeOptions};
+        let parts = MatrixParts::new()?;
+        let registry = registry_with_busybox()?;
+        let busybox = registry.image(BUSYBOX_REPO);
+        let node = CriNode::start(CriNodeOptions {
+            registry_host: Some(registry.host()),
+            // Appended inside the node config's `[restore]` table.
+            gpusnap_config: format!(
+                "deadline_seconds = 60\n\n[criu]\nbinary_dir = \"{}\"\n",
+                parts.phases.bin_dir().display()
+            ),
+            rig: RigOptions {
+                containerd_env: vec![parts.fp.env()],
+                ..RigOptions::default()
+            },
+            ..Default::default()
+        })?;
+        let crictl = gpusnap_testkit::crictl::Crictl::for_node(&node)?;
+        crictl.ok(&["pull", busybox.as_str()])?;
+        let pod = crictl.run_pod(
+            &unique("km-src"),
+            gpusnap_testkit::cri::gpusnap_handler(),
+            gpusnap_testkit::crictl::PidMode::Container,
+            &[],
+        )?;
+        let id = crictl.create(
+            &pod,
+            "quiet",
+            &busybox,
+            &["sh", "-c", QUIET, parts.token.as_str()],
+            &[],
+        )?;
+        crictl.start(&id)?;
+        ensure!(
+            wait_until(Duration::from_secs(30), || !faults::processes_with(
+                &parts.token
+            )
+            .is_empty()),
+            "the workload does not run"
+        );
+        let source = if restore_from {
+            let name = "km-ck".to_string();
+            let dir = node.checkpoint_root().join(&name);
+            node.ctr_k8s(&[
+                "tasks",
+                "checkpoint",
+                "--image-path",
+                dir.to_str().context("path")?,
+                &id,
+            ])?;
+            name
+        } else {
+            let archive = parts.dir.path().join("ck.tar");
+            crictl.checkpoint_export(&id, &archive)?;
+            archive.display().to_string()
+        };
+        crictl.remove_pod(&pod)?;
+        ensure!(
+            wait_until(Duration::from_secs(30), || faults::processes_with(
+                &parts.token
+            )
+            .is_empty()),
+            "the checkpointed workload still runs"
+        );
+        Ok(CriDoor {
+            crictl,
+            node,
+            _registry: registry,
+            busybox,
+            parts,
+            source,
+            restore_from,
+            pods: Default::default(),
+        })
+    }
+}
+
+impl Door for CriDoor {
+    fn name(&self) -> &'static str {
+        if self.restore_from {
+            "CRI, gpusnap.io/restore-from"
+        } else {
+            "CRI, checkpoint archive"
+        }
+    }
+    fn front_end(&self) -> &'static str {
+        "shim"
+    }
+    fn failpoints(&self) -> &Failpoints {
+        &self.parts.fp
+    }
+    fn phases(&self) -> &faults::CriuPhases {
+        &self.parts.phases
+    }
+    fn token(&self) -> &str {
+        &self.parts.token
+    }
+    fn start_restore(&self, id: &str) -> Result<Spawned> {
+        let annotations: Vec<(&str, &str)> = if self.restore_from {
+            vec![("gpusnap.io/restore-from", self.source.as_str())]
+        } else {
+            Vec::new()
+        };
+        let pod = self.crictl.run_pod(
+            id,
+            gpusnap_testkit::cri::gpusnap_handler(),
+            gpusnap_testkit::crictl::PidMode::Container,
+            &annotations,
+        )?;
+        let image = if self.restore_from {
+            self.busybox.as_str()
+        } else {
+            self.source.as_str()
+        };
+        let cid = self.crictl.create(
+            &pod,
+            "quiet",
+            image,
+            &["sh", "-c", QUIET, self.parts.token.as_str()],
+            &[],
+        )?;
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((cid.clone(), pod));
+        // The case knows the container by its pod's name; the pod maps it to CRI's id.
+        Spawned::spawn(self.crictl.command(&["start", cid.as_str()]), None)
+    }
+    fn state(&self, id: &str) -> Option<String> {
+        let cid = self.cid(id)?;
+        self.crictl
+            .state(&cid)
+            .ok()
+            .map(|s| s.trim_start_matches("CONTAINER_").to_string())
+    }
+    fn cgroup_pids(&self, id: &str) -> Vec<u32> {
+        self.cid(id)
+            .map(|cid| self.node.cgroup_procs(&cid))
+            .unwrap_or_default()
+    }
+    fn runc_state(&self, id: &str) -> PathBuf {
+        Path::new(gpusnap_testkit::cri::CRI_RUNC_ROOT).join(self.cid(id).unwrap_or_default())
+    }
+    fn bundle(&self, id: &str) -> PathBuf {
+        self.node
+            .rig
+            .state_dir()
+            .join("io.containerd.runtime.v2.task")
+            .join(gpusnap_testkit::cri::CRI_NAMESPACE)
+            .join(self.cid(id).unwrap_or_default())
+    }
+    fn remove(&self, id: &str) {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, pod)) = pods.iter().find(|(_, p)| p.name == id) {
+            let _ = self.crictl.remove_pod(pod);
+        }
+    }
+    fn own_dir(&self) -> PathBuf {
+        self.node.rig.dir().to_path_buf()
+    }
+}
+
+impl CriDoor {
+    /// CRI's id of the container in the pod named `id`.
+    fn cid(&self, id: &str) -> Option<String> {
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(_, p)| p.name == id)
+            .map(|(c, _)| c.clone())
+    }
+}
+
+#[test]
+fn kill_matrix_ctr_shim() -> Result<()> {
+    kill_matrix(&CtrDoor::start(false)?)
+}
+
+#[test]
+fn kill_matrix_ctr_runc_v2_gpusnap_runc() -> Result<()> {
+    kill_matrix(&CtrDoor::start(true)?)
+}
+
+#[test]
+fn kill_matrix_cri_archive() -> Result<()> {
+    kill_matrix(&CriDoor::start(false)?)
+}
+
+#[test]
+fn kill_matrix_restore_from() -> Result<()> {
+    kill_matrix(&CriDoor::start(true)?)
+}
+
+/// A restore held after CRIU, before its CUDA state is restored (the fake driver double
+/// stands in for the GPU), and the shim killed there: the CRIU-restored CUDA process (still
+/// checkpointed in the driver) is killed with everything else, its state never restored, and
+/// nothing of the container is left.
+#[test]
+fn ctr_shim_killed_before_the_cuda_restore() -> Result<()> {
+    use gpusnap_testkit::counter::{count_of, wait_count, COUNTER, WARM};
+    use gpusnap_testkit::gpu::{Cuda, Engine, GpuDouble};
+    require_root();
+    let gpu = GpuDouble::new(Engine::DriverManaged, Cuda::V13_4)?;
+    let config = gpu.write_config(&gpusnap_testkit::paths::criu_config())?;
+    let fp = Failpoints::new()?;
+    let rig = Rig::start_with(RigOptions {
+        require_gpusnap: true,
+        containerd_env: vec![fp.env()],
+        ..RigOptions::default()
+    })?;
+    let (cuda, _bytes) = gpu.cuda_process("cuda-rst")?;
+    let id = cuda.id.clone();
+    let task = rig.run_detached_with(
+        Runtime::Gpusnap,
+        &id,
+        &["sh", "-c", COUNTER, cuda.id.as_str()],
+        &gpusnap_testkit::RunOpts {
+            env: vec![cuda.env()],
+            extra_args: vec!["--runtime-config-path".into(), config.display().to_string()],
+            ..Default::default()
+        },
+    )?;
+    wait_count(&cuda.id, &id, WARM, || count_of(task.pid))?;
+    let image = format!("docker.io/gpusnap/ck-{id}:1");
+    // --rw: the counter may hold /tmp/count open at the dump.
+    gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, &id, &image, true)?;
+    gpusnap_testkit::checkpoint::kill_and_remove(&rig, &id)?;
+    gpu.emulate_criu_restore(&cuda)?;
+    fp.arm(point::AFTER_CRIU)?;
+    let ctr = Spawned::spawn(
+        rig.ctr_command(&["containers", "restore", "--rw", "--live", &id, &image]),
+        None,
+    )?;
+    let shim = fp.wait_reached(point::AFTER_CRIU, Duration::from_secs(60))?;
+    let restored = faults::processes_with(&cuda.id);
+    ensure!(
+        !restored.is_empty(),
+        "CRIU restored nothing before the CUDA restore"
+    );
+    ensure!(
+        gpu.state(&cuda) == "checkpointed",
+        "the CUDA process is {} before its restore",
+        gpu.state(&cuda)
+    );
+    faults::kill9(shim);
+    let out = ctr.wait_timeout(Duration::from_secs(60))?;
+    ensure!(
+        !out.status.success(),
+        "restore succeeded with its shim killed"
+    );
+    wait_stopped(&rig, &id)?;
+    let cg = PathBuf::from("/sys/fs/cgroup/freezer")
+        .join(rig.namespace())
+        .join(&id);
+    wait_until(Duration::from_secs(60), || {
+        faults::processes_with(&cuda.id).is_empty() && !rig.runc_root().join(&id).exists()
+    });
+    let left = faults::processes_with(&cuda.id);
+    ensure!(
+        left.is_empty(),
+        "the CRIU-restored processes run: {:?}",
+        left.iter().map(|p| p.pid).collect::<Vec<_>>()
+    );
+    ensure!(
+        !rig.runc_root().join(&id).exists(),
+        "runc state of {id} left"
+    );
+    ensure!(
+        faults::cgroup_pids(&cg).is_empty(),
+        "processes left in {}",
+        cg.display()
+    );
+    for p in restored {
+        ensure!(
+            !gpu.calls(p.pid).iter().any(|c| c.contains("restore")),
+            "the CUDA state of pid {} was restored after its runtime died: {:?}",
+            p.pid,
+            gpu.calls(p.pid)
+        );
+    }
+    Ok(())
+}
+
+// ----- one deadline over every phase ---------------------------------------------------------
+
+/// The restore's deadline covers the phases before runc too: a phase that takes longer than
+/// `restore.deadline_seconds` (held there by the test build's failpoint) ends the restore with
+/// a refusal that names the phase and invites a retry, before anything runs; through
+/// gpusnap-runc (CRI-O's and Podman's door) for several phases, and through the shim.
+#[test]
+fn the_restore_deadline_covers_the_phases_before_runc() -> Result<()> {
+    require_root();
+    let dir = tempfile::tempdir()?;
+    let fp = Failpoints::new()?;
+    let cfg = config(dir.path(), "[restore]\ndeadline_seconds = 3\n");
+    let (fp_key, fp_dir) = fp.env();
+    let env = [
+        ("GPUSNAP_CONFIG", cfg.to_str().unwrap()),
+        (fp_key.as_str(), fp_dir.as_str()),
+    ];
+    let c = BusyboxContainer::create(dir.path(), &unique("fault-dl"), "sleep 100000");
+    c.start();
+    let img = dir.path().join("img");
+    let (code, _, err) = c.wrapper(
+        &["checkpoint", "--image-path", img.to_str().unwrap(), &c.id],
+        &env,
+        dir.path(),
+    );
+    ensure!(code == 0, "checkpoint: {err}");
+    for phase in [
+        "validate",
+        "criu-prepare",
+        "privilege-check",
+        "open-files-check",
+    ] {
+        let name = point::after_phase(phase);
+        fp.arm_sleep(&name, 4)?;
+        let (code, _, err) = c.wrapper_restore(&img, &env, dir.path());
+        fp.disarm(&name);
+        ensure!(code != 0, "{phase}: restored past the deadline");
+        ensure!(
+            err.contains("did not finish within 3s")
+                && err.contains(&format!("in the {phase} phase"))
+                && err.contains("try again"),
+            "{phase}: {err}"
+        );
+        ensure!(err.contains("nothing was changed"), "{phase}: {err}");
+        ensure!(c.status().is_none(), "{phase}: runc knows the container");
+    }
+
+    let rig_dir = tempfile::tempdir()?;
+    let cfg = config(rig_dir.path(), "[restore]\ndeadline_seconds = 3\n");
+    let rig = Rig::start_with(RigOptions {
+        require_gpusnap: true,
+        containerd_env: vec![
+            fp.env(),
+            ("GPUSNAP_CONFIG".into(), cfg.display().to_string()),
+        ],
+        ..RigOptions::default()
+    })?;
+    let id = unique("fault-dl");
+    rig.run_detached(Runtime::Gpusnap, &id, &["sh", "-c", "sleep 100000"])?;
+    let image = format!("localhost/faults/{id}:1");
+    gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, &id, &image, false)?;
+    gpusnap_testkit::checkpoint::kill_and_remove(&rig, &id)?;
+    let name = point::after_phase("privilege-check");
+    fp.arm_sleep(&name, 4)?;
+    let out = rig.ctr(&["containers", "restore", "--live", &id, &image])?;
+    fp.disarm(&name);
+    let err = out.stderr_str();
+    ensure!(!out.status.success(), "ctr: restored past the deadline");
+    ensure!(
+        err.contains("did not finish within 3s") && err.contains("in the privilege-check phase"),
+        "ctr: {err}"
+    );
+    ensure!(
+        faults::runc_of("restore", &id).is_none() && !rig.runc_root().join(&id).exists(),
+        "ctr: runc ran"
+    );
+    Ok(())
+}
+
+// ----- CRIU's configuration: soft cgroup mode, nothing the model does not know --------------
+
+/// A directory of root's, 0755, in /run (a trusted place for a CRIU config file), removed on
+/// drop.
+struct RootConfDir(PathBuf);
+
+impl RootConfDir {
+    fn new() -> Result<RootConfDir> {
+        let d = PathBuf::from("/run").join(unique("gpusnap-test-criu-conf"));
+        std::fs::create_dir(&d)?;
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(RootConfDir(d))
+    }
+
+    /// Writes `file` (0644 unless `mode`) with `text`.
+    fn write(&self, text: &str, mode: u32) -> Result<PathBuf> {
+        let f = self.0.join("runc.conf");
+        std::fs::write(&f, text)?;
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        Ok(f)
+    }
+}
+
+impl Drop for RootConfDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A container spec's `org.criu.config` names the CRIU config file runc hands CRIU, which CRIU
+/// applies over runc's settings (on `ctr containers restore` the spec comes with the
+/// checkpoint image). Through ctr with the gpusnap shim and with runc.v2 + gpusnap-runc: a
+/// root-owned file with harmless options checkpoints and restores; the same file set to
+/// another cgroup mode, to an action script, or made writable by others refuses the restore
+/// before CRIU runs, naming the file; a file in a world-writable directory refuses the
+/// checkpoint, and the container runs on.
+#[test]
+fn org_criu_config_that_undercuts_the_model_is_refused() -> Result<()> {
+    require_root();
+    for runc_v2 in [false, true] {
+        let door = if runc_v2 { "runc.v2" } else { "shim" };
+        let dir = tempfile::tempdir()?;
+        let cfg = config(dir.path(), "");
+        let rig = Rig::start_with(RigOptions {
+            require_gpusnap: true,
+            containerd_env: vec![("GPUSNAP_CONFIG".into(), cfg.display().to_string())],
+            ..RigOptions::default()
+        })?;
+        let conf = RootConfDir::new()?;
+        let file = conf.write("tcp-established\nnetwork-lock iptables\n", 0o644)?;
+        let run = |id: &str, annotated: &Path| -> Result<()> {
+            let mut extra_args = vec![format!(
+                "--annotation=org.criu.config={}",
+                annotated.display()
+            )];
+            let rt = if runc_v2 {
+                extra_args.extend([
+                    "--runc-binary".to_string(),
+                    binary("gpusnap-runc").display().to_string(),
+                ]);
+                Runtime::RuncV2
+            } else {
+                Runtime::Gpusnap
+            };
+            rig.run_detached_with(
+                rt,
+                id,
+                &["sh", "-c", "sleep 100000"],
+                &gpusnap_testkit::RunOpts {
+                    extra_args,
+                    ..Default::default()
+                },
+            )?;
+            Ok(())
+        };
+        let id = unique("fault-conf");
+        run(&id, &file)?;
+        let image = format!("localhost/faults/{id}:1");
+        gpusnap_testkit::checkpoint::container_checkpoint_ok(&rig, &id, &image, false)
+            .with_context(|| format!("{door}: a harmless file"))?;
+        gpusnap_testkit::checkpoint::kill_and_remove(&rig, &id)?;
+        for (text, mode, says) in [
+            ("manage-cgroups full\n", 0o644, "cgroup mode to \"full\""),
+            (
+                "tcp-established\naction-script /bin/true\n",
+                0o644,
+                "run a program",
+            ),
+            ("tcp-established\n", 0o666, "writable by others"),
+        ] {
+            conf.write(text, mode)?;
+            let out =
+                gpusnap_testkit::checkpoint::container_restore(&rig, &id, &image, false, true)?;
+            let err = out.stderr_str();
+            ensure!(
+                !out.status.success(),
+                "{door}: restored with {text:?} (mode {mode:o})"
+            );
+            ensure!(
+                err.contains(&file.display().to_string()) && err.contains(says),
+                "{door}, {text:?}: {err}"
+            );
+            ensure!(
+                faults::runc_of("restore", &id).is_none() && !rig.runc_root().join(&id).exists(),
+                "{door}: runc ran"
+            );
+            let _ = rig.ctr(&["tasks", "delete", "--force", &id]);
+            let _ = rig.delete_container(&id);
+        }
+        conf.write("tcp-established\n", 0o644)?;
+        gpusnap_testkit::checkpoint::container_restore_live_ok(&rig, &id, &image, false)
+            .with_context(|| format!("{door}: the harmless file again"))?;
+        gpusnap_testkit::checkpoint::kill_and_remove(&rig, &id)?;
+
+        // Checkpoint side: a file anyone may replace.
+        let open_dir = tempfile::tempdir()?;
+        std::fs::set_permissions(
+            open_dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )?;
+        let loose = open_dir.path().join("runc.conf");
+        std::fs::write(&loose, "tcp-established\n")?;
+        let id = unique("fault-conf");
+        run(&id, &loose)?;
+        let out = gpusnap_testkit::checkpoint::container_checkpoint(
+            &rig,
+            &id,
+            &format!("localhost/faults/{id}:1"),
+            false,
+        )?;
+        let err = out.stderr_str();
+        ensure!(
+            !out.status.success(),
+            "{door}: checkpointed with {}",
+            loose.display()
+        );
+        ensure!(
+            err.contains("org.criu.config") && err.contains("writable by others"),
+            "{door}: {err}"
+        );
+        ensure!(
+            rig.task_state(&id)? == Some(TaskState::Running),
+            "{door}: the refused checkpoint stopped the container"
+        );
+    }
+    Ok(())
+}
+
+/// gpusnap-runc (the door CRI-O and Podman call with their own runc flags) refuses a restore
+/// with `--manage-cgroups-mode full` or `strict` before CRIU runs, and restores with `soft`;
+/// and a node `/etc/criu/runc.conf` (here in a private mount namespace: an overlay on /etc)
+/// that sets another cgroup mode refuses the restore, naming the file.
+#[test]
+fn gpusnap_runc_restores_only_in_crius_soft_cgroup_mode() -> Result<()> {
+    require_root();
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path(), "");
+    let env = [("GPUSNAP_CONFIG", cfg.to_str().unwrap())];
+    let c = BusyboxContainer::create(dir.path(), &unique("fault-cgm"), "sleep 100000");
+    c.start();
+    let img = dir.path().join("img");
+    let (code, _, err) = c.wrapper(
+        &["checkpoint", "--image-path", img.to_str().unwrap(), &c.id],
+        &env,
+        dir.path(),
+    );
+    ensure!(code == 0, "checkpoint: {err}");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work)?;
+    let restore_args = |mode: Option<&str>| {
+        let mut a = vec![
+            "restore".to_string(),
+            "-d".into(),
+            "--image-path".into(),
+            img.display().to_string(),
+            "--work-path".into(),
+            work.display().to_string(),
+            "--bundle".into(),
+            c.bundle.display().to_string(),
+        ];
+        if let Some(m) = mode {
+            a.extend(["--manage-cgroups-mode".into(), m.to_string()]);
+        }
+        a.push(c.id.clone());
+        a
+    };
+    for mode in ["full", "strict"] {
+        let args = restore_args(Some(mode));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = c.wrapper(&args, &env, dir.path());
+        ensure!(code != 0, "restored with --manage-cgroups-mode {mode}");
+        ensure!(
+            err.contains(&format!("--manage-cgroups-mode {mode}")) && err.contains("soft"),
+            "{mode}: {err}"
+        );
+        ensure!(c.status().is_none(), "{mode}: runc knows the container");
+    }
+
+    // The node's runc.conf, seen only by this gpusnap-runc: an overlay on /etc in a mount
+    // namespace of its own.
+    let upper = dir.path().join("etc-upper");
+    let workdir = dir.path().join("etc-work");
+    std::fs::create_dir_all(upper.join("criu"))?;
+    std::fs::create_dir_all(&workdir)?;
+    std::fs::write(upper.join("criu/runc.conf"), "manage-cgroups=full\n")?;
+    let args = restore_args(None);
+    let script = format!(
+        "mount -t overlay overlay -o lowerdir=/etc,upperdir={},workdir={} /etc && exec \"$@\"",
+        upper.display(),
+        workdir.display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+        "sh",
+    ])
+    .arg(binary("gpusnap-runc"))
+    .args(c.root_args())
+    .args(&args)
+    .envs(env);
+    let (code, _, err) = gpusnap_testkit::bundle::run_detached_stdio(cmd, dir.path());
+    ensure!(code != 0, "restored with a node runc.conf setting full");
+    ensure!(
+        err.contains("/etc/criu/runc.conf") && err.contains("cgroup mode to \"full\""),
+        "node runc.conf: {err}"
+    );
+    ensure!(
+        c.status().is_none(),
+        "node runc.conf: runc knows the container"
+    );
+
+    let args = restore_args(Some("soft"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = c.wrapper(&args, &env, dir.path());
+    ensure!(code == 0, "soft: {err}");
+    ensure!(
+        c.status().as_deref() == Some("running"),
+        "soft: not running"
+    );
     Ok(())
 }

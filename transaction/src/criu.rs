@@ -1,9 +1,12 @@
-//! Before CRIU runs: CRIU is where runc will look, new enough, and runs without its own cuda
-//! plugin.
+//! Before CRIU runs: CRIU is where runc will look, new enough, runs without its own cuda
+//! plugin, and reads no config file that sets what gpusnap's model of a restore forbids
+//! (`gpusnap_criu_bridge::criu_config`: CRIU's cgroup mode other than soft, action scripts,
+//! plugin directories, mount maps, other images or logs, ...).
 
 use std::path::Path;
 
 use gpusnap_config::Config;
+use gpusnap_criu_bridge::criu_config;
 use gpusnap_criu_bridge::plugins::{self, PluginDir, CRIU_CONFIG_ANNOTATION, RUNC_CRIU_CONFIG};
 use gpusnap_criu_bridge::{
     probe_criu_cached, CriuInfo, CriuVersion, RunTool, RuncGlobal, MIN_CRIU_CPU, MIN_CRIU_GPU,
@@ -45,32 +48,22 @@ pub fn prepare(
         .and_then(|info| info.require(floor(config, gpu)).map(|()| info))
         .map_err(|e| Error::precondition(e.to_string()))?;
 
+    // runc hands CRIU its config file (the spec's `org.criu.config`, else the node's
+    // runc.conf), which CRIU applies over every setting of runc's request; CRIU's default
+    // files are read by every CRIU run. Each may set only what the model allows.
     let annotation = spec_annotation(bundle, CRIU_CONFIG_ANNOTATION);
-    if let Some(found) =
-        plugins::runc_config_libdir(annotation.as_deref(), Path::new(RUNC_CRIU_CONFIG))
-    {
-        let msg = format!(
-            "{} sets `libdir {}`, which holds CRIU's cuda plugin; runc's CRIU config file outranks \
-             the plugin directory gpusnap gives CRIU, so the plugin would lock and restore the \
-             container's CUDA processes a second time. Remove that libdir line (gpusnap performs \
-             the CUDA checkpoint itself)",
-            found.file.display(),
-            found.libdir.display()
-        );
-        if gpu {
-            return Err(Error::precondition(msg));
-        }
-        tracing::warn!(file = %found.file.display(), libdir = %found.libdir.display(), "CRIU's cuda plugin will load for a CPU-only container");
-    }
+    let runc_conf =
+        criu_config::check_runc_config(annotation.as_deref(), Path::new(RUNC_CRIU_CONFIG))
+            .map_err(config_refusal)?;
+    let defaults = plugins::default_config_files(
+        std::env::var_os("HOME").as_deref(),
+        std::env::var_os("CRIU_CONFIG_FILE").as_deref(),
+    );
+    criu_config::check_default_configs(&defaults).map_err(config_refusal)?;
+    tracing::debug!(runc_config = %runc_conf, "CRIU's config files checked");
 
     // The directory CRIU would load from, a libdir in its default config files included.
-    let source = plugins::plugin_source(
-        std::env::var_os("CRIU_LIBS_DIR").as_deref(),
-        &plugins::default_config_files(
-            std::env::var_os("HOME").as_deref(),
-            std::env::var_os("CRIU_CONFIG_FILE").as_deref(),
-        ),
-    );
+    let source = plugins::plugin_source(std::env::var_os("CRIU_LIBS_DIR").as_deref(), &defaults);
     let inherited = std::env::var_os("CRIU_CONFIG_FILE").map(std::path::PathBuf::from);
     let dir = PluginDir::prepare(scratch, &source, inherited.as_deref()).map_err(|e| {
         Error::precondition(format!(
@@ -88,6 +81,15 @@ pub fn prepare(
     }
     global.env.extend(dir.env());
     Ok(PreparedCriu { info, plugins: dir })
+}
+
+/// A CRIU config file gpusnap will not run CRIU with, as a refusal that says what to do.
+fn config_refusal(e: criu_config::ConfigRefusal) -> Error {
+    Error::precondition(format!(
+        "CRIU's configuration: {e}. gpusnap runs CRIU only with options its model of the \
+         restore knows (see docs/security.md, \"CRIU's configuration files\"): remove that \
+         setting, or name no file (org.criu.config set to \"\")"
+    ))
 }
 
 /// One annotation of the container's runtime spec (`<bundle>/config.json`).

@@ -1,8 +1,9 @@
 //! A durable record of a checkpoint or restore in progress, so that whoever comes after a
-//! runtime killed in the middle (containerd's `shim delete`, the next `gpusnap-runc` call for
-//! the container) can put things back: after a checkpoint, the unsealed images removed and the
-//! cgroup thawed or frozen as the caller had it; after a restore, the orphaned `runc restore`,
-//! its CRIU and what they restored killed, and runc's state of the id removed.
+//! runtime killed in the middle (containerd's `shim delete`, gpusnap-runc's guard, the next
+//! `gpusnap-runc` call for the container) can put things back: after a checkpoint, the
+//! unsealed images removed and the cgroup thawed or frozen as the caller had it; after a
+//! restore, the orphaned `runc restore`, its CRIU and what they restored killed, CRIU's yards
+//! unmounted and removed, and runc's state of the id removed.
 //!
 //! The front end writes it (in its own directory for the container: the shim's bundle, runc's
 //! state directory for gpusnap-runc) before the transaction and removes it after, whatever the
@@ -136,8 +137,16 @@ impl InFlight {
     }
 }
 
-/// Writes `record` to `path` durably (temp file, fsync, rename, directory fsync).
+/// Writes `record` to `path` durably; it is removed when the guard drops.
 fn write_record<T: Serialize>(record: &T, path: &Path) -> io::Result<InFlightGuard> {
+    write_file(record, path)?;
+    Ok(InFlightGuard {
+        path: path.to_path_buf(),
+    })
+}
+
+/// Writes `record` to `path` durably (temp file, fsync, rename, directory fsync).
+fn write_file<T: Serialize>(record: &T, path: &Path) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}", std::process::id()));
@@ -146,9 +155,7 @@ fn write_record<T: Serialize>(record: &T, path: &Path) -> io::Result<InFlightGua
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()?;
-    Ok(InFlightGuard {
-        path: path.to_path_buf(),
-    })
+    Ok(())
 }
 
 /// The record at `path`, when it is a regular file of at most [`MAX_BYTES`] that parses.
@@ -172,46 +179,125 @@ pub fn restore_record_name(container_id: &str) -> String {
     format!("gpusnap-restore-inflight.{container_id}.json")
 }
 
-/// A restore in progress: `runc restore` has been started by `writer`. A runtime killed
-/// before `runc restore` returned leaves runc and CRIU orphaned (a stalled CRIU then holds the
-/// half-restored tree, with CRIU's capabilities, for good: the deadline's watch died with the
-/// runtime), or a container that runs while its caller was told the restore failed.
+/// Where a restore in progress is, as its record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "kebab-case")]
+pub enum RestorePhase {
+    /// Checks and preparation: nothing runs and nothing of the container was touched; only the
+    /// front end's scratch files (CRIU's private plugin directory) exist.
+    Preparing,
+    /// `runc restore` runs as `runc_pid` (started at `runc_start`, for pid reuse).
+    Runc {
+        runc_pid: u32,
+        runc_start: Option<u64>,
+    },
+    /// runc has returned and the container runs; the caller has not yet been told (the GPU
+    /// state is restored next, or the result is being reported).
+    Restored,
+}
+
+/// A restore in progress. A runtime killed before it reported the result leaves runc and CRIU
+/// orphaned (a stalled CRIU then holds the half-restored tree, with CRIU's capabilities, for
+/// good: the deadline's watch died with the runtime), CRIU's yards mounted in the host's mount
+/// namespace, or a container that runs while its caller was told the restore failed. Whoever
+/// comes next repairs from this record: the shim's `delete` (containerd runs it when the shim
+/// died), gpusnap-runc's guard (which outlives a killed gpusnap-runc) or the next gpusnap-runc
+/// call naming the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestoreInFlight {
     pub container_id: String,
     /// The bundle of the container being restored (its spec names the cgroup).
     pub bundle: PathBuf,
+    /// CRIU's work directory (where `restore.log` and CRIU's cgroup yard go).
+    pub criu_work_dir: PathBuf,
     pub writer_pid: u32,
     pub writer_start: Option<u64>,
-    /// The `runc restore` process, and its start time.
-    pub runc_pid: u32,
-    pub runc_start: Option<u64>,
+    #[serde(flatten)]
+    pub phase: RestorePhase,
+}
+
+/// A restore's record on disk, rewritten as the restore moves on and removed when dropped
+/// (after the restore succeeded, or after a failed one was cleared).
+#[derive(Debug)]
+pub struct RestoreRecord {
+    record: RestoreInFlight,
+    path: PathBuf,
+}
+
+impl RestoreRecord {
+    /// Records a restore of `container_id` by this process, [`RestorePhase::Preparing`], in
+    /// `dir` (the front end's scratch directory). A record that cannot be written is logged:
+    /// the restore goes on without one (only a killed runtime would miss it).
+    pub fn begin(dir: &Path, container_id: &str, bundle: &Path, criu_work_dir: &Path) -> Self {
+        let me = std::process::id();
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the scratch directory");
+        }
+        let mut r = RestoreRecord {
+            record: RestoreInFlight {
+                container_id: container_id.to_owned(),
+                bundle: bundle.to_path_buf(),
+                criu_work_dir: criu_work_dir.to_path_buf(),
+                writer_pid: me,
+                writer_start: crate::watchdog::start_time(me),
+                phase: RestorePhase::Preparing,
+            },
+            path: dir.join(restore_record_name(container_id)),
+        };
+        r.write();
+        r
+    }
+
+    /// Moves the record to `phase`, durably.
+    pub fn phase(&mut self, phase: RestorePhase) {
+        self.record.phase = phase;
+        self.write();
+    }
+
+    /// `runc restore` was started as `pid`.
+    pub fn runc_started(&mut self, pid: u32) {
+        self.phase(RestorePhase::Runc {
+            runc_pid: pid,
+            runc_start: crate::watchdog::start_time(pid),
+        });
+    }
+
+    fn write(&mut self) {
+        if let Err(e) = write_file(&self.record, &self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot record the restore in progress");
+        }
+    }
+}
+
+impl Drop for RestoreRecord {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 impl RestoreInFlight {
-    /// A record of the `runc restore` running as `runc_pid` for this process.
-    pub fn new(container_id: &str, bundle: &Path, runc_pid: u32) -> Self {
-        let me = std::process::id();
-        RestoreInFlight {
-            container_id: container_id.to_owned(),
-            bundle: bundle.to_path_buf(),
-            writer_pid: me,
-            writer_start: crate::watchdog::start_time(me),
-            runc_pid,
-            runc_start: crate::watchdog::start_time(runc_pid),
-        }
-    }
-
-    /// Writes the record durably into `dir` (the front end's scratch directory); it is removed
-    /// when the guard drops.
-    pub fn write(&self, dir: &Path) -> io::Result<InFlightGuard> {
-        write_record(self, &dir.join(restore_record_name(&self.container_id)))
-    }
-
     /// The record of a restore of `container_id` in `dir`, if there is a readable one.
     pub fn read(dir: &Path, container_id: &str) -> Option<RestoreInFlight> {
         read_record(&dir.join(restore_record_name(container_id)))
             .filter(|r: &RestoreInFlight| r.container_id == container_id)
+    }
+
+    /// Every readable restore record in `dir` (a shim serving a pod's containers keeps them
+    /// all in its own directory, where its `delete` runs).
+    pub fn read_all(dir: &Path) -> Vec<RestoreInFlight> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("gpusnap-restore-inflight."))
+                .and_then(|n| n.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            out.extend(RestoreInFlight::read(dir, id));
+        }
+        out
     }
 
     /// Whether the process that wrote the record still runs (its restore is in progress).
@@ -219,24 +305,50 @@ impl RestoreInFlight {
         alive(self.writer_pid, self.writer_start)
     }
 
-    /// Ends what the interrupted restore left: the orphaned `runc restore` and everything below
-    /// it (CRIU, the tree CRIU forked), then, as after any failed restore, every process in the
-    /// container's cgroup, the cgroup and runc's state of the id (a container CRIU finished
-    /// restoring after its runtime died was never reported to the caller). Removes the record
-    /// from `dir`.
-    pub fn repair(&self, dir: &Path, runc: &Runc<'_>) -> crate::leftovers::Cleared {
-        let orphans = if alive(self.runc_pid, self.runc_start) {
-            crate::watchdog::kill_tree(self.runc_pid)
-        } else {
-            0
+    /// Ends what the interrupted restore left, by its phase. Preparing: the writer's private
+    /// CRIU plugin directory in `dir`. Runc: the orphaned `runc restore` and everything below
+    /// it (CRIU, the tree CRIU forked) are killed; then, as after any failed restore, every
+    /// process in the container's cgroup, CRIU's yards, the cgroup and runc's state of the id
+    /// (a container CRIU finished restoring after its runtime died was never reported to the
+    /// caller). Restored: the same without runc. Removes the record from `dir`.
+    pub fn repair(&self, dir: &Path, runc: &Runc<'_>) -> Option<crate::leftovers::Cleared> {
+        crate::leftovers::remove_plugin_dirs_of(dir, self.writer_pid);
+        let (orphans, cleared) = match self.phase {
+            RestorePhase::Preparing => (0, None),
+            RestorePhase::Runc {
+                runc_pid,
+                runc_start,
+            } => {
+                let orphans = if alive(runc_pid, runc_start) {
+                    crate::watchdog::kill_tree(runc_pid)
+                } else {
+                    0
+                };
+                let cleared = crate::leftovers::clear_failed_restore(
+                    runc,
+                    &self.bundle,
+                    None,
+                    &self.criu_work_dir,
+                );
+                (orphans, Some(cleared))
+            }
+            RestorePhase::Restored => (
+                0,
+                Some(crate::leftovers::clear_failed_restore(
+                    runc,
+                    &self.bundle,
+                    None,
+                    &self.criu_work_dir,
+                )),
+            ),
         };
-        let cleared = crate::leftovers::clear_failed_restore(runc, &self.bundle, None);
         let _ = std::fs::remove_file(dir.join(restore_record_name(&self.container_id)));
         tracing::warn!(
             id = %self.container_id,
+            phase = ?self.phase,
             runc_and_criu_killed = orphans,
-            restored_killed = cleared.killed,
-            left = cleared.remaining.len(),
+            restored_killed = cleared.as_ref().map_or(0, |c| c.killed),
+            left = cleared.as_ref().map_or(0, |c| c.remaining.len()),
             "repaired after a restore whose runtime was killed"
         );
         cleared

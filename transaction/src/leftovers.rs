@@ -1,15 +1,29 @@
 //! What a failed restore may leave, cleared: processes CRIU restored before it failed or was
 //! killed (in the container's cgroup, wherever they are in the process tree), the cgroup
-//! itself, and runc's state of the id.
+//! itself, runc's state of the id, and CRIU's yards.
 //!
 //! runc removes its state after a CRIU failure, but a half-restored task that CRIU could not
 //! kill (or that outlived a killed CRIU) keeps running in the container's cgroup with whatever
 //! CRIU had given it. So after every failed restore the cgroup is emptied, and what could not
 //! be killed is named in the error.
+//!
+//! A CRIU killed mid-restore cannot undo what it set up in the host's mount namespace and
+//! file system (CRIU 4.2.1): its cgroup yard, a tmpfs with every cgroup hierarchy mounted
+//! below it, in its work directory (`.criu.cgyard.XXXXXX`; a dozen rw mounts of the host's
+//! cgroups that keep containerd from removing the bundle), and its mount-namespace yard, an
+//! empty 0777 directory in `/tmp` (`.criu.mntns.XXXXXX`). Only ours are touched: the yards in
+//! the restore's own work directory (one restore per work directory: CRIU's `restore.log` is
+//! there too), and the `/tmp` directories that restore's `restore.log` names; each is
+//! detached (lazily, never followed), then removed with `rmdir` (never recursively).
 
+use std::ffi::OsStr;
 use std::fmt;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use gpusnap_checkpoint::beneath;
+use gpusnap_criu_bridge::criu_log::{self, TMP_YARDS, WORK_DIR_YARDS};
 
 use crate::runc::Runc;
 
@@ -27,6 +41,10 @@ pub struct Cleared {
     pub cgroups: Vec<PathBuf>,
     /// runc's state of the id could not be removed.
     pub runc_state_left: Option<String>,
+    /// CRIU's yards found and removed.
+    pub yards_removed: Vec<PathBuf>,
+    /// CRIU's yards that could not be removed, and why.
+    pub yards_left: Vec<(PathBuf, String)>,
 }
 
 impl Cleared {
@@ -61,19 +79,41 @@ impl fmt::Display for Cleared {
             )?;
         }
         match &self.runc_state_left {
-            None => f.write_str("; runc's state of the container was removed"),
+            None => f.write_str("; runc's state of the container was removed")?,
             Some(e) => write!(
                 f,
                 "; runc's state of the container could not be removed ({e}): run `runc delete \
                  --force` on it"
-            ),
+            )?,
         }
+        if !self.yards_removed.is_empty() {
+            let names: Vec<String> = self
+                .yards_removed
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            write!(f, "; CRIU's yards {} were removed", names.join(", "))?;
+        }
+        for (yard, e) in &self.yards_left {
+            write!(
+                f,
+                "; CRIU's yard {} could not be removed ({e}): run `umount -l {0}` and `rmdir {0}`",
+                yard.display()
+            )?;
+        }
+        Ok(())
     }
 }
 
 /// Clears what a failed restore of `runc.id` left. `observed` is the cgroup runc put CRIU in,
 /// when the watch saw it; the bundle's runtime spec and runc's state name it otherwise.
-pub fn clear_failed_restore(runc: &Runc<'_>, bundle: &Path, observed: Option<PathBuf>) -> Cleared {
+/// `criu_work_dir` is the restore's CRIU work directory (where its `restore.log` is).
+pub fn clear_failed_restore(
+    runc: &Runc<'_>,
+    bundle: &Path,
+    observed: Option<PathBuf>,
+    criu_work_dir: &Path,
+) -> Cleared {
     let mut cgroups: Vec<PathBuf> = Vec::new();
     let mut add = |p: Option<PathBuf>| {
         if let Some(p) = p {
@@ -98,6 +138,8 @@ pub fn clear_failed_restore(runc: &Runc<'_>, bundle: &Path, observed: Option<Pat
     cleared.remaining.sort_unstable();
     cleared.remaining.dedup();
     cleared.runc_state_left = remove_runc_state(runc).err();
+    // After the cgroup is empty: no CRIU is left to use them.
+    (cleared.yards_removed, cleared.yards_left) = clear_criu_yards(criu_work_dir);
     if cleared.remaining.is_empty() {
         // runc removes the cgroup with its state; one it never recorded is ours to remove.
         for dir in &cgroups {
@@ -110,9 +152,92 @@ pub fn clear_failed_restore(runc: &Runc<'_>, bundle: &Path, observed: Option<Pat
         killed = cleared.killed,
         remaining = cleared.remaining.len(),
         runc_state_left = cleared.runc_state_left.is_some(),
+        yards_removed = cleared.yards_removed.len(),
+        yards_left = cleared.yards_left.len(),
         "failed restore cleared"
     );
     cleared
+}
+
+/// Detaches and removes CRIU's yards of the restore whose work directory is `work_dir`: those
+/// in the work directory by CRIU's names ([`WORK_DIR_YARDS`]), and those in `/tmp` its
+/// `restore.log` names ([`criu_log::tmp_yards_named`]). Returns what was removed and what
+/// could not be.
+pub fn clear_criu_yards(work_dir: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
+    let mut removed = Vec::new();
+    let mut left = Vec::new();
+    let tmp_names = criu_log::tmp_yards_named(&work_dir.join(gpusnap_criu_bridge::RESTORE_LOG));
+    for (dir, names, prefixes) in [
+        (work_dir, None, &WORK_DIR_YARDS[..]),
+        (Path::new("/tmp"), Some(tmp_names), &TMP_YARDS[..]),
+    ] {
+        let Ok(fd) = beneath::open_root(dir) else {
+            continue;
+        };
+        let names: Vec<String> = match names {
+            Some(named) => named,
+            None => beneath::names(fd.as_fd())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|n| n.into_string().ok())
+                .collect(),
+        };
+        for name in names.iter().filter(|n| criu_log::is_yard_name(n, prefixes)) {
+            match remove_yard(fd.as_fd(), OsStr::new(name)) {
+                Ok(true) => removed.push(dir.join(name)),
+                Ok(false) => {}
+                Err(e) => left.push((dir.join(name), e.to_string())),
+            }
+        }
+    }
+    if !removed.is_empty() || !left.is_empty() {
+        tracing::info!(work_dir = %work_dir.display(), removed = ?removed, left = ?left, "CRIU's yards cleared");
+    }
+    (removed, left)
+}
+
+/// Detaches every mount on the directory `name` in `parent` (CRIU's yard: a tmpfs, its
+/// cgroup mounts go with it) and removes the then empty directory. `Ok(false)`: no such
+/// directory. Never follows a symlink; refuses anything but a root-owned directory.
+fn remove_yard(parent: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Result<bool> {
+    let Some(st) = beneath::stat_at(parent, name)? else {
+        return Ok(false);
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != 0 {
+        return Err(std::io::Error::other(
+            "not a directory of root's: left alone",
+        ));
+    }
+    let path = beneath::proc_path(parent, name);
+    // Stacked mounts come off one at a time; EINVAL says none is left.
+    for _ in 0..16 {
+        match nix::mount::umount2(
+            &path,
+            nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+        ) {
+            Ok(()) => continue,
+            Err(nix::errno::Errno::EINVAL) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    nix::unistd::unlinkat(parent, name, nix::unistd::UnlinkatFlags::RemoveDir)?;
+    Ok(true)
+}
+
+/// Removes the private CRIU plugin directories (and their config files) that the front end
+/// whose pid was `writer_pid` made in `scratch` (`gpusnap_criu_bridge::PluginDir`): a
+/// runtime killed mid-transaction never dropped them.
+pub fn remove_plugin_dirs_of(scratch: &Path, writer_pid: u32) {
+    let Ok(fd) = beneath::open_root(scratch) else {
+        return;
+    };
+    for name in beneath::names(fd.as_fd()).unwrap_or_default() {
+        if gpusnap_criu_bridge::plugins::is_plugin_dir_of(&name, writer_pid) {
+            if let Err(e) = beneath::remove_all_at(fd.as_fd(), &name) {
+                tracing::warn!(dir = %scratch.display(), name = ?name, error = %e, "cannot remove a killed runtime's CRIU plugin directory");
+            }
+        }
+    }
 }
 
 /// `runc delete --force`; a container runc does not know is already gone. A runc killed

@@ -12,6 +12,7 @@
 pub mod cgroup;
 pub mod checkpoint;
 pub mod criu;
+pub mod deadline;
 pub mod error;
 pub mod failpoint;
 pub mod gpu;

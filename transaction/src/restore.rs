@@ -1,21 +1,29 @@
 //! The restore transaction.
 //!
 //! ```text
+//! record (in-flight: preparing) → one deadline starts, covering every phase below
 //! [chunked image: files assembled from their chunks, beneath the directory, locked exclusively]
 //! directory locked (shared) → signature policy → [GPU state: start loading the driver]
 //! manifest and every file verified → GPU gate (driver, engine, GPU types and count)
-//! → CRIU found (version, plugins) → CRIU images bounded by the bundle's spec
+//! → CRIU found (version, plugins, its config files) → CRIU images bounded by the bundle's spec
 //!                                                                     ← refusals end here
 //! rootfs diff applied → the open files found in the rootfs as dumped  ← refused: nothing
 //!                                                    runs, the diff stays in the container's rootfs
-//! → runc restore (CRIU, within restore.deadline)                       ← failure or deadline:
-//!                                     runc/CRIU killed, cgroup emptied, runc state removed
-//! [GPU: find the CUDA processes by container pid → restore → unlock]  ← failure: killed
+//! → runc restore (CRIU; record: runc)                                 ← failure, deadline or a
+//!                dead CRIU: runc/CRIU killed, cgroup emptied, CRIU's yards removed, runc state removed
+//! (record: restored) [GPU: find the CUDA processes by container pid → restore → unlock]
+//!                                                                     ← failure: killed
 //! ```
 //!
 //! Nothing from the image decides how CRIU runs: its flags come from the request (the caller's
 //! own `runc restore` arguments, or the task's terminal) and from the node's configuration
-//! (`restore.criu_flags`).
+//! (`restore.criu_flags`); CRIU's config files may set only what the model allows
+//! (`gpusnap_criu_bridge::criu_config`).
+//!
+//! The in-flight record (`inflight.rs`) says at every moment what a killed front end leaves,
+//! so that whoever comes next (the shim's `delete`, gpusnap-runc's guard or its next call)
+//! repairs it; the deadline (`deadline.rs`) is checked as each phase ends and enforced by the
+//! watchdog while runc runs.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -26,14 +34,16 @@ use gpusnap_config::Config;
 use gpusnap_criu_bridge::{CriuFlags, Restore, RuncCommand, RuncGlobal};
 use gpusnap_cuda::PendingDriver;
 
+use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Error, Outcome, Result};
 use crate::gpu::{self, GpuRestore};
 use crate::host::Host;
+use crate::inflight::{RestorePhase, RestoreRecord};
 use crate::leftovers;
 use crate::lock::DirLock;
 use crate::runc::Runc;
 use crate::timings::Timings;
-use crate::watchdog::Watchdog;
+use crate::watchdog::{CriuEnd, Watchdog};
 
 /// A restore, as every front end asks for it.
 #[derive(Debug, Clone)]
@@ -122,6 +132,29 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     let started = Instant::now();
     let mut timings = Timings::default();
     let ckpt = &req.checkpoint_dir;
+    let criu_log = criu_log_of(req);
+    let criu_work_dir = criu_log.parent().unwrap_or(Path::new("/")).to_path_buf();
+    // Before anything else: a front end killed from here on leaves a record of what to undo.
+    let record = std::cell::RefCell::new(RestoreRecord::begin(
+        &req.scratch_dir,
+        &req.container_id,
+        &req.bundle,
+        &criu_work_dir,
+    ));
+    // What the checkpoint claims (unverified) only starts the deadline, and starts the driver.
+    let claimed = dir::read_manifest(ckpt).ok();
+    let diff_bytes = req
+        .rootfs_diff
+        .as_ref()
+        .and_then(|d| d.content_bytes)
+        .unwrap_or(0);
+    let mut deadline = Deadline::start(
+        &req.config.restore,
+        claimed
+            .as_ref()
+            .map_or(0, |m| m.images.total_bytes)
+            .saturating_add(diff_bytes),
+    );
     // A chunked image as a runtime copied it (containerd's or CRI-O's restore from image,
     // Podman's import): its files are assembled in place and checked against the manifest,
     // under the exclusive lock so that no other restore reads them half-written.
@@ -129,24 +162,28 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         let t = Instant::now();
         let _assembling = DirLock::exclusive(ckpt)?;
         dir::chunks::assemble(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
-        timings.add("assemble", t.elapsed());
+        end_phase(
+            &deadline,
+            Phase::Assemble,
+            Changed::Nothing,
+            &mut timings,
+            t,
+        )?;
     }
+    let t = Instant::now();
     let _lock = DirLock::shared(ckpt)?;
     let admitted = crate::signature::admit(&req.config, ckpt, &req.signature_evidence)?;
 
     // A checkpoint with GPU state needs the driver: start loading it now so cuInit overlaps the
     // digest verification below.
-    let pending = dir::read_manifest(ckpt)
-        .ok()
+    let pending = claimed
         .and_then(|m| m.gpu)
         .filter(|g| !g.processes.is_empty())
         .map(|_| start_driver(req));
 
-    let t = Instant::now();
     let manifest =
         dir::validate_for_restore(ckpt).map_err(|e| Error::precondition(e.to_string()))?;
     admitted.bind(&manifest)?;
-    timings.add("validate", t.elapsed());
 
     if let Some(diff) = &req.rootfs_diff {
         let found = dir::rootfs_diff::sha256_file(&diff.path).map_err(|e| {
@@ -161,6 +198,17 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             )));
         }
     }
+    deadline.settle(
+        &req.config.restore,
+        manifest.images.total_bytes.saturating_add(diff_bytes),
+    );
+    end_phase(
+        &deadline,
+        Phase::Validate,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     // Whether GPU state is restored follows the validated manifest only: the early read above
     // is a hint for starting the driver, and a checkpoint whose validated manifest lists CUDA
@@ -173,8 +221,9 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         }
         _ => None,
     };
-    timings.add("gpu-gate", t.elapsed());
+    end_phase(&deadline, Phase::GpuGate, Changed::Nothing, &mut timings, t)?;
 
+    let t = Instant::now();
     let mut global = req.runc.clone();
     let _criu = crate::criu::prepare(
         &mut global,
@@ -185,7 +234,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         host,
     )?;
     let granted = granted_flags(&req.config)?;
-    let (cmd, criu_log, pid_file) = restore_command(req, &global, &granted, &manifest)?;
+    let (cmd, pid_file) = restore_command(req, &global, &granted, &manifest)?;
     let foreground = matches!(req.command, RestoreCommand::Given { detach: false, .. });
     if foreground && gpu.is_some() {
         return Err(Error::invalid(
@@ -193,17 +242,39 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
              gpusnap restores the CUDA processes",
         ));
     }
+    end_phase(
+        &deadline,
+        Phase::CriuPrepare,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     // Last of the refusals: what the CRIU images give the restored processes, bounded by
     // the spec of the container being created (`privilege.rs`).
     let t = Instant::now();
     let spec = crate::privilege::read_spec(&req.bundle)?;
     crate::privilege::check(&spec, ckpt)?;
-    timings.add("privilege-check", t.elapsed());
+    end_phase(
+        &deadline,
+        Phase::PrivilegeCheck,
+        Changed::Nothing,
+        &mut timings,
+        t,
+    )?;
 
     let rootfs = crate::open_files::rootfs_of(&req.bundle, &spec);
+    let changed = if req.rootfs_diff.is_some() {
+        Changed::RootfsDiff
+    } else {
+        Changed::Nothing
+    };
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
+        // DEADLINE: `deadline: Some(deadline.at())` in these Limits once rootfs_diff has the
+        // field, so that the walk and the writes stop when the deadline passes; its deadline
+        // error maps to `Error::failed(Outcome::NothingRunning, ...)` with
+        // `deadline.ran_out(Phase::RootfsDiff)` (a refusal while nothing was written yet).
         let applied = dir::rootfs_diff::apply(
             &diff.path,
             &rootfs,
@@ -227,20 +298,26 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
                 Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
             }
         })?;
-        timings.add("rootfs-diff", t.elapsed());
         tracing::debug!(
             entries = applied.entries,
             bytes = applied.bytes,
             privileges_dropped = applied.privileges_dropped,
             "rootfs diff applied"
         );
+        end_phase(
+            &deadline,
+            Phase::RootfsDiff,
+            Changed::RootfsDiff,
+            &mut timings,
+            t,
+        )?;
     }
 
     // After the diff, which may bring them: CRIU reopens every open file by its path and
     // fails mid-restore on one the rootfs lacks (`open_files.rs`).
     let t = Instant::now();
     crate::open_files::check(&rootfs, ckpt)?;
-    timings.add("open-files-check", t.elapsed());
+    end_phase(&deadline, Phase::OpenFilesCheck, changed, &mut timings, t)?;
 
     let runc = Runc::new(global, &req.container_id, host);
     // A runc state of this id whose init is dead (a restore or runtime killed before it could
@@ -248,19 +325,12 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     crate::leftovers::clear_dead_runc_state(&runc);
     crate::failpoint::reached(crate::failpoint::BEFORE_RESTORE);
     let t = Instant::now();
-    let limit = req.config.restore.deadline(manifest.images.total_bytes);
-    let watch = Watchdog::start(limit, foreground.then(|| runc_state_file(&runc)));
-    // Durable while runc restores: if this runtime is killed, whoever comes next (the shim's
-    // `delete`, the next gpusnap-runc call) kills the orphaned runc and CRIU (`inflight.rs`).
-    let record = std::cell::RefCell::new(None);
+    let watch = Watchdog::start(deadline.at(), foreground.then(|| runc_state_file(&runc)));
+    // Durable while runc restores: if this runtime is killed, whoever comes next kills the
+    // orphaned runc and CRIU (`inflight.rs`).
     let status = host.run_restore(cmd.to_command(), &|pid| {
         watch.started(pid);
-        let written = crate::inflight::RestoreInFlight::new(&req.container_id, &req.bundle, pid)
-            .write(&req.scratch_dir);
-        match written {
-            Ok(guard) => *record.borrow_mut() = Some(guard),
-            Err(e) => tracing::warn!(dir = %req.scratch_dir.display(), error = %e, "cannot record the restore in progress"),
-        }
+        record.borrow_mut().runc_started(pid);
     });
     let watched = watch.finish();
     let status = status.map_err(|e| {
@@ -269,14 +339,34 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             format!("cannot run {}: {e}", cmd.program.display()),
         )
     })?;
+    let clear =
+        |observed| leftovers::clear_failed_restore(&runc, &req.bundle, observed, &criu_work_dir);
     if watched.expired {
-        let cleared = leftovers::clear_failed_restore(&runc, &req.bundle, watched.cgroup);
+        let cleared = clear(watched.cgroup);
         return Err(Error::Failed {
             outcome: outcome_of(&cleared),
             message: format!(
-                "CRIU did not finish within {}s (restore.deadline_seconds; 0 derives it from the \
-                 image size): runc, CRIU and {} process(es) below them were killed; {cleared}",
-                limit.as_secs(),
+                "{}; CRIU was still restoring: runc, CRIU and {} process(es) below them were \
+                 killed; {cleared}",
+                deadline.ran_out(Phase::CriuRestore),
+                watched.killed.saturating_sub(1)
+            ),
+            runc_exit: status.code(),
+        });
+    }
+    if let Some((criu_pid, end)) = watched.criu_died {
+        let cleared = clear(watched.cgroup);
+        let log = gpusnap_criu_bridge::criu_log_tail(&criu_log, 5)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("\n{t}"))
+            .unwrap_or_default();
+        return Err(Error::Failed {
+            outcome: outcome_of(&cleared),
+            message: format!(
+                "CRIU (pid {criu_pid}) {end} mid-restore, {:.1}s into the restore: runc and {} \
+                 process(es) below it were killed; {cleared}{log}",
+                deadline.elapsed().as_secs_f64(),
                 watched.killed.saturating_sub(1)
             ),
             runc_exit: status.code(),
@@ -288,10 +378,16 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         !status.success() && !(foreground && (watched.restored || criu_finished(&criu_log)));
     if restore_failed {
         let f = runc.failure("restore", status, b"", Some(&criu_log));
-        let cleared = leftovers::clear_failed_restore(&runc, &req.bundle, watched.cgroup);
+        let cleared = clear(watched.cgroup);
+        // runc notices a dead CRIU by itself when nothing else holds CRIU's socket.
+        let criu = watched
+            .criu_ended
+            .filter(|(_, end)| matches!(end, CriuEnd::Signal(_)))
+            .map(|(pid, end)| format!("CRIU (pid {pid}) {end} mid-restore; "))
+            .unwrap_or_default();
         return Err(Error::Failed {
             outcome: outcome_of(&cleared),
-            message: format!("{}\n{cleared}", f.message),
+            message: format!("{criu}{}\n{cleared}", f.message),
             runc_exit: f.exit,
         });
     }
@@ -305,7 +401,10 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             elapsed: started.elapsed(),
         });
     }
-    timings.add("criu-restore", t.elapsed());
+    timings.add(Phase::CriuRestore.name(), t.elapsed());
+    // The container runs; until this transaction returns, its caller does not know.
+    record.borrow_mut().phase(RestorePhase::Restored);
+    crate::failpoint::reached(crate::failpoint::AFTER_CRIU);
     let init_pid = match &pid_file {
         Some(p) => read_pid(p),
         None => runc.state().map(|(pid, _)| pid),
@@ -337,13 +436,16 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         pid = init_pid,
         dir = %ckpt.display(),
         cuda_processes,
+        assemble_ms = timings.ms("assemble"),
         validate_ms = timings.ms("validate"),
         privilege_check_ms = timings.ms("privilege-check"),
         gpu_gate_ms = timings.ms("gpu-gate"),
+        criu_prepare_ms = timings.ms("criu-prepare"),
         rootfs_diff_ms = timings.ms("rootfs-diff"),
         open_files_check_ms = timings.ms("open-files-check"),
         criu_restore_ms = timings.ms("criu-restore"),
         cuda_restore_ms = timings.ms("cuda-restore"),
+        deadline_s = deadline.limit().as_secs(),
         total_ms = elapsed.as_millis() as u64,
         "restore complete"
     );
@@ -356,6 +458,28 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     })
 }
 
+/// Ends a phase: its time recorded, the test build's failpoint of its end (which may hold the
+/// restore there), then the deadline checked.
+fn end_phase(
+    deadline: &Deadline,
+    phase: Phase,
+    changed: Changed,
+    timings: &mut Timings,
+    t: Instant,
+) -> Result<()> {
+    timings.add(phase.name(), t.elapsed());
+    crate::failpoint::reached(&crate::failpoint::after_phase(phase));
+    deadline.check(phase, changed)
+}
+
+/// Where CRIU writes `restore.log` (its work directory also holds CRIU's cgroup yard).
+fn criu_log_of(req: &RestoreRequest) -> PathBuf {
+    match &req.command {
+        RestoreCommand::Build { work_dir, .. } => work_dir.join(gpusnap_criu_bridge::RESTORE_LOG),
+        RestoreCommand::Given { criu_log, .. } => criu_log.clone(),
+    }
+}
+
 /// The CRIU permissions this node grants restores (`restore.criu_flags`).
 fn granted_flags(config: &Config) -> Result<CriuFlags> {
     CriuFlags::from_switch_names(&config.restore.criu_flags).map_err(|e| {
@@ -365,13 +489,13 @@ fn granted_flags(config: &Config) -> Result<CriuFlags> {
     })
 }
 
-/// The `runc restore` command, where CRIU writes its log, and the pid file (when built here).
+/// The `runc restore` command and the pid file (when built here).
 fn restore_command(
     req: &RestoreRequest,
     global: &RuncGlobal,
     granted: &CriuFlags,
     manifest: &Manifest,
-) -> Result<(RuncCommand, PathBuf, Option<PathBuf>)> {
+) -> Result<(RuncCommand, Option<PathBuf>)> {
     match &req.command {
         RestoreCommand::Build {
             work_dir,
@@ -405,12 +529,12 @@ fn restore_command(
             let cmd = global
                 .restore(&req.container_id, &r)
                 .map_err(|e| Error::invalid(e.to_string()))?;
-            Ok((cmd, r.criu_log(), Some(pid_file.clone())))
+            Ok((cmd, Some(pid_file.clone())))
         }
-        RestoreCommand::Given { args, criu_log, .. } => {
+        RestoreCommand::Given { args, .. } => {
             let mut cmd = global.helper(&[]);
             cmd.args = args.clone();
-            Ok((cmd, criu_log.clone(), None))
+            Ok((cmd, None))
         }
     }
 }

@@ -25,6 +25,15 @@ pub mod point {
     pub const BEFORE_SEAL: &str = "checkpoint-before-seal";
     pub const AFTER_SEAL: &str = "checkpoint-after-seal";
     pub const BEFORE_RESTORE: &str = "restore-before-criu";
+    /// runc has returned, the container runs, the caller is not yet told (GPU: before the
+    /// CUDA restore).
+    pub const AFTER_CRIU: &str = "restore-after-criu";
+
+    /// The end of restore phase `phase` (`validate`, `gpu-gate`, `criu-prepare`,
+    /// `privilege-check`, `rootfs-diff`, `open-files-check`), before its deadline check.
+    pub fn after_phase(phase: &str) -> String {
+        format!("restore-after-{phase}")
+    }
 }
 
 /// A failpoint directory.
@@ -53,6 +62,20 @@ impl Failpoints {
         let _ = fs::remove_file(self.dir().join(format!("reached-{name}")));
         fs::write(self.dir().join(format!("arm-{name}")), b"")?;
         Ok(())
+    }
+
+    /// Makes every runtime that reaches `name` wait `secs` seconds there and go on (until
+    /// [`Failpoints::disarm`]).
+    pub fn arm_sleep(&self, name: &str, secs: u64) -> Result<()> {
+        fs::write(
+            self.dir().join(format!("arm-{name}")),
+            format!("sleep {secs}\n"),
+        )?;
+        Ok(())
+    }
+
+    pub fn disarm(&self, name: &str) {
+        let _ = fs::remove_file(self.dir().join(format!("arm-{name}")));
     }
 
     /// Waits until a runtime stopped at `name`, disarms it and returns the stopped process's
@@ -289,7 +312,12 @@ pub fn criu_wrapper(dir: &Path, real: &Path, fault: RestoreFault) -> Result<Path
     let (when, body) = match fault {
         RestoreFault::Stall | RestoreFault::Crash => {
             let action = if fault == RestoreFault::Stall {
-                format!("kill -STOP $pid; {}; wait $pid; exit 1", mark("$pid"))
+                // The wrapper stays as long as the stopped CRIU does (the watch sees the
+                // process runc started as CRIU, and a stalled CRIU does not exit).
+                format!(
+                    "kill -STOP $pid; {}; while kill -0 $pid 2>/dev/null; do sleep 0.1; done; exit 1",
+                    mark("$pid")
+                )
             } else {
                 format!("kill -KILL $pid; {}; exit 1", mark("$pid"))
             };
@@ -362,4 +390,192 @@ pub fn alive(pid: u32) -> bool {
 /// The real CRIU the rig installs.
 pub fn real_criu() -> PathBuf {
     crate::paths::rig_bin_dir().join("criu")
+}
+
+/// CRIU's action-script phases of a restore (CRIU 4.2 `criu/cr-restore.c`) at which a
+/// [`CriuPhases`] wrapper holds CRIU.
+pub mod criu_phase {
+    /// CRIU has read the images and prepared its cgroup yard (mounted in its work directory,
+    /// in the host's mount namespace); no task is forked yet.
+    pub const PRE_RESTORE: &str = "pre-restore";
+    /// The root task has made the restored namespaces and CRIU has mounted the restored
+    /// mount tree under its mount-namespace yard (`/tmp/.criu.mntns.XXXXXX`).
+    pub const POST_SETUP_NAMESPACES: &str = "post-setup-namespaces";
+}
+
+/// A CRIU that stops at a chosen phase of a restore: `<dir>/bin/criu` runs the real CRIU,
+/// for runc's `restore` with an `action-script` added to its `CRIU_CONFIG_FILE` (after
+/// gpusnap's checks, as an operator's site file would be); the script, when `<dir>/arm-PHASE`
+/// exists, writes what the test needs to `<dir>/reached-PHASE` and holds CRIU there (it waits
+/// for its script) until something is killed. The real CRIU is runc's child (exec), as in
+/// production.
+pub struct CriuPhases {
+    dir: PathBuf,
+}
+
+/// A restore held at a CRIU phase: the processes and what CRIU had set up.
+#[derive(Debug, Clone)]
+pub struct HeldRestore {
+    pub criu: u32,
+    pub runc: u32,
+    /// runc's parent: the shim or gpusnap-runc.
+    pub front_end: u32,
+    /// CRIU's work directory (its cwd).
+    pub work_dir: PathBuf,
+    /// CRIU's cgroup yard, as its log names it (in the work directory).
+    pub cgroup_yard: Option<PathBuf>,
+    /// CRIU's mount-namespace yard in /tmp, as its log names it.
+    pub mount_yard: Option<PathBuf>,
+}
+
+impl CriuPhases {
+    /// Writes the wrapper and its script into `dir`, for the real CRIU `real`.
+    pub fn install(dir: &Path, real: &Path) -> Result<CriuPhases> {
+        let bin = dir.join("bin");
+        fs::create_dir_all(&bin)?;
+        let script = dir.join("phase.sh");
+        fs::write(
+            &script,
+            format!(
+                r#"#!/bin/sh
+# gpusnap test double: holds a CRIU restore at an armed action-script phase.
+d={dir}
+[ -e "$d/arm-$CRTOOLS_SCRIPT_ACTION" ] || exit 0
+rm -f "$d/arm-$CRTOOLS_SCRIPT_ACTION"
+criu=$PPID
+read -r _ _ _ runc _ < /proc/$criu/stat
+read -r _ _ _ front _ < /proc/$runc/stat
+work=$(readlink /proc/$criu/cwd)
+cg=$(sed -n 's/.*Opening \(\.criu\.cgyard\.[A-Za-z0-9]*\) as cg yard.*/\1/p' "$work/restore.log" | head -n 1)
+mnt=$(grep -o '/tmp/\.criu\.mntns\.[A-Za-z0-9]*' "$work/restore.log" | head -n 1)
+printf 'criu=%s\nrunc=%s\nfront=%s\nwork=%s\ncgyard=%s\nmntns=%s\n' "$criu" "$runc" "$front" "$work" "$cg" "$mnt" > "$d/.reached.$$"
+mv "$d/.reached.$$" "$d/reached-$CRTOOLS_SCRIPT_ACTION"
+exec sleep 100000
+"#,
+                dir = dir.display()
+            ),
+        )?;
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
+        let wrapper = bin.join("criu");
+        fs::write(
+            &wrapper,
+            format!(
+                r#"#!/bin/sh
+# gpusnap test double: runc's restores run the real CRIU with an action script.
+real={real}
+case " $(tr '\0' ' ' < /proc/$PPID/cmdline) " in
+*' restore '*) ;;
+*) exec "$real" "$@" ;;
+esac
+conf={dir}/criu-$$.conf
+{{ [ -n "$CRIU_CONFIG_FILE" ] && cat "$CRIU_CONFIG_FILE"; echo; echo "action-script {script}"; }} > "$conf"
+CRIU_CONFIG_FILE=$conf exec "$real" "$@"
+"#,
+                real = real.display(),
+                dir = dir.display(),
+                script = script.display()
+            ),
+        )?;
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755))?;
+        Ok(CriuPhases {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory to put first on runc's PATH (gpusnap's `criu.binary_dir`).
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    /// Holds the next restore that reaches `phase` ([`criu_phase`]).
+    pub fn arm(&self, phase: &str) -> Result<()> {
+        let _ = fs::remove_file(self.dir.join(format!("reached-{phase}")));
+        fs::write(self.dir.join(format!("arm-{phase}")), b"")?;
+        Ok(())
+    }
+
+    pub fn disarm(&self, phase: &str) {
+        let _ = fs::remove_file(self.dir.join(format!("arm-{phase}")));
+    }
+
+    /// Waits until a restore is held at `phase`, and says what it holds.
+    pub fn wait_reached(&self, phase: &str, timeout: Duration) -> Result<HeldRestore> {
+        let reached = self.dir.join(format!("reached-{phase}"));
+        let text = wait_some(timeout, || fs::read_to_string(&reached).ok())
+            .with_context(|| format!("no CRIU restore reached {phase} within {timeout:?}"))?;
+        let _ = fs::remove_file(&reached);
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let pid = |k: &str| {
+            field(k)
+                .parse::<u32>()
+                .with_context(|| format!("{k} in {}: {text}", reached.display()))
+        };
+        let work_dir = PathBuf::from(field("work"));
+        let cg = field("cgyard");
+        let mnt = field("mntns");
+        Ok(HeldRestore {
+            criu: pid("criu")?,
+            runc: pid("runc")?,
+            front_end: pid("front")?,
+            cgroup_yard: (!cg.is_empty()).then(|| work_dir.join(cg)),
+            mount_yard: (!mnt.is_empty()).then(|| PathBuf::from(mnt)),
+            work_dir,
+        })
+    }
+}
+
+/// CRIU's directory names in `/tmp` of a restore (CRIU 4.2: the mount-namespace yard, the
+/// clean-path bind point, the legacy proc mount).
+pub const CRIU_TMP_PREFIXES: [&str; 3] = [".criu.mntns.", "cr-tmpfs.", "crtools-proc."];
+
+/// The CRIU directories now in `/tmp`.
+pub fn criu_tmp_dirs() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir("/tmp")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| CRIU_TMP_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Mount points in this (the host's) mount namespace.
+pub fn mount_points() -> Vec<PathBuf> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .collect()
+}
+
+/// Mount points at or below `dir`.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    mount_points()
+        .into_iter()
+        .filter(|m| m.starts_with(dir))
+        .collect()
+}
+
+/// Mount points at or below `dir`, or that CRIU named (`.criu.` in the path).
+pub fn criu_or_own_mounts(dir: &Path) -> Vec<PathBuf> {
+    mount_points()
+        .into_iter()
+        .filter(|m| m.starts_with(dir) || m.to_string_lossy().contains("/.criu."))
+        .collect()
+}
+
+/// The live processes whose command line holds `token` (a workload's run token).
+pub fn processes_with(token: &str) -> Vec<Proc> {
+    processes()
+        .into_iter()
+        .filter(|p| p.cmdline.iter().any(|a| a.contains(token)))
+        .collect()
 }
