@@ -26,6 +26,8 @@ const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/node_origin.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",
+    "checkpoint/src/rootfs_diff/stream.rs",
+    "checkpoint/src/rootfs_diff/tree.rs",
     "cli/src/checkpoint_cmd.rs",
     "cli/src/fsutil.rs",
     "cli/src/image_cmd.rs",

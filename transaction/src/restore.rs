@@ -213,17 +213,17 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
                     .map_or(req.config.restore.max_rootfs_diff_bytes, |recorded| {
                         recorded.min(req.config.restore.max_rootfs_diff_bytes)
                     }),
+                // The decompressed stream, headers and padding included: a small gzip file
+                // that inflates past the setting is refused as it is read.
+                max_inflated_bytes: req.config.restore.max_rootfs_diff_bytes,
                 ..Default::default()
             },
         )
-        .map_err(|e| match e {
-            // Refused whole before anything was written.
-            dir::rootfs_diff::DiffError::Refused { .. }
-            | dir::rootfs_diff::DiffError::TooLarge { .. }
-            | dir::rootfs_diff::DiffError::Unreadable { .. } => {
+        .map_err(|e| {
+            if e.nothing_applied() {
+                // Refused whole before anything was written.
                 Error::precondition(format!("rootfs diff: {e}"))
-            }
-            dir::rootfs_diff::DiffError::Apply { .. } => {
+            } else {
                 Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
             }
         })?;
