@@ -268,6 +268,10 @@ pub fn push(
     opts: &RegistryOptions,
 ) -> Result<PushReport, ImageError> {
     let r = Reference::parse(reference, opts.plain_http)?;
+    if image.is_dir() {
+        // Nothing is uploaded from a layout holding a link or special file.
+        crate::oci_layout::check_layout_tree(image)?;
+    }
     let keypair = match &opts.sign_key {
         Some(k) => Some(cosign::load_private_key(k)?),
         None => None,
