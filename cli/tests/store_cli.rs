@@ -790,7 +790,8 @@ fn a_killed_pulls_staging_is_removed_by_the_next_pull_and_by_gc() {
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stagings(&root, "live").is_empty());
 
-    // Killed again; this time `gpusnap store gc` finds it, and the partial blob with it.
+    // Killed again (stalled at the config); this time `gpusnap store gc` finds it, and the
+    // first killed pull's partial blob with it.
     let killed = stall("again", false);
     kill(killed, nix::sys::signal::Signal::SIGKILL);
     assert_eq!(stagings(&root, "again").len(), 1);

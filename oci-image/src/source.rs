@@ -225,7 +225,8 @@ fn archive_path(prefix: &str, rel: &Path) -> String {
 }
 
 /// Walks the directory `root` through directory descriptors ([`beneath::walk`]): nothing in
-/// it is followed, a symlink is carried as data, and every file is opened beneath `root`.
+/// it is followed, what a restore refuses is refused ([`refused_entry`]; CRIU's pre-dump link
+/// is carried as data), and every file is opened beneath `root`.
 fn walk_dir(
     root: &Path,
     prefix: &str,
