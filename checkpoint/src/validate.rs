@@ -289,37 +289,21 @@ pub fn parse_manifest(bytes: &[u8], path: &Path) -> Result<Manifest, RestoreRefu
 /// block or talk to something else; a hard link could be a host file's other name. Walked
 /// through directory descriptors ([`crate::beneath::walk`]), nothing followed.
 pub fn check_tree(root: BorrowedFd<'_>, dir: &Path) -> Result<(), RestoreRefusal> {
-    let refuse = |rel: &Path, what: String| RestoreRefusal::NotPlain {
-        entry: dir.join(rel),
-        what,
-    };
-    crate::beneath::walk(root, &mut |parent, rel: &Path, st: &rustix::fs::Stat| {
-        let what = match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => return Ok(()),
-            FileType::RegularFile if st.st_nlink <= 1 => return Ok(()),
-            FileType::RegularFile => format!(
-                "a regular file with {} links (a hard link: another name of a file that may be \
-                 outside the checkpoint)",
-                st.st_nlink
-            ),
-            FileType::Symlink if rel == Path::new("parent") && is_pre_dump_link(parent, dir) => {
-                return Ok(())
-            }
-            FileType::Symlink => {
-                let name = rel.file_name().unwrap_or_default();
-                let target = rustix::fs::readlinkat(parent, name, Vec::new())
-                    .map(|t| String::from_utf8_lossy(t.as_bytes()).into_owned())
-                    .unwrap_or_else(|_| "?".into());
-                format!("a symlink (to {target:?})")
-            }
-            FileType::Fifo => "a FIFO".into(),
-            FileType::Socket => "a socket".into(),
-            FileType::CharacterDevice => "a character device".into(),
-            FileType::BlockDevice => "a block device".into(),
-            FileType::Unknown => "of an unknown type".into(),
-        };
-        Err(WalkError::Refused(refuse(rel, what)))
-    })
+    crate::beneath::walk(
+        root,
+        &mut |parent, rel: &Path, st: &rustix::fs::Stat| match entry_refusal(
+            parent,
+            rel,
+            st,
+            Some(dir),
+        ) {
+            None => Ok(()),
+            Some(what) => Err(WalkError::Refused(RestoreRefusal::NotPlain {
+                entry: dir.join(rel),
+                what,
+            })),
+        },
+    )
     .map_err(|e| match e {
         WalkError::Refused(r) => r,
         WalkError::Io(source) => RestoreRefusal::Io {
@@ -327,6 +311,52 @@ pub fn check_tree(root: BorrowedFd<'_>, dir: &Path) -> Result<(), RestoreRefusal
             source,
         },
     })
+}
+
+/// What [`check_tree`] refuses of one entry (`rel` beneath the walked directory, in the
+/// directory `parent`, `st` its `lstat`), said in words — `None` for a directory or a regular
+/// file with one link. `checkpoint_dir`, when the walked directory is a checkpoint directory
+/// at that path, allows CRIU's pre-dump link `parent -> ../NAME` directly in it, as a restore
+/// does. Image build and push refuse what this refuses, so no image carries what no restore
+/// would accept (a hard link to a host file included).
+pub fn entry_refusal(
+    parent: BorrowedFd<'_>,
+    rel: &Path,
+    st: &rustix::fs::Stat,
+    checkpoint_dir: Option<&Path>,
+) -> Option<String> {
+    Some(match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => return None,
+        FileType::RegularFile if st.st_nlink <= 1 => return None,
+        FileType::RegularFile => hard_linked(st.st_nlink),
+        FileType::Symlink
+            if rel == Path::new("parent")
+                && checkpoint_dir.is_some_and(|dir| is_pre_dump_link(parent, dir)) =>
+        {
+            return None
+        }
+        FileType::Symlink => {
+            let name = rel.file_name().unwrap_or_default();
+            let target = rustix::fs::readlinkat(parent, name, Vec::new())
+                .map(|t| String::from_utf8_lossy(t.as_bytes()).into_owned())
+                .unwrap_or_else(|_| "?".into());
+            format!("a symlink (to {target:?})")
+        }
+        FileType::Fifo => "a FIFO".into(),
+        FileType::Socket => "a socket".into(),
+        FileType::CharacterDevice => "a character device".into(),
+        FileType::BlockDevice => "a block device".into(),
+        FileType::Unknown => "of an unknown type".into(),
+    })
+}
+
+/// [`entry_refusal`]'s words for a regular file with `links` names.
+pub fn hard_linked(links: impl Into<u64>) -> String {
+    let links: u64 = links.into();
+    format!(
+        "a regular file with {links} links (a hard link: another name of a file that may be \
+         outside the checkpoint)"
+    )
 }
 
 /// CRIU's link from an incremental dump to its pre-dump (`parent -> ../NAME`, written by

@@ -26,6 +26,8 @@ const UNTRUSTED_MODULES: &[&str] = &[
     "checkpoint/src/node_origin.rs",
     "checkpoint/src/validate.rs",
     "checkpoint/src/rootfs_diff.rs",
+    "checkpoint/src/rootfs_diff/stream.rs",
+    "checkpoint/src/rootfs_diff/tree.rs",
     "cli/src/checkpoint_cmd.rs",
     "cli/src/fsutil.rs",
     "cli/src/image_cmd.rs",
@@ -34,6 +36,7 @@ const UNTRUSTED_MODULES: &[&str] = &[
     "oci-image/src/inspect.rs",
     "oci-image/src/oci_layout.rs",
     "oci-image/src/source.rs",
+    "oci-image/src/staging.rs",
     "runc-wrapper/src/args.rs",
     "runc-wrapper/src/checkpoint.rs",
     "runc-wrapper/src/lib.rs",
@@ -173,22 +176,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "oci-image/src/extract.rs",
         "fs::create_dir_all(&parent)",
         "the destination's parent: a path the operator named, outside the image",
-    ),
-    (
-        "oci-image/src/extract.rs",
-        "fs::symlink_metadata(&staging)",
-        "the staging directory gpusnap names beside the destination",
-    ),
-    (
-        "oci-image/src/extract.rs",
-        "fs::remove_dir_all(&staging)",
-        "a leftover staging directory of gpusnap's own naming (remove_dir_all does not follow \
-         symlinks inside it)",
-    ),
-    (
-        "oci-image/src/extract.rs",
-        "fs::DirBuilder::new()",
-        "creates the staging directory itself, beside the destination",
     ),
     (
         "oci-image/src/extract.rs",
@@ -464,6 +451,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "oci-image/src/oci_layout.rs",
         "kind.is_file()",
         "a tar entry type, not a path",
+    ),
+    (
+        "oci-image/src/staging.rs",
+        "std::fs::read(format!(\"/proc/{pid}/stat\"))",
+        "the kernel's record of a process (its start time), not a tree from elsewhere",
     ),
     (
         "runc-wrapper/src/lib.rs",

@@ -679,15 +679,14 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
     let layout_dir = match &a.layout {
         Some(l) => l.clone(),
         None => {
-            scratch = tempfile::Builder::new()
-                .prefix(".gpusnap-pull-")
-                .tempdir_in(&scratch_parent)
-                .with_context(|| {
-                    format!(
-                        "creating a scratch directory in {}",
-                        scratch_parent.display()
-                    )
-                })?;
+            // Named and locked like a pull's staging directory: if this pull is killed, the
+            // next one (or `gpusnap store gc`) removes it.
+            scratch = image::staging::scratch(&scratch_parent).with_context(|| {
+                format!(
+                    "creating a scratch directory in {}",
+                    scratch_parent.display()
+                )
+            })?;
             scratch.path().join("layout")
         }
     };

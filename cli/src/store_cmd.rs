@@ -1,4 +1,4 @@
-//! `gpusnap store ls|du|gc`: the operator's view of the node's blob store
+//! `gpusnap store ls|du|gc|verify`: the operator's view of the node's blob store
 //! ([`gpusnap_node_store`]), and how `gpusnap image push|pull` open it.
 
 use std::path::Path;
@@ -19,10 +19,14 @@ pub enum StoreCommand {
     Ls(OutputArgs),
     /// What the store holds: blobs, bytes, what references keep, leftovers.
     Du(OutputArgs),
-    /// Remove leftovers of interrupted pulls, references whose image or checkpoint is gone,
-    /// and unreferenced blobs (least recently used first) down to the cap. Waits for running
-    /// pulls.
+    /// Hash every blob (damaged ones are dropped first), then remove leftovers of interrupted
+    /// pulls (the store's temporary files, and staging directories in restore.checkpoint_root
+    /// whose pull is gone), references whose image or checkpoint is gone, and unreferenced
+    /// blobs (least recently used first) down to the cap. Waits for running pulls.
     Gc(GcArgs),
+    /// Hash every blob and drop those whose bytes are not the blob their name says (damaged
+    /// on disk): the next pull needing one downloads it again. Runs beside pulls.
+    Verify(OutputArgs),
 }
 
 #[derive(Args)]
@@ -38,6 +42,9 @@ pub struct GcArgs {
     /// unreferenced blob).
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     pub max_bytes: Option<u64>,
+    /// Skip hashing the blobs (collect only; a pull still drops a damaged blob it reads).
+    #[arg(long)]
+    pub no_verify: bool,
     /// One JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -137,26 +144,79 @@ pub fn run(config: &Path, cmd: StoreCommand) -> Result<u8> {
         }
         StoreCommand::Gc(a) => {
             let cap = a.max_bytes.unwrap_or(cfg.store.max_bytes);
+            // Beside running pulls (a lease), before collection takes the store for itself.
+            let verified = if a.no_verify {
+                None
+            } else {
+                Some(store.verify_all(&store.lease()?)?)
+            };
+            let staging = gpusnap_oci_image::staging::sweep(&cfg.restore.checkpoint_root)
+                .with_context(|| {
+                    format!(
+                        "looking for staging directories of killed pulls in {}",
+                        cfg.restore.checkpoint_root.display()
+                    )
+                })?;
             let r = store.gc(cap, true)?;
             if a.json {
-                print_json(&r)?;
+                #[derive(Serialize)]
+                struct Gc<'a> {
+                    #[serde(flatten)]
+                    gc: &'a gpusnap_node_store::GcReport,
+                    /// `None` with `--no-verify`.
+                    verified: Option<&'a gpusnap_node_store::VerifyReport>,
+                    removed_staging_directories: &'a [std::path::PathBuf],
+                }
+                print_json(&Gc {
+                    gc: &r,
+                    verified: verified.as_ref(),
+                    removed_staging_directories: &staging,
+                })?;
                 return Ok(0);
             }
+            if let Some(v) = &verified {
+                print!("{}", render_verified(v));
+            }
             println!(
-                "removed {} blobs ({}), {} temporary files, {} stale references; {} left in {} \
-                 blobs, {} of it referenced (cap {})",
+                "removed {} blobs ({}), {} temporary files, {} stale references, {} staging \
+                 directories of killed pulls; {} left in {} blobs, {} of it referenced (cap {})",
                 r.removed_blobs,
                 human_bytes(r.freed_bytes),
                 r.removed_temporary_files,
                 r.removed_references,
+                staging.len(),
                 human_bytes(r.kept_bytes),
                 r.kept_blobs,
                 human_bytes(r.referenced_bytes),
                 human_bytes(cap),
             );
         }
+        StoreCommand::Verify(a) => {
+            let v = store.verify_all(&store.lease()?)?;
+            if a.json {
+                print_json(&v)?;
+            } else {
+                print!("{}", render_verified(&v));
+            }
+        }
     }
     Ok(0)
+}
+
+fn render_verified(v: &gpusnap_node_store::VerifyReport) -> String {
+    let mut out = format!(
+        "verified {} blobs ({}); {} damaged, dropped\n",
+        v.sound_blobs + v.dropped.len(),
+        human_bytes(v.sound_bytes),
+        v.dropped.len()
+    );
+    for d in &v.dropped {
+        out.push_str(&format!(
+            "dropped {}: its bytes hash to {}; the next pull that needs it downloads it again\n",
+            d.id, d.actual
+        ));
+    }
+    out
 }
 
 fn print_json<T: Serialize>(v: &T) -> Result<()> {

@@ -485,3 +485,327 @@ fn an_interrupted_or_killed_pull_leaves_no_visible_partial_blob() {
         assert_eq!(d, format!("sha256:{hex}"));
     }
 }
+
+/// Flips one byte in the middle of the stored blob `digest` (the file is 0400; root writes it
+/// anyway), as a failing disk or a stray write would.
+fn damage_stored(store: &Path, digest: &str) {
+    use std::os::unix::fs::FileExt;
+    let path = store
+        .join("blobs")
+        .join(digest.trim_start_matches("sha256:"));
+    let len = fs::metadata(&path).unwrap().len();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, len / 2).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], len / 2).unwrap();
+}
+
+fn sha256_hex(path: &Path) -> String {
+    use sha2::Digest as _;
+    let bytes = fs::read(path).unwrap();
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every blob file under `blobs` hashes to its name.
+fn all_sound(blobs: &Path) {
+    for e in fs::read_dir(blobs).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(
+            sha256_hex(&p),
+            p.file_name().unwrap().to_string_lossy(),
+            "{} is not the blob its name says",
+            p.display()
+        );
+    }
+}
+
+/// A blob damaged in the node store no longer breaks every later pull (issue 28, finding 8):
+/// an extracting pull drops it and downloads it again in the same run, a layout pull hashes
+/// what it copies out of the store and heals the same way (exit 0, every blob of the layout
+/// sound), and `gpusnap store verify` / `gc` find and drop damaged blobs nobody pulled.
+#[test]
+fn a_damaged_store_blob_is_dropped_and_fetched_again() {
+    let reg = registry();
+    let fx = fixture();
+    let w = fx.work.path();
+    let (cfg, store) = config(w);
+    let reference = reg.image("ckpt/heal:v1");
+    let built = build_and_push(&cfg, &fx.archive, &w.join("layout"), &reference);
+    let layers = layer_digests(&built);
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "first",
+        ],
+    );
+    // The largest layer: its bytes go through the unpacker (or the copy) well before the end.
+    let victim = built["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|l| l["descriptor"]["size"].as_u64().unwrap())
+        .unwrap()["descriptor"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stored = store
+        .join("blobs")
+        .join(victim.trim_start_matches("sha256:"));
+
+    // An extracting pull: healed within the run.
+    damage_stored(&store, &victim);
+    let pulled = json(&ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "second",
+            "--json",
+        ],
+    ));
+    // Downloaded: the damaged blob, and the config (an extracting pull always fetches it).
+    assert_eq!(
+        pulled["pull"]["transfer"]["moved_blobs"], 2,
+        "only the damaged blob is downloaded again: {pulled:#}"
+    );
+    let mut got = tree(&w.join("checkpoints/second"));
+    assert!(got.remove("gpusnap-origin.json").is_some());
+    assert_eq!(got, tree(&fx.archive_root));
+    assert_eq!(sha256_hex(&stored), victim.trim_start_matches("sha256:"));
+
+    // A layout pull: the copy out of the store is hashed, the blob dropped and fetched again.
+    damage_stored(&store, &victim);
+    let layout = w.join("pulled.layout");
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--layout",
+            s(&layout),
+        ],
+    );
+    all_sound(&layout.join("blobs/sha256"));
+    for d in &layers {
+        assert!(
+            layout
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:"))
+                .is_file(),
+            "{d} missing from the layout"
+        );
+    }
+    assert_eq!(sha256_hex(&stored), victim.trim_start_matches("sha256:"));
+
+    // With the registry unable to serve it, the pull fails, but the damaged blob is gone from
+    // the store: nothing keeps handing it out.
+    damage_stored(&store, &victim);
+    let saved = fs::read(reg.blob_data(&victim)).unwrap();
+    fs::remove_file(reg.blob_data(&victim)).unwrap();
+    let out = gpusnap(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "third",
+        ],
+    );
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(!stored.exists(), "the damaged blob stayed in the store");
+    assert!(!w.join("checkpoints/third").exists());
+    fs::write(reg.blob_data(&victim), saved).unwrap();
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "third",
+        ],
+    );
+    all_sound(&store.join("blobs"));
+
+    // Damage nobody has read yet: `store verify` finds and drops it, and so does `gc`.
+    damage_stored(&store, &victim);
+    let v = json(&ok(&cfg, &["store", "verify", "--json"]));
+    assert_eq!(v["dropped"][0]["id"], victim.as_str(), "{v:#}");
+    assert!(!stored.exists());
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "fourth",
+        ],
+    );
+    damage_stored(&store, &victim);
+    let g = json(&ok(&cfg, &["store", "gc", "--json"]));
+    assert_eq!(g["verified"]["dropped"][0]["id"], victim.as_str(), "{g:#}");
+    assert!(!stored.exists());
+    all_sound(&store.join("blobs"));
+}
+
+/// The staging directories (`.NAME.extract-*`) of the pulls under the checkpoint root.
+fn stagings(root: &Path, name: &str) -> Vec<PathBuf> {
+    fs::read_dir(root)
+        .map(|d| {
+            d.map(|e| e.unwrap().path())
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with(&format!(".{name}.extract-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `gpusnap image pull REF --extract NAME`, running.
+fn spawn_pull(cfg: &Path, reference: &str, name: &str) -> std::process::Child {
+    Command::new(paths::binary("gpusnap"))
+        .arg("--config")
+        .arg(cfg)
+        .args([
+            "image",
+            "pull",
+            reference,
+            "--plain-http",
+            "--extract",
+            name,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A pull killed with SIGKILL mid-extract leaves its staging directory (a whole checkpoint,
+/// decrypted for an encrypted image) in the checkpoint root; the next pull removes it, and so
+/// does `gpusnap store gc`, while a live pull's staging directory is never touched
+/// (issue 28, finding 8). The killed pull's partial blobs in the store are collected too.
+#[test]
+fn a_killed_pulls_staging_is_removed_by_the_next_pull_and_by_gc() {
+    use std::time::Duration;
+    let reg = registry();
+    let fx = fixture();
+    let w = fx.work.path();
+    let (cfg, store) = config(w);
+    let root = w.join("checkpoints");
+    let reference = reg.image("ckpt/staging:v1");
+    let built = build_and_push(&cfg, &fx.archive, &w.join("layout"), &reference);
+    let (victim, size) = built["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["descriptor"]["digest"].as_str().unwrap().to_owned(),
+                l["descriptor"]["size"].as_u64().unwrap(),
+            )
+        })
+        .max_by_key(|l| l.1)
+        .unwrap();
+    let port = stalling_proxy(reg.port(), victim.clone(), (size / 4) as usize, false);
+    let mid_layer = format!("127.0.0.1:{port}/ckpt/staging:v1");
+    // A pull stalled on the image config holds no blob's lock: another pull of the same image
+    // can complete beside it.
+    let config_digest = built["config_digest"].as_str().unwrap().to_owned();
+    let port = stalling_proxy(reg.port(), config_digest, 0, false);
+    let at_config = format!("127.0.0.1:{port}/ckpt/staging:v1");
+    let tmp_files = |store: &Path| fs::read_dir(store.join("tmp")).map_or(0, |d| d.count());
+    // A pull stalled mid-layer (its staging directory exists and the layer is half in the
+    // store's temporary file), or at the config (its staging directory exists).
+    let stall = |name: &str, mid: bool| {
+        let child = spawn_pull(&cfg, if mid { &mid_layer } else { &at_config }, name);
+        assert!(
+            gpusnap_testkit::wait_until(Duration::from_secs(30), || {
+                stagings(&root, name).len() == 1 && (!mid || tmp_files(&store) > 0)
+            }),
+            "the pull of {name} never got to its stall"
+        );
+        child
+    };
+    let kill = |child: std::process::Child, signal| {
+        // Only the child this test started, by its pid.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        child.wait_with_output().unwrap()
+    };
+
+    let killed = stall("killed", true);
+    kill(killed, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(stagings(&root, "killed").len(), 1, "SIGKILL left nothing?");
+
+    // Another pull runs (stalled) while a third completes: the third removes the killed pull's
+    // staging directory and leaves the live one's alone.
+    let live = stall("live", false);
+    let live_staging = stagings(&root, "live");
+    ok(
+        &cfg,
+        &[
+            "image",
+            "pull",
+            &reference,
+            "--plain-http",
+            "--extract",
+            "done",
+        ],
+    );
+    assert!(
+        stagings(&root, "killed").is_empty(),
+        "the next pull left the killed pull's staging directory"
+    );
+    assert_eq!(
+        stagings(&root, "live"),
+        live_staging,
+        "a live pull's staging was touched"
+    );
+    assert!(live_staging[0].is_dir());
+    let out = kill(live, nix::sys::signal::Signal::SIGINT);
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert!(stagings(&root, "live").is_empty());
+
+    // Killed again (stalled at the config); this time `gpusnap store gc` finds it, and the
+    // first killed pull's partial blob with it.
+    let killed = stall("again", false);
+    kill(killed, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(stagings(&root, "again").len(), 1);
+    let g = json(&ok(&cfg, &["store", "gc", "--json"]));
+    let removed: Vec<&str> = g["removed_staging_directories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(removed.len(), 1, "{g:#}");
+    assert!(removed[0].contains("/.again.extract-"), "{g:#}");
+    assert!(stagings(&root, "again").is_empty());
+    assert!(g["removed_temporary_files"].as_u64().unwrap() >= 1, "{g:#}");
+    assert_eq!(tmp_files(&store), 0);
+    assert!(root.join("done/checkpoint").is_dir());
+}

@@ -122,8 +122,10 @@ pub struct RestoreConfig {
     /// Private keys (PEM files, root-owned, mode 0600) that open encrypted checkpoint images
     /// (ocicrypt's JWE format) on pull and extract; an encrypted image none opens is refused.
     pub decryption_keys: Vec<PathBuf>,
-    /// The most file content a rootfs diff may write into a container's rootfs on restore
-    /// (after decompression); accepts `68719476736` or `"64GiB"`.
+    /// The largest a rootfs diff may be once decompressed (tar headers, padding and file
+    /// content), refused on restore as soon as it inflates past it, before anything is
+    /// written; it bounds the file content the diff writes too. Accepts `68719476736` or
+    /// `"64GiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub max_rootfs_diff_bytes: u64,
     /// How long CRIU may take to restore a checkpoint before it, runc and everything it

@@ -41,7 +41,10 @@ mod store;
 pub use error::StoreError;
 pub use id::BlobId;
 pub use refs::{Holder, RefRecord};
-pub use store::{BlobInfo, BlobWriter, GcReport, Lease, PrehashedWriter, Slot, Store, Usage};
+pub use store::{
+    BlobInfo, BlobWriter, CopyOut, Dropped, GcReport, Health, Lease, PrehashedWriter, Slot, Store,
+    Usage, VerifyReport,
+};
 
 /// Where the store lives unless the config says otherwise (`store.root`).
 pub const DEFAULT_ROOT: &str = "/var/lib/gpusnap/store";

@@ -67,6 +67,45 @@ pub struct BlobWriter {
     _lock: File,
 }
 
+/// What [`Store::copy_to`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyOut {
+    /// The blob's bytes, this many, are in the destination, hashed as they got there.
+    Copied(u64),
+    /// The store does not hold it.
+    Missing,
+    /// What was copied is not the blob (it hashes to `actual`): the stored blob was damaged,
+    /// and has been dropped from the store.
+    Corrupt { actual: BlobId },
+}
+
+/// What [`Store::verify`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Its bytes, this many, are the blob.
+    Sound(u64),
+    /// They are not (they hash to `actual`): the blob was dropped.
+    Dropped { actual: BlobId },
+    /// Not in the store (removed meanwhile).
+    Missing,
+}
+
+/// A damaged blob [`Store::verify_all`] dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Dropped {
+    pub id: BlobId,
+    /// What its bytes hashed to.
+    pub actual: BlobId,
+}
+
+/// What [`Store::verify_all`] found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    pub sound_blobs: usize,
+    pub sound_bytes: u64,
+    pub dropped: Vec<Dropped>,
+}
+
 /// One blob, for `gpusnap store ls`.
 #[derive(Debug, Clone, Serialize)]
 pub struct BlobInfo {
@@ -241,6 +280,15 @@ impl Store {
         }
     }
 
+    /// Opens the blob for reading without marking it used.
+    fn open_blob_untouched(&self, id: &BlobId) -> Result<Option<File>, StoreError> {
+        match beneath::open_file(self.blobs.as_fd(), Path::new(id.hex())) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("opening", self.blob_path(id))(e)),
+        }
+    }
+
     /// The blob if it is here, else a writer for it. A concurrent writer of the same blob makes
     /// this wait until it has committed (then the blob is [`Slot::Present`]) or given up (then
     /// this one writes it).
@@ -322,18 +370,150 @@ impl Store {
     }
 
     /// Copies blob `id` into `dest` (at its current offset 0, which must be empty): a reflink
-    /// where the file system shares extents, else an in-kernel copy. `Ok(false)` when the blob
-    /// is not here.
-    pub fn copy_to(&self, id: &BlobId, dest: &File) -> Result<bool, StoreError> {
+    /// where the file system shares extents, else an in-kernel copy — and hashes what the copy
+    /// holds (a reflink's too, read back from `dest`), so that no copy out of the store is
+    /// unchecked. A copy that is not the blob it is named for means the stored blob is
+    /// damaged: it is dropped ([`Store::discard`]) and [`CopyOut::Corrupt`] says so, with
+    /// `dest` holding the damaged bytes (the caller truncates or removes it).
+    pub fn copy_to(&self, id: &BlobId, dest: &File) -> Result<CopyOut, StoreError> {
         let Some(src) = self.open_blob(id)? else {
-            return Ok(false);
+            return Ok(CopyOut::Missing);
         };
+        let path = self.blob_path(id);
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
         if rustix::fs::ioctl_ficlone(dest, &src).is_ok() {
-            return Ok(true);
+            use std::os::unix::fs::FileExt;
+            loop {
+                let n = dest
+                    .read_at(&mut buf, bytes)
+                    .map_err(StoreError::io("reading the copy of", &path))?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                bytes += n as u64;
+            }
+        } else {
+            let (mut s, mut d) = (&src, dest);
+            loop {
+                let n = match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(StoreError::io("reading", &path)(e)),
+                };
+                hasher.update(&buf[..n]);
+                d.write_all(&buf[..n])
+                    .map_err(StoreError::io("copying", &path))?;
+                bytes += n as u64;
+            }
         }
-        let mut s = &src;
-        let mut d = dest;
-        io::copy(&mut s, &mut d).map_err(StoreError::io("copying", self.blob_path(id)))?;
+        let actual = BlobId::from_hash(&hasher.finalize());
+        if actual == *id {
+            return Ok(CopyOut::Copied(bytes));
+        }
+        self.discard(id, &src, &actual)?;
+        Ok(CopyOut::Corrupt { actual })
+    }
+
+    /// Hashes blob `id` as stored: [`Health::Dropped`] (and the blob removed, [`Store::discard`])
+    /// when its bytes are not the blob its name says.
+    pub fn verify(&self, id: &BlobId) -> Result<Health, StoreError> {
+        let Some(mut file) = self.open_blob_untouched(id)? else {
+            return Ok(Health::Missing);
+        };
+        let path = self.blob_path(id);
+        let mut hasher = Sha256::new();
+        let bytes = io::copy(&mut file, &mut hasher).map_err(StoreError::io("reading", &path))?;
+        let actual = BlobId::from_hash(&hasher.finalize());
+        if actual == *id {
+            return Ok(Health::Sound(bytes));
+        }
+        self.discard(id, &file, &actual)?;
+        Ok(Health::Dropped { actual })
+    }
+
+    /// Hashes every blob ([`Store::verify`]), on every core, and drops the damaged ones. Runs
+    /// beside pulls (under a lease): a pull reading a blob this drops keeps reading the file it
+    /// opened and checks its digest itself.
+    pub fn verify_all(&self, _lease: &Lease) -> Result<VerifyReport, StoreError> {
+        let blobs = self.blob_files()?;
+        let next = AtomicU64::new(0);
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let results: Vec<Result<Vec<(BlobId, Health)>, StoreError>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads.min(blobs.len()).max(1))
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                            let Some((id, ..)) = blobs.get(i) else {
+                                return Ok(out);
+                            };
+                            out.push((id.clone(), self.verify(id)?));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        let mut report = VerifyReport::default();
+        for r in results {
+            for (id, health) in r? {
+                match health {
+                    Health::Sound(bytes) => {
+                        report.sound_blobs += 1;
+                        report.sound_bytes += bytes;
+                    }
+                    Health::Dropped { actual } => report.dropped.push(Dropped { id, actual }),
+                    Health::Missing => {}
+                }
+            }
+        }
+        report.dropped.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(report)
+    }
+
+    /// Removes blob `id`, found damaged by a reader that opened it as `file` (its bytes hash
+    /// to `actual`): atomically, under the blob's own lock (so no writer of the blob runs
+    /// meanwhile), and only if the name still holds that file — a sound copy another pull
+    /// wrote meanwhile stays. The next pull wanting it downloads it again. Returns whether it
+    /// removed the name.
+    pub fn discard(&self, id: &BlobId, file: &File, actual: &BlobId) -> Result<bool, StoreError> {
+        let lock_path = self.root.join(LOCKS).join(id.hex());
+        let lock_file = beneath::openat2(
+            self.locks.as_fd(),
+            Path::new(id.hex()),
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(File::from)
+        .map_err(StoreError::io("opening", &lock_path))?;
+        lock::lock(&lock_file, true).map_err(StoreError::io("locking", &lock_path))?;
+        let path = self.blob_path(id);
+        let held = rustix::fs::fstat(file).map_err(|e| StoreError::io("stat", &path)(e.into()))?;
+        let same = matches!(
+            beneath::stat_at(self.blobs.as_fd(), name(id.hex())),
+            Ok(Some(st)) if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+        );
+        if !same {
+            return Ok(false);
+        }
+        rustix::fs::unlinkat(&self.blobs, id.hex(), AtFlags::empty())
+            .map_err(|e| StoreError::io("removing", &path)(e.into()))?;
+        rustix::fs::fsync(&self.blobs).map_err(|e| StoreError::io("syncing", &path)(e.into()))?;
+        tracing::warn!(
+            blob = %id,
+            actual = %actual,
+            store = %self.root.display(),
+            "store: a blob's bytes are not the blob its name says (damaged on disk); removed, \
+             to be downloaded again"
+        );
         Ok(true)
     }
 

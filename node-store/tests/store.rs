@@ -352,3 +352,86 @@ fn prehashed_writes_commit_only_with_the_blobs_own_digest_and_size() {
     w.commit(&id).unwrap();
     assert_eq!(read_blob(&store, &id), data);
 }
+
+/// Flips one byte of a stored blob in place (the file is 0400; root writes it anyway), as a
+/// failing disk or a stray write would.
+fn damage(store: &Store, id: &BlobId) {
+    use std::os::unix::fs::FileExt;
+    let path = store.root().join("blobs").join(id.hex());
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut b = [0u8; 1];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact(&mut b)
+        .unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], 0).unwrap();
+}
+
+#[test]
+fn a_copy_out_of_the_store_is_hashed_and_a_damaged_blob_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s")).unwrap();
+    let lease = store.lease().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    let id = id_of(&data);
+    store
+        .put(&lease, &id, data.len() as u64, &data[..])
+        .unwrap();
+
+    let sound = tempfile::tempfile().unwrap();
+    assert_eq!(
+        store.copy_to(&id, &sound).unwrap(),
+        gpusnap_node_store::CopyOut::Copied(data.len() as u64)
+    );
+    damage(&store, &id);
+    let copy = tempfile::tempfile().unwrap();
+    let out = store.copy_to(&id, &copy).unwrap();
+    assert!(
+        matches!(out, gpusnap_node_store::CopyOut::Corrupt { ref actual } if *actual != id),
+        "{out:?}"
+    );
+    assert!(!store.has(&id).unwrap(), "the damaged blob is dropped");
+    assert_eq!(
+        store.copy_to(&id, &tempfile::tempfile().unwrap()).unwrap(),
+        gpusnap_node_store::CopyOut::Missing
+    );
+    // Written again, it is sound.
+    assert!(store
+        .put(&lease, &id, data.len() as u64, &data[..])
+        .unwrap());
+    assert_eq!(read_blob(&store, &id), data);
+}
+
+#[test]
+fn verify_drops_only_damaged_blobs_and_discard_spares_a_rewritten_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s")).unwrap();
+    let lease = store.lease().unwrap();
+    let blobs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 100_000 + i as usize]).collect();
+    for b in &blobs {
+        store
+            .put(&lease, &id_of(b), b.len() as u64, &b[..])
+            .unwrap();
+    }
+    let (bad, good) = (id_of(&blobs[2]), id_of(&blobs[4]));
+    damage(&store, &bad);
+    let report = store.verify_all(&lease).unwrap();
+    assert_eq!(report.sound_blobs, 5, "{report:?}");
+    assert_eq!(report.dropped.len(), 1, "{report:?}");
+    assert_eq!(report.dropped[0].id, bad);
+    assert!(!store.has(&bad).unwrap());
+    assert!(store.has(&good).unwrap());
+    assert!(matches!(
+        store.verify(&good).unwrap(),
+        gpusnap_node_store::Health::Sound(_)
+    ));
+
+    // A reader found the blob damaged, but meanwhile it was dropped and written again by
+    // someone else: the sound copy stays.
+    store
+        .put(&lease, &bad, blobs[2].len() as u64, &blobs[2][..])
+        .unwrap();
+    let stale = tempfile::tempfile().unwrap();
+    assert!(!store.discard(&bad, &stale, &good).unwrap());
+    assert_eq!(read_blob(&store, &bad), blobs[2]);
+}

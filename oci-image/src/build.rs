@@ -126,6 +126,9 @@ pub(crate) fn build_with(
         c.check()?;
     }
     let src = BuildSource::detect(source)?;
+    // What a restore refuses (hard links, symlinks, special files) is refused before any
+    // output exists.
+    super::source::check_tree(&src)?;
     // Without a requested layout, stage one beside the archive (same filesystem: renames).
     let (layout_root, keep_layout) = match (&opts.layout_dir, &opts.archive_path) {
         (Some(dir), _) => (dir.clone(), true),

@@ -331,8 +331,10 @@ pub fn encrypt_layout(
 }
 
 /// Encrypts a copy of the OCI layout at `layout` into `dest` (created; must not exist) for
-/// `recipients`, leaving `layout` as it was: blobs are hard-linked into the copy (a copy where
-/// links are impossible), then [`encrypt_layout`] replaces the layers there.
+/// `recipients`, leaving `layout` as it was: blobs are copied (`copy_file_range`: reflinked
+/// where the file system shares extents), then [`encrypt_layout`] replaces the layers there.
+/// The layout is refused first if it holds anything but directories and regular files with one
+/// name, as a push of it would be.
 pub fn encrypt_copy(
     layout: &Path,
     dest: &Path,
@@ -343,6 +345,7 @@ pub fn encrypt_copy(
             path: layout.to_owned(),
         });
     }
+    super::oci_layout::check_layout_tree(layout)?;
     let blobs = dest.join(BLOBS_DIR);
     fs::create_dir(dest).map_err(ImageError::io("creating", dest))?;
     let result = (|| {
@@ -358,9 +361,9 @@ pub fn encrypt_copy(
                 continue;
             }
             let (from, to) = (entry.path(), blobs.join(entry.file_name()));
-            if fs::hard_link(&from, &to).is_err() {
-                fs::copy(&from, &to).map_err(ImageError::io("copying", &from))?;
-            }
+            // A copy (reflinked where the file system can), not a hard link: a push refuses
+            // layout files with more than one name.
+            fs::copy(&from, &to).map_err(ImageError::io("copying", &from))?;
         }
         encrypt_layout(dest, recipients)
     })();

@@ -356,6 +356,9 @@ pub(crate) struct Staging {
     root: Arc<OwnedFd>,
     budget: Arc<DiskBudget>,
     cleanup: RemoveOnDrop,
+    /// The directory's lock, held until it is renamed into place or removed (declared after
+    /// `cleanup`, so it is let go after the removal).
+    _held: crate::staging::Held,
 }
 
 impl Staging {
@@ -367,22 +370,10 @@ impl Staging {
             _ => PathBuf::from("."),
         };
         fs::create_dir_all(&parent).map_err(ImageError::io("creating", &parent))?;
-        let staging = parent.join(format!(
-            ".{}.extract-{}",
-            dest.file_name()
-                .map_or_else(|| "image".into(), |n| n.to_string_lossy()),
-            std::process::id()
-        ));
-        if fs::symlink_metadata(&staging).is_ok() {
-            fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
-        }
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&staging)
-                .map_err(ImageError::io("creating", &staging))?;
-        }
+        // Named for this process and locked while it unpacks: if it is killed, the next pull
+        // or `gpusnap store gc` removes what it left (`staging`).
+        let held = crate::staging::create(dest, crate::staging::Kind::Extract)?;
+        let staging = held.path().to_path_buf();
         let cleanup = RemoveOnDrop::new(&staging, true);
         let root = beneath::open_root(&staging).map_err(ImageError::io("opening", &staging))?;
         rfs::fchmod(&root, Mode::from_raw_mode(0o700))
@@ -399,6 +390,7 @@ impl Staging {
                 dest: dest.to_path_buf(),
             }),
             cleanup,
+            _held: held,
         })
     }
 

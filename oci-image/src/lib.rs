@@ -131,6 +131,7 @@ mod parallel;
 pub mod registry;
 mod source;
 pub mod spec;
+pub mod staging;
 
 pub use annotations::{keys, LayerRole, SourceLayout};
 pub use build::{build, BuildOptions, BuiltImage};

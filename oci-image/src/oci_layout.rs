@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::beneath;
@@ -344,7 +345,11 @@ impl ImageSource {
                 let p = root.join(name);
                 match beneath::open_file(fd.as_fd(), Path::new(name)) {
                     Ok(f) => {
-                        let len = f.metadata().map_err(ImageError::io("reading", &p))?.len();
+                        let meta = f.metadata().map_err(ImageError::io("reading", &p))?;
+                        if meta.nlink() > 1 {
+                            return Err(linked_member(root, name, meta.nlink()));
+                        }
+                        let len = meta.len();
                         Ok(Some((
                             Box::new(io::BufReader::with_capacity(1 << 20, f)),
                             len,
@@ -556,6 +561,53 @@ fn read_json<T: DeserializeOwned>(
         .read_to_end(&mut bytes)
         .map_err(|e| io_to_image(e, location))?;
     serde_json::from_slice(&bytes).map_err(|e| ImageError::malformed(what, location, e))
+}
+
+/// A file of a layout with more than one name: another name may be a host file's, which a push
+/// would upload (or an extraction read).
+fn linked_member(root: &Path, name: &str, links: u64) -> ImageError {
+    ImageError::malformed(
+        "image layout",
+        root.display().to_string(),
+        format!(
+            "{name} is {}; a layout's files are read only as regular files with one name — \
+             copy the layout (`cp -r`) or pull it again",
+            gpusnap_checkpoint::validate::hard_linked(links)
+        ),
+    )
+}
+
+/// Refuses, before anything of it is read or uploaded, a layout directory holding anything but
+/// directories and regular files with one link (what a checkpoint tree may hold, the same walk:
+/// [`gpusnap_checkpoint::validate::entry_refusal`]).
+pub(crate) fn check_layout_tree(root: &Path) -> Result<(), ImageError> {
+    let fd = beneath::open_root(root).map_err(ImageError::io("opening", root))?;
+    let mut refused = None;
+    let walked = beneath::walk(
+        fd.as_fd(),
+        &mut |parent, rel: &Path, st: &rustix::fs::Stat| {
+            match gpusnap_checkpoint::validate::entry_refusal(parent, rel, st, None) {
+                None => Ok(()),
+                Some(what) => {
+                    refused = Some(ImageError::malformed(
+                        "image layout",
+                        root.display().to_string(),
+                        format!(
+                            "{} is {what}; a layout may hold only directories and regular files \
+                         with one name — copy the layout (`cp -r`) or pull it again",
+                            rel.display()
+                        ),
+                    ));
+                    Err(io::Error::other("refused"))
+                }
+            }
+        },
+    );
+    match (walked, refused) {
+        (_, Some(e)) => Err(e),
+        (Err(e), None) => Err(ImageError::io("reading", root)(e)),
+        (Ok(()), None) => Ok(()),
+    }
 }
 
 /// Why a file of a layout could not be opened beneath it: a symlink on the way (`ELOOP`), or

@@ -151,13 +151,92 @@ fn unsupported(source: &Path, entry: &str, reason: impl Into<String>) -> ImageEr
     }
 }
 
+/// What a restore refuses in a checkpoint tree, refused at build and push too (with the same
+/// words, [`gpusnap_checkpoint::validate::entry_refusal`]): a hard link could be a host file's
+/// other name (and would go to the registry), a symlink or special file is nothing a restore
+/// accepts. `rel` is the entry's path in archive shape; the checkpoint directory is
+/// `checkpoint_dir` on disk, where CRIU's pre-dump link `checkpoint/parent` stays allowed as it
+/// is at restore.
+fn refused_entry(
+    source: &Path,
+    checkpoint_dir: &Path,
+    parent: std::os::fd::BorrowedFd<'_>,
+    rel: &str,
+    st: &rustix::fs::Stat,
+) -> Result<(), ImageError> {
+    let (within, dir) = match rel.strip_prefix("checkpoint/") {
+        Some(inner) => (inner, Some(checkpoint_dir)),
+        None => (rel, None),
+    };
+    match gpusnap_checkpoint::validate::entry_refusal(parent, Path::new(within), st, dir) {
+        None => Ok(()),
+        Some(what) => Err(refusal(source, rel, &what)),
+    }
+}
+
+fn refusal(source: &Path, entry: &str, what: &str) -> ImageError {
+    unsupported(
+        source,
+        entry,
+        format!(
+            "{what}; a restore refuses it, so no image may carry it: put a plain copy of the \
+             file there (or remove it) and build again"
+        ),
+    )
+}
+
+/// Refuses, before anything is written, a directory source holding what a restore refuses
+/// ([`refused_entry`]): the tree is walked through directory descriptors, nothing followed,
+/// no file opened. An archive file is checked entry by entry as it is read.
+pub(crate) fn check_tree(source: &BuildSource) -> Result<(), ImageError> {
+    use std::os::fd::AsFd;
+    let (root, prefix) = match source {
+        BuildSource::ArchiveTar(_) => return Ok(()),
+        BuildSource::ArchiveDir(p) => (p, ""),
+        BuildSource::CheckpointDir(p) => (p, CHECKPOINT_DIR),
+    };
+    let checkpoint_dir = if prefix.is_empty() {
+        root.join(CHECKPOINT_DIR)
+    } else {
+        root.clone()
+    };
+    let root_fd = beneath::open_root(root).map_err(ImageError::io("opening", root))?;
+    let mut visit = |parent: std::os::fd::BorrowedFd<'_>,
+                     rel: &Path,
+                     st: &rustix::fs::Stat|
+     -> Result<(), WalkError> {
+        let rel = archive_path(prefix, rel);
+        Ok(refused_entry(root, &checkpoint_dir, parent, &rel, st)?)
+    };
+    beneath::walk(root_fd.as_fd(), &mut visit).map_err(|e| match e {
+        WalkError::Image(e) => e,
+        WalkError::Io(e) => ImageError::io("reading", root)(e),
+    })
+}
+
+/// `rel` (beneath the source directory) in archive shape.
+fn archive_path(prefix: &str, rel: &Path) -> String {
+    let rel = rel.to_string_lossy();
+    if prefix.is_empty() {
+        rel.into_owned()
+    } else {
+        format!("{prefix}/{rel}")
+    }
+}
+
 /// Walks the directory `root` through directory descriptors ([`beneath::walk`]): nothing in
-/// it is followed, a symlink is carried as data, and every file is opened beneath `root`.
+/// it is followed, what a restore refuses is refused ([`refused_entry`]; CRIU's pre-dump link
+/// is carried as data), and every file is opened beneath `root`.
 fn walk_dir(
     root: &Path,
     prefix: &str,
     f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
 ) -> Result<(), ImageError> {
+    let checkpoint_dir = &if prefix.is_empty() {
+        root.join(CHECKPOINT_DIR)
+    } else {
+        root.to_path_buf()
+    };
     use rustix::fs::FileType;
     use std::os::fd::AsFd;
     let root_fd = beneath::open_root(root).map_err(ImageError::io("opening", root))?;
@@ -169,11 +248,7 @@ fn walk_dir(
             return Err(unsupported(root, &rel.display().to_string(), "name is not UTF-8").into());
         };
         let name = rel.file_name().unwrap_or_default();
-        let path = if prefix.is_empty() {
-            rel_str.to_owned()
-        } else {
-            format!("{prefix}/{rel_str}")
-        };
+        let path = archive_path(prefix, Path::new(rel_str));
         let meta = EntryMeta {
             mode: st.st_mode & 0o7777,
             uid: u64::from(st.st_uid),
@@ -181,6 +256,7 @@ fn walk_dir(
             mtime: u64::try_from(st.st_mtime).unwrap_or(0),
         };
         let full = root.join(rel);
+        refused_entry(root, checkpoint_dir, parent, &path, st)?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => f(SourceEntry {
                 path,
@@ -202,10 +278,17 @@ fn walk_dir(
             FileType::RegularFile => {
                 let mut file = beneath::open_file(parent, Path::new(name))
                     .map_err(ImageError::io("opening", &full))?;
-                let size = file
-                    .metadata()
-                    .map_err(ImageError::io("reading", &full))?
-                    .len();
+                let opened = file.metadata().map_err(ImageError::io("reading", &full))?;
+                // The file opened, not the name looked at: linked meanwhile, it is refused.
+                if opened.nlink() > 1 {
+                    return Err(refusal(
+                        root,
+                        &path,
+                        &gpusnap_checkpoint::validate::hard_linked(opened.nlink()),
+                    )
+                    .into());
+                }
+                let size = opened.len();
                 let reread = file.try_clone().ok().map(|file| Reread { file, base: 0 });
                 let mut r = BufReader::with_capacity(1 << 20, &mut file);
                 f(SourceEntry {
@@ -222,7 +305,8 @@ fn walk_dir(
                 return Err(unsupported(
                     root,
                     &path,
-                    "only regular files, directories and symlinks can go into a checkpoint image",
+                    "only regular files, directories and CRIU's pre-dump link can go into a \
+                     checkpoint image",
                 )
                 .into())
             }
@@ -251,6 +335,15 @@ impl From<ImageError> for WalkError {
     fn from(e: ImageError) -> Self {
         WalkError::Image(e)
     }
+}
+
+/// CRIU's pre-dump link target: one step up, then one name (`../NAME`).
+fn is_pre_dump_target(target: &str) -> bool {
+    let mut parts = Path::new(target).components();
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(Component::ParentDir), Some(Component::Normal(_)), None)
+    )
 }
 
 /// Normalises a tar member name: `./checkpoint/x` → `checkpoint/x`; `None` for the root entry.
@@ -343,6 +436,9 @@ fn walk_tar(
                     .map_err(ImageError::io("reading archive", path))?
                     .map(|t| t.to_string_lossy().into_owned())
                     .unwrap_or_default();
+                if !(name == format!("{CHECKPOINT_DIR}/parent") && is_pre_dump_target(&target)) {
+                    return Err(refusal(path, &name, &format!("a symlink (to {target:?})")));
+                }
                 f(SourceEntry {
                     path: name,
                     meta,
@@ -369,13 +465,21 @@ fn walk_tar(
                 })?
             }
             tar::EntryType::Link => {
-                return Err(unsupported(
+                let target = entry
+                    .link_name()
+                    .ok()
+                    .flatten()
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                return Err(refusal(
                     path,
                     &name,
-                    "hard links cannot be split across image layers; re-create the archive \
-                     without them",
-                ))
+                    &format!("a hard link (to {target:?})"),
+                ));
             }
+            tar::EntryType::Fifo => return Err(refusal(path, &name, "a FIFO")),
+            tar::EntryType::Char => return Err(refusal(path, &name, "a character device")),
+            tar::EntryType::Block => return Err(refusal(path, &name, "a block device")),
             other => {
                 return Err(unsupported(
                     path,

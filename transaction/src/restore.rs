@@ -271,10 +271,8 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     };
     if let Some(diff) = &req.rootfs_diff {
         let t = Instant::now();
-        // DEADLINE: `deadline: Some(deadline.at())` in these Limits once rootfs_diff has the
-        // field, so that the walk and the writes stop when the deadline passes; its deadline
-        // error maps to `Error::failed(Outcome::NothingRunning, ...)` with
-        // `deadline.ran_out(Phase::RootfsDiff)` (a refusal while nothing was written yet).
+        // The walk and the writes stop when the restore's deadline passes, so a diff built to
+        // be slow cannot hold the restore past it.
         let applied = dir::rootfs_diff::apply(
             &diff.path,
             &rootfs,
@@ -284,17 +282,29 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
                     .map_or(req.config.restore.max_rootfs_diff_bytes, |recorded| {
                         recorded.min(req.config.restore.max_rootfs_diff_bytes)
                     }),
+                // The decompressed stream, headers and padding included: a small gzip file
+                // that inflates past the setting is refused as it is read.
+                max_inflated_bytes: req.config.restore.max_rootfs_diff_bytes,
+                deadline: Some(deadline.at()),
                 ..Default::default()
             },
         )
-        .map_err(|e| match e {
-            // Refused whole before anything was written.
-            dir::rootfs_diff::DiffError::Refused { .. }
-            | dir::rootfs_diff::DiffError::TooLarge { .. }
-            | dir::rootfs_diff::DiffError::Unreadable { .. } => {
-                Error::precondition(format!("rootfs diff: {e}"))
+        .map_err(|e| {
+            let changed = if e.nothing_applied() {
+                Changed::Nothing
+            } else {
+                Changed::RootfsDiff
+            };
+            if let dir::rootfs_diff::DiffError::Deadline { .. } = e {
+                // The same words as every other phase's deadline, saying what was written.
+                if let Err(ran_out) = deadline.check(Phase::RootfsDiff, changed) {
+                    return ran_out;
+                }
             }
-            dir::rootfs_diff::DiffError::Apply { .. } => {
+            if changed == Changed::Nothing {
+                // Refused whole before anything was written.
+                Error::precondition(format!("rootfs diff: {e}"))
+            } else {
                 Error::failed(Outcome::NothingRunning, format!("rootfs diff: {e}"))
             }
         })?;

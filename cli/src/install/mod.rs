@@ -248,7 +248,7 @@ pub fn config_text(found: &FoundTools) -> String {
          # Private keys (PEM, root-owned, 0600) that open encrypted checkpoint images on\n\
          # `gpusnap image pull --extract`.\n\
          decryption_keys = []\n\
-         # The most file content a rootfs diff may write on restore.\n\
+         # The largest a rootfs diff may be once decompressed (headers, padding, content).\n\
          max_rootfs_diff_bytes = \"64GiB\"\n\
          # How long CRIU may take to restore before it and what it restored are killed;\n\
          # 0 = 120 s plus 1 s per 32 MiB of images.\n\

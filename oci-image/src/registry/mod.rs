@@ -268,6 +268,10 @@ pub fn push(
     opts: &RegistryOptions,
 ) -> Result<PushReport, ImageError> {
     let r = Reference::parse(reference, opts.plain_http)?;
+    if image.is_dir() {
+        // Nothing is uploaded from a layout holding a link or special file.
+        crate::oci_layout::check_layout_tree(image)?;
+    }
     let keypair = match &opts.sign_key {
         Some(k) => Some(cosign::load_private_key(k)?),
         None => None,
@@ -574,23 +578,10 @@ enum BlobOutcome {
     Present,
 }
 
-/// A staging directory beside `dest`, unique to this process and call.
-fn staging_path(dest: &Path, what: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = dest
-        .file_name()
-        .map_or_else(|| "image".into(), |n| n.to_string_lossy().into_owned());
-    parent.join(format!(
-        ".{name}.{what}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    ))
-}
+/// How many times an extracting pull starts again after dropping damaged blobs of the node
+/// store (each time at least one is gone for good, so an image of many damaged blobs needs
+/// more than one round: the next pull goes on where this one stopped).
+const MAX_HEALING_ATTEMPTS: usize = 4;
 
 /// Refuses a destination that exists and is not an empty directory.
 pub(crate) fn check_destination(dest: &Path) -> Result<(), ImageError> {
@@ -626,11 +617,10 @@ pub fn pull(
     if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(ImageError::io("creating", parent))?;
     }
-    let staging = staging_path(dest, "pull");
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(ImageError::io("removing", &staging))?;
-    }
-    std::fs::create_dir(&staging).map_err(ImageError::io("creating", &staging))?;
+    // Named for this process and locked while it is written: if the pull is killed, the next
+    // pull or `gpusnap store gc` removes what it left (`crate::staging`).
+    let held = crate::staging::create(dest, crate::staging::Kind::Pull)?;
+    let staging = held.path().to_path_buf();
     let mut cleanup = RemoveOnDrop::new(&staging, true);
     let lease = match &opts.store {
         Some(ns) => Some(std::sync::Arc::new(ns.store.lease()?)),
@@ -640,6 +630,7 @@ pub fn pull(
     interrupt::check()?;
     std::fs::rename(&staging, dest).map_err(ImageError::io("renaming into place", dest))?;
     cleanup.disarm();
+    drop(held);
     if let (Some(ns), Some(lease)) = (&opts.store, lease) {
         transfer::record_and_collect(
             ns,
@@ -880,7 +871,14 @@ async fn pull_async(
                 let moved = match store {
                     Some((ns, lease)) => {
                         pull_blob_via_store(
-                            session, ns, lease, &digest, size, what, file, &location,
+                            session,
+                            ns,
+                            lease,
+                            &digest,
+                            size,
+                            what,
+                            (file, &tmp),
+                            &location,
                         )
                         .await?
                     }
@@ -934,8 +932,9 @@ async fn pull_async(
 
 /// One blob of a pull into a layout, through the node store: taken from the store when it is
 /// there, else downloaded into the store (which verifies it) first; then copied (reflinked
-/// where the file system can) into the layout's scratch `file`. Returns whether it was
-/// downloaded.
+/// where the file system can) into the layout's scratch `file`, and what the copy holds hashed.
+/// A stored blob that is not what its name says (damaged on disk) is dropped from the store
+/// and downloaded again, once. Returns whether it was downloaded.
 #[allow(clippy::too_many_arguments)]
 async fn pull_blob_via_store(
     session: &Session,
@@ -944,57 +943,99 @@ async fn pull_blob_via_store(
     digest: &Digest,
     size: u64,
     what: &'static str,
-    file: std::fs::File,
+    (file, scratch): (std::fs::File, &Path),
     location: &str,
 ) -> Result<bool, ImageError> {
+    use gpusnap_node_store::{CopyOut, Health, Slot};
     let id = transfer::blob_id(digest)?;
-    // `begin` may wait for another pull writing the same blob: off the network thread.
-    let slot = {
-        let (store, lease, id) = (ns.store.clone(), lease.clone(), id.clone());
-        tokio::task::spawn_blocking(move || store.begin(&lease, &id, size))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?
-    };
-    let moved = match slot {
-        gpusnap_node_store::Slot::Present(_, len) => {
-            if len != size {
-                return Err(ImageError::SizeMismatch {
-                    what: what.to_owned(),
-                    digest: digest.clone(),
-                    expected: size,
-                    actual: len,
-                    location: format!("node store {}", ns.store.root().display()),
-                });
+    let file = std::sync::Arc::new(file);
+    let from_store = format!("node store {}", ns.store.root().display());
+    let mut healed = false;
+    loop {
+        // `begin` may wait for another pull writing the same blob: off the network thread.
+        let slot = {
+            let (store, lease, id) = (ns.store.clone(), lease.clone(), id.clone());
+            blocking(move || Ok(store.begin(&lease, &id, size)?)).await?
+        };
+        let moved = match slot {
+            Slot::Present(_, len) if len != size => {
+                // Either the descriptor lies about the size, or the stored blob is damaged:
+                // its digest tells which.
+                let (store, id) = (ns.store.clone(), id.clone());
+                match blocking(move || Ok(store.verify(&id)?)).await? {
+                    Health::Sound(_) => {
+                        return Err(ImageError::SizeMismatch {
+                            what: what.to_owned(),
+                            digest: digest.clone(),
+                            expected: size,
+                            actual: len,
+                            location: from_store,
+                        })
+                    }
+                    Health::Dropped { .. } | Health::Missing if !healed => {
+                        healed = true;
+                        continue;
+                    }
+                    Health::Dropped { actual } => {
+                        return Err(ImageError::DigestMismatch {
+                            what: what.to_owned(),
+                            expected: digest.clone(),
+                            actual: Digest::parse(actual.as_str())?,
+                            location: from_store,
+                        })
+                    }
+                    Health::Missing => return Err(disappeared(ns, digest)),
+                }
             }
-            false
+            Slot::Present(..) => false,
+            Slot::Absent(mut writer) => {
+                let loc = location.to_owned();
+                channel::fetch_with(session, digest, size, what, move |reader| {
+                    transfer::fill(reader, &mut writer, &loc)?;
+                    writer
+                        .commit()
+                        .map(drop)
+                        .map_err(|e| transfer::store_error(e, what, &loc))
+                })
+                .await?;
+                true
+            }
+        };
+        let (store, id2, dest) = (ns.store.clone(), id.clone(), file.clone());
+        match blocking(move || Ok(store.copy_to(&id2, &dest)?)).await? {
+            CopyOut::Copied(_) => return Ok(moved),
+            // The lease keeps collection away; only someone removing files by hand gets here.
+            CopyOut::Missing => return Err(disappeared(ns, digest)),
+            CopyOut::Corrupt { .. } if !moved && !healed => {
+                // Dropped from the store: downloaded again into it, and copied afresh.
+                healed = true;
+                let (dest, path) = (file.clone(), scratch.to_path_buf());
+                blocking(move || {
+                    use std::io::Seek;
+                    dest.set_len(0)
+                        .and_then(|()| (&*dest).seek(std::io::SeekFrom::Start(0)).map(drop))
+                        .map_err(ImageError::io("truncating", &path))
+                })
+                .await?;
+            }
+            CopyOut::Corrupt { actual } => {
+                return Err(ImageError::DigestMismatch {
+                    what: what.to_owned(),
+                    expected: digest.clone(),
+                    actual: Digest::parse(actual.as_str())?,
+                    location: from_store,
+                })
+            }
         }
-        gpusnap_node_store::Slot::Absent(mut writer) => {
-            let loc = location.to_owned();
-            channel::fetch_with(session, digest, size, what, move |reader| {
-                transfer::fill(reader, &mut writer, &loc)?;
-                writer
-                    .commit()
-                    .map(drop)
-                    .map_err(|e| transfer::store_error(e, what, &loc))
-            })
-            .await?;
-            true
-        }
-    };
-    let store = ns.store.clone();
-    let id2 = id.clone();
-    let copied = tokio::task::spawn_blocking(move || store.copy_to(&id2, &file))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
-    if !copied {
-        // The lease keeps collection away; only someone removing files by hand gets here.
-        return Err(ImageError::invalid(
-            "node store",
-            ns.store.root().display().to_string(),
-            format!("blob {digest} disappeared from it during the pull"),
-        ));
     }
-    Ok(moved)
+}
+
+fn disappeared(ns: &NodeStore, digest: &Digest) -> ImageError {
+    ImageError::invalid(
+        "node store",
+        ns.store.root().display().to_string(),
+        format!("blob {digest} disappeared from it during the pull"),
+    )
 }
 
 /// Copies a verifying reader into `file` with large writes, then checks size and digest.
@@ -1056,18 +1097,47 @@ pub fn pull_extract(
     // Created (and, on failure, removed) outside the runtime: the runtime waits for every
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory
     // while it is removed.
-    let staging = Staging::create(dest)?;
     let lease = match &opts.store {
         Some(ns) => Some(std::sync::Arc::new(ns.store.lease()?)),
         None => None,
     };
-    let (report, plan, dir_times) = block_on(pull_extract_async(
-        &r,
-        &staging,
-        opts,
-        &limits,
-        lease.as_ref(),
-    ))?;
+    // A layer the node store held but whose bytes were damaged there fails the pull after
+    // part of it was unpacked; the store has dropped it by then, so the pull starts again in
+    // a fresh staging directory and downloads it (the other blobs come from the store again).
+    let mut attempts = 0;
+    let (staging, report, plan, dir_times) = loop {
+        let staging = Staging::create(dest)?;
+        let dropped = std::sync::atomic::AtomicUsize::new(0);
+        let pulled = block_on(pull_extract_async(
+            &r,
+            &staging,
+            opts,
+            &limits,
+            lease.as_ref(),
+            &dropped,
+        ));
+        match pulled {
+            Ok((report, plan, dir_times)) => break (staging, report, plan, dir_times),
+            Err(e)
+                if dropped.load(std::sync::atomic::Ordering::SeqCst) > 0
+                    && attempts < MAX_HEALING_ATTEMPTS
+                    && !matches!(e, ImageError::Interrupted) =>
+            {
+                attempts += 1;
+                tracing::warn!(
+                    reference = %r,
+                    error = %e,
+                    attempt = attempts,
+                    "pull: a blob of the node store was damaged and has been dropped; pulling again"
+                );
+                drop(staging);
+                if let Some(p) = &opts.progress {
+                    p.restart();
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
     interrupt::check()?;
     let seed = OriginSeed {
         source: report.reference.clone(),
@@ -1110,6 +1180,7 @@ async fn pull_extract_async(
     opts: &RegistryOptions,
     limits: &ExtractOptions,
     lease: Option<&std::sync::Arc<gpusnap_node_store::Lease>>,
+    dropped: &std::sync::atomic::AtomicUsize,
 ) -> Result<(PullReport, ExtractPlan, DirTimes), ImageError> {
     let mut session = Session::new(r, opts)?;
     session.authenticate(RegistryOperation::Pull).await?;
@@ -1205,6 +1276,7 @@ async fn pull_extract_async(
         staging,
         limits,
         opts,
+        dropped,
     };
     let chunked = !first.is_empty();
     let mut fetched = layers.fetch_all(first, None).await?;
@@ -1253,6 +1325,8 @@ struct LayerFetch<'a> {
     staging: &'a Staging,
     limits: &'a ExtractOptions,
     opts: &'a RegistryOptions,
+    /// Stored blobs found damaged (and dropped from the store) while they were unpacked.
+    dropped: &'a std::sync::atomic::AtomicUsize,
 }
 
 /// One layer unpacked: the directory times it recorded, its size, whether it was downloaded.
@@ -1321,7 +1395,13 @@ impl LayerFetch<'_> {
                     "layer",
                     from,
                 );
-                (blocking(move || unpack(blob)).await?.0, false)
+                match blocking(move || unpack(blob)).await {
+                    Ok((times, _)) => (times, false),
+                    Err(e) => {
+                        self.drop_if_damaged(&digest, &e).await;
+                        return Err(e);
+                    }
+                }
             }
             slot => {
                 let tee = match slot {
@@ -1358,6 +1438,30 @@ impl LayerFetch<'_> {
             p.blob_done();
         }
         Ok((times, size, moved))
+    }
+}
+
+impl LayerFetch<'_> {
+    /// After a layer read from the node store failed: whether the stored blob is damaged
+    /// (its digest, hashed again) — dropped then, and counted so the pull starts again. A
+    /// failure of anything else (a refused entry, the disk) leaves a sound blob where it is.
+    async fn drop_if_damaged(&self, digest: &Digest, failure: &ImageError) {
+        let Some((ns, _)) = self.store else { return };
+        if matches!(failure, ImageError::Interrupted) {
+            return;
+        }
+        let Ok(id) = transfer::blob_id(digest) else {
+            return;
+        };
+        let store = ns.store.clone();
+        match blocking(move || Ok(store.verify(&id)?)).await {
+            Ok(gpusnap_node_store::Health::Dropped { .. }) => {
+                self.dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(blob = %digest, error = %e, "store: could not verify a blob"),
+        }
     }
 }
 

@@ -66,6 +66,18 @@ impl Progress {
         self.moved_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// A pull that starts again counts from nothing.
+    pub(crate) fn restart(&self) {
+        for c in [
+            &self.total_bytes,
+            &self.moved_bytes,
+            &self.total_blobs,
+            &self.done_blobs,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn blob_done(&self) {
         self.done_blobs.fetch_add(1, Ordering::Relaxed);
     }
