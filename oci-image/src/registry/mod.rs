@@ -1049,9 +1049,10 @@ pub fn pull_extract(
 ) -> Result<(PullReport, Extracted), ImageError> {
     let started = std::time::Instant::now();
     let r = Reference::parse(reference, opts.plain_http)?;
-    let limits = ExtractOptions {
+    let mut limits = ExtractOptions {
         max_layer_bytes: opts.max_blob_bytes,
         decryption: opts.decryption.clone(),
+        directory_signature: None,
     };
     // Created (and, on failure, removed) outside the runtime: the runtime waits for every
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory
@@ -1074,7 +1075,8 @@ pub fn pull_extract(
         pinned: report.pinned,
         signature: report.signature.clone(),
     };
-    let extracted = staging.finish(&plan, dir_times, &seed)?;
+    limits.directory_signature = opts.signatures.directory_requirement(&report.signature);
+    let extracted = staging.finish(&plan, dir_times, &seed, limits.directory_signature.as_ref())?;
     if let (Some(ns), Some(lease)) = (&opts.store, lease) {
         let layers = plan
             .layers
