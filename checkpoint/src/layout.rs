@@ -169,6 +169,9 @@ pub fn classify(rel: &Path) -> EntryKind {
             EntryKind::Manifest
         }
         n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
+        // The listing while it is written (`beneath::write_atomically`'s temporary name):
+        // hashed with the rest it would be listed and then missing.
+        n if n.starts_with(crate::writable_layer::LISTING_TMP_PREFIX) => EntryKind::Manifest,
         // Written by a pull beside what it extracted (inside the checkpoint directory for an
         // image built from one), after sealing: not checkpoint data.
         crate::origin::ORIGIN_FILE => EntryKind::Other,
@@ -287,6 +290,10 @@ mod tests {
         assert_eq!(c(".gpusnap-manifest.json.tmp.42"), EntryKind::Manifest);
         assert_eq!(c("gpusnap-manifest.json.sig"), EntryKind::Manifest);
         assert_eq!(c("gpusnap-writable-layer.jsonl"), EntryKind::Manifest);
+        assert_eq!(
+            c(".gpusnap-writable-layer.jsonl.tmp.42.0"),
+            EntryKind::Manifest
+        );
         assert_eq!(c("gpusnap-gpu-ctx-1.bin"), EntryKind::GpusnapData);
         assert_eq!(c("gpusnap-gpu-device-0000.bin"), EntryKind::GpusnapData);
         // Ours by prefix even if a later release adds it: never CRIU's, never the user's.

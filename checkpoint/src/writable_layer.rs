@@ -67,6 +67,8 @@ use crate::beneath;
 /// The record of the writable layer, beside the manifest (outside the inventory: its digest is
 /// in the manifest).
 pub const LISTING_FILE: &str = "gpusnap-writable-layer.jsonl";
+/// Prefix of the listing's temporary name while it is written.
+pub const LISTING_TMP_PREFIX: &str = ".gpusnap-writable-layer.jsonl.tmp";
 /// At most this many entries are described; a larger layer is not recorded (and not restored
 /// under `require`).
 pub const MAX_ENTRIES: usize = 4 << 20;

@@ -723,6 +723,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
             };
             let ex = image::extract_with(&layout_dir, None, dest, &seed, &limits)
                 .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
+            out.pull.signature = ex.signature.clone();
             if dest.parent() == Some(root.as_path()) {
                 out.restore_from = dest
                     .file_name()

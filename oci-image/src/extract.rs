@@ -45,6 +45,9 @@ pub struct Extracted {
     pub layers: usize,
     /// Sum of the layer blob sizes read.
     pub layer_bytes: u64,
+    /// What the origin record says of the signature: the seed's, or, for a pull under
+    /// `require` without a registry signature, the directory signature verified.
+    pub signature: SignatureCheck,
 }
 
 /// What [`extract_as`] records about where an extracted checkpoint came from
@@ -517,7 +520,7 @@ impl Staging {
             source: seed.source.clone(),
             manifest_digest: plan.manifest_digest.to_string(),
             pinned: seed.pinned,
-            signature,
+            signature: signature.clone(),
             rootfs_diff,
         };
         let (origin_fd, origin_dir) = match plan.source_layout {
@@ -554,6 +557,7 @@ impl Staging {
             gpusnap_manifest,
             layers: plan.layers.len(),
             layer_bytes: plan.layers.iter().map(|l| l.desc.size).sum(),
+            signature,
         })
     }
 }

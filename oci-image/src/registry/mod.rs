@@ -1062,7 +1062,7 @@ pub fn pull_extract(
         Some(ns) => Some(std::sync::Arc::new(ns.store.lease()?)),
         None => None,
     };
-    let (report, plan, dir_times) = block_on(pull_extract_async(
+    let (mut report, plan, dir_times) = block_on(pull_extract_async(
         &r,
         &staging,
         opts,
@@ -1077,6 +1077,7 @@ pub fn pull_extract(
     };
     limits.directory_signature = opts.signatures.directory_requirement(&report.signature);
     let extracted = staging.finish(&plan, dir_times, &seed, limits.directory_signature.as_ref())?;
+    report.signature = extracted.signature.clone();
     if let (Some(ns), Some(lease)) = (&opts.store, lease) {
         let layers = plan
             .layers
