@@ -129,7 +129,7 @@ impl Manifest {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SpecRecord {
     Recorded {
-        grants: SpecGrants,
+        grants: Box<SpecGrants>,
     },
     /// It could not be read (why); a restore under `require` is refused.
     Unavailable {

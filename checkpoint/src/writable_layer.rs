@@ -860,6 +860,10 @@ impl Walk<'_> {
     }
 }
 
+/// A file's BLAKE3 (hex), its `security.capability` (hex), and whether both equal the lower
+/// view's file.
+type Hashed = (String, Option<String>, bool);
+
 /// Hashes every regular file described (through the merged root, on all cores) and returns the
 /// entries found identical to the lower view's file.
 fn hash_files(
@@ -873,13 +877,13 @@ fn hash_files(
         return Ok(BTreeSet::new());
     }
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Result<(String, Option<String>, bool), LayerError>)>> =
+    let results: Mutex<Vec<(usize, Result<Hashed, LayerError>)>> =
         Mutex::new(Vec::with_capacity(files.len()));
     let workers = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8)
         .min(files.len());
-    let one = |job: &FileJob| -> Result<(String, Option<String>, bool), LayerError> {
+    let one = |job: &FileJob| -> Result<Hashed, LayerError> {
         let shown = ov.rootfs.join(&job.rel);
         let file =
             beneath::open_file(ov.merged.as_fd(), &job.rel).map_err(io_err("opening", &shown))?;
@@ -1173,7 +1177,7 @@ impl std::fmt::Display for Difference {
 
 /// Compares a restored layer's description (no runtime-made marks) with the record: equal but
 /// for runtime-made entries the restored layer lacks. Both sorted by path.
-pub fn compare(recorded: &[Entry], found: &[Entry]) -> Result<(), Difference> {
+pub fn compare(recorded: &[Entry], found: &[Entry]) -> Result<(), Box<Difference>> {
     let mut first: Option<Difference> = None;
     let mut count = 0;
     let mut note = |path: &str, recorded: Option<&Kind>, found: Option<&Kind>| {
@@ -1219,7 +1223,7 @@ pub fn compare(recorded: &[Entry], found: &[Entry]) -> Result<(), Difference> {
         None => Ok(()),
         Some(mut d) => {
             d.count = count;
-            Err(d)
+            Err(Box::new(d))
         }
     }
 }
@@ -1347,7 +1351,7 @@ mod tests {
             );
             rustix::mount::mount(
                 "overlay",
-                &p.join("m"),
+                p.join("m"),
                 "overlay",
                 rustix::mount::MountFlags::empty(),
                 Some(std::ffi::CString::new(opts).unwrap().as_c_str()),
@@ -1363,7 +1367,7 @@ mod tests {
 
     impl Drop for Mounted {
         fn drop(&mut self) {
-            let _ = rustix::mount::unmount(&self.merged(), rustix::mount::UnmountFlags::DETACH);
+            let _ = rustix::mount::unmount(self.merged(), rustix::mount::UnmountFlags::DETACH);
         }
     }
 
@@ -1388,7 +1392,7 @@ mod tests {
         fs::create_dir_all(l1.join("srv")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &l1.join("srv/gone"),
+            l1.join("srv/gone"),
             FileType::CharacterDevice,
             Mode::from_raw_mode(0),
             0,
@@ -1396,7 +1400,7 @@ mod tests {
         .unwrap();
         fs::create_dir_all(l1.join("opt/x")).unwrap();
         rustix::fs::setxattr(
-            &l1.join("opt/x"),
+            l1.join("opt/x"),
             "trusted.overlay.opaque",
             b"y",
             rustix::fs::XattrFlags::empty(),

@@ -47,7 +47,9 @@ pub(crate) fn record(bundle: &Path, init_pid: u32, image_dir: &Path) -> Containe
     let bytes = config_bytes(bundle);
     let spec = match &bytes {
         Ok(b) => match SpecGrants::from_json(b) {
-            Ok(grants) => SpecRecord::Recorded { grants },
+            Ok(grants) => SpecRecord::Recorded {
+                grants: Box::new(grants),
+            },
             Err(e) => SpecRecord::Unavailable {
                 reason: format!("{}: {e}", bundle.join("config.json").display()),
             },

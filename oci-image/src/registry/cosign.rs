@@ -141,7 +141,7 @@ pub fn verify_directory(
             "the manifest it signs is not the one checked against the image".into(),
         ));
     }
-    signed.covered_container().map_err(|why| refuse(why))?;
+    signed.covered_container().map_err(refuse)?;
     tracing::info!(reference, key = %key.display(), "no registry signature; the checkpoint directory's signature verified");
     Ok(SignatureCheck::DirectoryVerified {
         key: key.display().to_string(),
