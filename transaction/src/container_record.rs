@@ -240,9 +240,18 @@ pub(crate) fn check_layer(
         "writable layer compared with the signed record"
     );
     compared.map_err(|d| {
+        // What the signed layer has and the container lacks: the door may not have applied the
+        // layer at all.
+        let hint = if d.found.is_none() && d.recorded.is_some() {
+            " (a restore without the checkpoint's writable layer — `ctr containers restore` \
+             without --rw, or a checkpoint directory without its rootfs-diff.tar — lacks it: \
+             restore with the layer)"
+        } else {
+            ""
+        };
         format!(
             "the writable layer of the container being restored ({part}) is not the one signed \
-             with the checkpoint: {d}"
+             with the checkpoint: {d}{hint}"
         )
     })
 }
