@@ -70,7 +70,12 @@ fn main() {
     )
     .expect("mounting an overlay (run as root)");
     // The container's writes: new files, some image files rewritten, some removed.
-    fill(&merged.join("data"), files, mib * (1 << 20) / files.max(1), 2);
+    fill(
+        &merged.join("data"),
+        files,
+        mib * (1 << 20) / files.max(1),
+        2,
+    );
     for i in (0..image_files).step_by(50) {
         let f = merged.join(format!("usr/d{:03}/f{i:06}", i % 100));
         if i % 100 == 0 {

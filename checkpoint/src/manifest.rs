@@ -70,8 +70,41 @@ pub struct Manifest {
     /// its writable layer — recorded at seal, so that a signature of this manifest covers them.
     /// Absent in manifests of gpusnap releases before it was recorded: such a checkpoint is
     /// refused under `restore.signature_policy = require`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_container"
+    )]
     pub container: Option<ContainerRecord>,
+}
+
+/// A container record this build cannot read (a later format, a part of a kind it does not
+/// know) does not make the manifest unreadable — an older gpusnap restores newer checkpoints
+/// where the policy does not need the record — but is read as a record whose parts are
+/// unavailable, which `require` refuses with why.
+fn lenient_container<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ContainerRecord>, D::Error> {
+    let Some(v) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let format = v
+        .get("format")
+        .and_then(|f| f.as_u64())
+        .and_then(|f| u32::try_from(f).ok())
+        .unwrap_or(0);
+    Ok(Some(
+        serde_json::from_value::<ContainerRecord>(v).unwrap_or_else(|e| {
+            let reason = format!("this gpusnap cannot read the record ({e})");
+            ContainerRecord {
+                format,
+                spec: SpecRecord::Unavailable {
+                    reason: reason.clone(),
+                },
+                writable_layer: WritableLayerRecord::Unavailable { reason },
+            }
+        }),
+    ))
 }
 
 /// The format of [`ContainerRecord`] this build writes and reads. Within a format fields are
@@ -400,6 +433,26 @@ mod tests {
             m.gpu.unwrap().extra.get("future_gpu_field"),
             Some(&serde_json::json!(true))
         );
+    }
+
+    /// A record of a later format or of kinds this build does not know leaves the manifest
+    /// readable, and is not usable for `require`.
+    #[test]
+    fn an_unreadable_container_record_is_unavailable_not_fatal() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["container"] = serde_json::json!({"format": 2, "spec": {"kind": "future"}, "writable_layer": {"kind": "zfs"}});
+        let m: Manifest = serde_json::from_value(v).unwrap();
+        let why = m.covered_container().unwrap_err();
+        assert!(why.contains("format 2"), "{why}");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["container"] = serde_json::json!({"format": 1, "spec": {"kind": "recorded", "grants": {}}, "writable_layer": {"kind": "zfs"}});
+        let m: Manifest = serde_json::from_value(v).unwrap();
+        let why = m.covered_container().unwrap_err();
+        assert!(why.contains("cannot read the record"), "{why}");
+        assert!(sample()
+            .covered_container()
+            .unwrap_err()
+            .contains("sealed by a gpusnap before"));
     }
 
     #[test]
