@@ -12,6 +12,8 @@
 //!   *.img, stats-dump, descriptors.json   CRIU / runc
 //!   dump.log, restore.log                 CRIU logs (when no separate work dir)
 //!   gpusnap-gpu-<name>                    GPU state files (cuda crate), e.g. gpusnap-gpu-device-0000.bin
+//!   gpusnap-writable-layer.jsonl          the container's writable layer at the dump (its digest
+//!                                         is in the manifest)
 //!   gpusnap-manifest.json                 completeness marker, written last
 //!   .gpusnap-manifest.json.tmp.<pid>.<n>  the manifest while it is written (never survives)
 //! ```
@@ -142,9 +144,10 @@ pub enum EntryKind {
     /// `dump.log`, `restore.log`, `stats-restore` and other `*.log`: written by a dump *or a
     /// restore*, so they may change after the manifest is sealed.
     Log,
-    /// `gpusnap-manifest.json`, its temporary files `.gpusnap-manifest.json.tmp.*`, or its
-    /// signature `gpusnap-manifest.json.sig` (outside the inventory: it is written after the
-    /// seal, and goes when the manifest goes).
+    /// `gpusnap-manifest.json`, its temporary files `.gpusnap-manifest.json.tmp.*`, its
+    /// signature `gpusnap-manifest.json.sig` (written after the seal) or the writable layer's
+    /// listing `gpusnap-writable-layer.jsonl` (whose digest the manifest holds): outside the
+    /// inventory, and gone when the manifest goes.
     Manifest,
     /// Any other `gpusnap-*` file: GPU state (`gpusnap-gpu-*`).
     GpusnapData,
@@ -162,8 +165,13 @@ pub fn classify(rel: &Path) -> EntryKind {
     };
     let name = first.to_string_lossy();
     match name.as_ref() {
-        MANIFEST_FILE | crate::signature::SIGNATURE_FILE => EntryKind::Manifest,
+        MANIFEST_FILE | crate::signature::SIGNATURE_FILE | crate::writable_layer::LISTING_FILE => {
+            EntryKind::Manifest
+        }
         n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
+        // The listing while it is written (`beneath::write_atomically`'s temporary name):
+        // hashed with the rest it would be listed and then missing.
+        n if n.starts_with(crate::writable_layer::LISTING_TMP_PREFIX) => EntryKind::Manifest,
         // Written by a pull beside what it extracted (inside the checkpoint directory for an
         // image built from one), after sealing: not checkpoint data.
         crate::origin::ORIGIN_FILE => EntryKind::Other,
@@ -281,6 +289,11 @@ mod tests {
         assert_eq!(c("gpusnap-manifest.json"), EntryKind::Manifest);
         assert_eq!(c(".gpusnap-manifest.json.tmp.42"), EntryKind::Manifest);
         assert_eq!(c("gpusnap-manifest.json.sig"), EntryKind::Manifest);
+        assert_eq!(c("gpusnap-writable-layer.jsonl"), EntryKind::Manifest);
+        assert_eq!(
+            c(".gpusnap-writable-layer.jsonl.tmp.42.0"),
+            EntryKind::Manifest
+        );
         assert_eq!(c("gpusnap-gpu-ctx-1.bin"), EntryKind::GpusnapData);
         assert_eq!(c("gpusnap-gpu-device-0000.bin"), EntryKind::GpusnapData);
         // Ours by prefix even if a later release adds it: never CRIU's, never the user's.

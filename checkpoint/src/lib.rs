@@ -12,6 +12,11 @@
 //!   damaged.
 //! - [`signature`]: `gpusnap-manifest.json.sig`, the directory's own cosign-format signature
 //!   of the manifest, which every restore door can check.
+//! - [`spec_grants`]: the privilege-relevant fields of a container's spec, recorded in the
+//!   manifest at seal and compared with the restore target's spec.
+//! - [`writable_layer`]: the container's writable layer (the overlay's upper layer) described
+//!   by its effect on the image, recorded beside the manifest at seal and compared with the
+//!   restored container's.
 //! - [`node_origin`]: the node's root-only record of the checkpoints it sealed under
 //!   `restore.checkpoint_root` or root adopted, for restores by pod annotation.
 //! - [`chunks`]: chunked files (content-defined chunks, the chunk list) and their assembly
@@ -37,15 +42,17 @@ pub mod origin;
 pub mod rootfs_diff;
 pub mod scrub;
 pub mod signature;
+pub mod spec_grants;
 pub mod validate;
+pub mod writable_layer;
 
 pub use follow::{FollowedInventory, ImageFollower};
 pub use inventory::{FileRecord, ImageInventory, InventoryError};
 pub use layout::CheckpointLayout;
 pub use manifest::{
-    seal_checkpoint, seal_checkpoint_with, write_manifest_atomically, GpuProcessRecord, GpuSection,
-    HostRecord, Manifest, ManifestError, PhaseTiming, ProcessRecord, MANIFEST_FORMAT_VERSION,
-    MANIFEST_KIND,
+    seal_checkpoint, seal_checkpoint_with, write_manifest_atomically, ContainerRecord,
+    GpuProcessRecord, GpuSection, HostRecord, Manifest, ManifestError, PhaseTiming, ProcessRecord,
+    SpecRecord, CONTAINER_RECORD_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_KIND,
 };
 pub use scrub::{begin_checkpoint, scrub_incomplete, ScrubError, ScrubReport};
 pub use validate::{

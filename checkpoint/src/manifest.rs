@@ -26,6 +26,8 @@ use time::OffsetDateTime;
 
 use crate::inventory::{ImageInventory, InventoryError};
 use crate::layout::CheckpointLayout;
+use crate::spec_grants::SpecGrants;
+use crate::writable_layer::WritableLayerRecord;
 use gpusnap_criu_bridge::CriuFlags;
 
 /// Value of `kind`.
@@ -64,6 +66,108 @@ pub struct Manifest {
     /// Filled by the cuda crate for GPU containers; absent for CPU-only checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSection>,
+    /// What else shapes the restored container — the privilege-relevant fields of its spec and
+    /// its writable layer — recorded at seal, so that a signature of this manifest covers them.
+    /// Absent in manifests of gpusnap releases before it was recorded: such a checkpoint is
+    /// refused under `restore.signature_policy = require`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_container"
+    )]
+    pub container: Option<ContainerRecord>,
+}
+
+/// A container record this build cannot read (a later format, a part of a kind it does not
+/// know) does not make the manifest unreadable — an older gpusnap restores newer checkpoints
+/// where the policy does not need the record — but is read as a record whose parts are
+/// unavailable, which `require` refuses with why.
+fn lenient_container<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ContainerRecord>, D::Error> {
+    let Some(v) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let format = v
+        .get("format")
+        .and_then(|f| f.as_u64())
+        .and_then(|f| u32::try_from(f).ok())
+        .unwrap_or(0);
+    Ok(Some(
+        serde_json::from_value::<ContainerRecord>(v).unwrap_or_else(|e| {
+            let reason = format!("this gpusnap cannot read the record ({e})");
+            ContainerRecord {
+                format,
+                spec: SpecRecord::Unavailable {
+                    reason: reason.clone(),
+                },
+                writable_layer: WritableLayerRecord::Unavailable { reason },
+            }
+        }),
+    ))
+}
+
+/// The format of [`ContainerRecord`] this build writes and reads. Within a format fields are
+/// only added; a record of another format is refused under `require` (made by a newer gpusnap).
+pub const CONTAINER_RECORD_FORMAT: u32 = 1;
+
+/// What shapes a restored container besides its CRIU images (see [`Manifest::container`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    pub format: u32,
+    /// The privilege-relevant fields of the dumped container's spec (`config.json` of its
+    /// bundle; [`crate::spec_grants`]).
+    pub spec: SpecRecord,
+    /// The container's writable layer at the dump ([`crate::writable_layer`]).
+    pub writable_layer: WritableLayerRecord,
+}
+
+impl Manifest {
+    /// The container record, when a signature of this manifest covers everything that shapes
+    /// the restored container; otherwise why not, naming the part: no record (sealed by a
+    /// gpusnap before it was recorded), another format, or a part that could not be recorded.
+    pub fn covered_container(&self) -> Result<&ContainerRecord, String> {
+        let Some(r) = &self.container else {
+            return Err(
+                "its manifest records neither the container's spec nor its writable layer (it \
+                 was sealed by a gpusnap before they were recorded), so a signature of it covers \
+                 only the CRIU images; take the checkpoint again with this gpusnap, whose seal \
+                 records them"
+                    .into(),
+            );
+        };
+        if r.format != CONTAINER_RECORD_FORMAT {
+            return Err(format!(
+                "its container record has format {} (this gpusnap reads \
+                 {CONTAINER_RECORD_FORMAT}): it was made by a newer gpusnap; update this node",
+                r.format
+            ));
+        }
+        if let SpecRecord::Unavailable { reason } = &r.spec {
+            return Err(format!(
+                "the container's spec was not recorded at the checkpoint ({reason})"
+            ));
+        }
+        if let WritableLayerRecord::Unavailable { reason } = &r.writable_layer {
+            return Err(format!(
+                "the container's writable layer was not recorded at the checkpoint ({reason})"
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// The spec part of a [`ContainerRecord`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SpecRecord {
+    Recorded {
+        grants: Box<SpecGrants>,
+    },
+    /// It could not be read (why); a restore under `require` is refused.
+    Unavailable {
+        reason: String,
+    },
 }
 
 /// One process of the checkpointed container.
@@ -148,6 +252,7 @@ impl Manifest {
                 files: Vec::new(),
             },
             gpu: None,
+            container: None,
         }
     }
 
@@ -328,6 +433,26 @@ mod tests {
             m.gpu.unwrap().extra.get("future_gpu_field"),
             Some(&serde_json::json!(true))
         );
+    }
+
+    /// A record of a later format or of kinds this build does not know leaves the manifest
+    /// readable, and is not usable for `require`.
+    #[test]
+    fn an_unreadable_container_record_is_unavailable_not_fatal() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["container"] = serde_json::json!({"format": 2, "spec": {"kind": "future"}, "writable_layer": {"kind": "zfs"}});
+        let m: Manifest = serde_json::from_value(v).unwrap();
+        let why = m.covered_container().unwrap_err();
+        assert!(why.contains("format 2"), "{why}");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["container"] = serde_json::json!({"format": 1, "spec": {"kind": "recorded", "grants": {}}, "writable_layer": {"kind": "zfs"}});
+        let m: Manifest = serde_json::from_value(v).unwrap();
+        let why = m.covered_container().unwrap_err();
+        assert!(why.contains("cannot read the record"), "{why}");
+        assert!(sample()
+            .covered_container()
+            .unwrap_err()
+            .contains("sealed by a gpusnap before"));
     }
 
     #[test]

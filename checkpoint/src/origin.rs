@@ -44,6 +44,12 @@ pub enum SignatureCheck {
     NotChecked,
     /// The policy warned: no valid signature was found.
     Missing { reason: String },
+    /// The node requires signatures and the registry had no valid one for the image (`registry`
+    /// says why), but the extracted checkpoint directory's own signature
+    /// (`gpusnap-manifest.json.sig`) verified with this key, over a manifest that records
+    /// everything that shapes the restored container, before the checkpoint was put in place.
+    /// A restore checks that signature again.
+    DirectoryVerified { key: String, registry: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

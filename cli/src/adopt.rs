@@ -3,7 +3,8 @@
 //! `gpusnap.io/restore-from` restores it like one the node sealed.
 //!
 //! Before anything is recorded, the checkpoint is checked as a restore would check it: the
-//! node's signature policy on its directory signature (`restore.signature_policy`), then the
+//! node's signature policy on its directory signature (`restore.signature_policy`; under
+//! `require` the signed manifest must record the container's spec and writable layer), then the
 //! manifest and every file's digest, the whole tree (no symlink, device or hard link). The
 //! record (`gpusnap_checkpoint::node_origin`) holds the manifest's SHA-256 and, for the
 //! archive layout, the rootfs diff's, so a checkpoint changed after its adoption is refused.
@@ -128,11 +129,30 @@ fn signature_policy(config: &Config, ck: &Path) -> Result<RecordedSignature> {
         !keys.is_empty(),
         "restore.signature_policy = {policy} needs restore.signature_keys"
     );
-    let reason = match dirsig::check_dir(ck, &keys)?.signature {
+    let checked = dirsig::check_dir(ck, &keys)?;
+    let reason = match checked.signature {
         DirSignature::Verified { key } => {
+            // As a restore decides it: the signature must cover everything that shapes the
+            // restored container (the spec and writable layer the seal recorded).
+            let covered = serde_json::from_slice::<gpusnap_checkpoint::Manifest>(&checked.manifest)
+                .map_err(|e| format!("its manifest cannot be read ({e})"))
+                .and_then(|m| m.covered_container().map(|_| ()));
+            match covered {
+                Ok(()) => {}
+                Err(why) if policy == SignaturePolicy::Require => bail!(
+                    "not adopted: {} is signed by {}, but this node requires the signature to \
+                     cover everything that shapes the restored container \
+                     (restore.signature_policy = require), and {why}",
+                    ck.display(),
+                    key.display()
+                ),
+                Err(why) => eprintln!(
+                    "warning: the checkpoint's signature covers only its CRIU images: {why}"
+                ),
+            }
             return Ok(RecordedSignature::Verified {
                 key: key.display().to_string(),
-            })
+            });
         }
         DirSignature::Missing => format!(
             "{} is missing (the checkpoint was not signed)",

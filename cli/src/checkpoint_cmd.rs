@@ -3,6 +3,13 @@
 //! `gpusnap_checkpoint::signature`), on a checkpoint directory or a CRI/Podman checkpoint
 //! archive.
 //!
+//! Both say what the signature covers: the CRIU images and GPU state through the manifest's
+//! digests, and — when this gpusnap's seal recorded them in the manifest — the container's
+//! spec and writable layer, which a node with `restore.signature_policy = require` needs
+//! covered. A checkpoint sealed before they were recorded is signed all the same, with a
+//! warning that such nodes refuse it (its writable layer cannot be described from an archive's
+//! `rootfs-diff.tar` alone: that takes the image below it).
+//!
 //! An archive is rewritten whole: a new archive (same compression) is written to a temporary
 //! file beside it, created exclusively in the archive's own directory, synced, and renamed over
 //! the old one within that directory, so a failure or an interruption leaves the old archive as
@@ -104,20 +111,67 @@ fn target(path: &Path) -> Result<Target> {
     }
 }
 
+/// What a signature of these manifest bytes covers, in words, and whether that is everything a
+/// node requiring signatures needs.
+fn covers(manifest: &[u8]) -> (String, bool) {
+    use gpusnap_checkpoint::writable_layer::WritableLayerRecord;
+    let m: gpusnap_checkpoint::Manifest = match serde_json::from_slice(manifest) {
+        Ok(m) => m,
+        Err(e) => return (format!("unknown: the manifest cannot be read ({e})"), false),
+    };
+    let images = format!(
+        "the CRIU images and GPU state ({} files)",
+        m.images.files.len()
+    );
+    match m.covered_container() {
+        Ok(r) => {
+            let layer = match &r.writable_layer {
+                WritableLayerRecord::Overlay {
+                    entries,
+                    content_bytes,
+                    ..
+                } => format!("{entries} entries, {content_bytes} bytes of content"),
+                WritableLayerRecord::Unavailable { reason } => reason.clone(),
+            };
+            (
+                format!("{images}, the container's spec and its writable layer ({layer})"),
+                true,
+            )
+        }
+        Err(why) => (format!("{images} only: {why}"), false),
+    }
+}
+
+fn print_covers(manifest: &[u8]) {
+    let (what, whole) = covers(manifest);
+    println!("Covers     {what}");
+    if !whole {
+        eprintln!(
+            "gpusnap: warning: nodes with restore.signature_policy = require refuse this \
+             checkpoint: its signature does not cover everything that shapes the restored \
+             container"
+        );
+    }
+}
+
 fn sign(a: SignArgs) -> Result<u8> {
     let key = SigningKey::load(&a.key, KeyAccess::Any)?;
     match target(&a.path)? {
         Target::Dir(dir) => {
             key.sign_dir(&dir)?;
+            let root = gpusnap_checkpoint::beneath::open_root(&dir)
+                .with_context(|| format!("opening {}", dir.display()))?;
+            let manifest = dirsig::read_manifest_bytes(root.as_fd(), &dir)?;
             println!(
                 "Signed     {}\nSignature  {}\nKey        {}",
                 dir.join(MANIFEST_FILE).display(),
                 dir.join(SIGNATURE_FILE).display(),
                 a.key.display()
             );
+            print_covers(&manifest);
         }
         Target::Archive(archive) => {
-            sign_archive(&archive, &key)?;
+            let manifest = sign_archive(&archive, &key)?;
             println!(
                 "Signed     {}!/{ARCHIVE_CHECKPOINT_DIR}/{MANIFEST_FILE}\nSignature  \
                  {}!/{ARCHIVE_CHECKPOINT_DIR}/{SIGNATURE_FILE}\nKey        {}",
@@ -125,6 +179,7 @@ fn sign(a: SignArgs) -> Result<u8> {
                 archive.display(),
                 a.key.display()
             );
+            print_covers(&manifest);
         }
     }
     Ok(0)
@@ -146,11 +201,15 @@ fn verify(config: &Path, a: VerifyArgs) -> Result<u8> {
         .iter()
         .map(|p| TrustedKey::load(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let (shown, verdict) = match target(&a.path)? {
-        Target::Dir(dir) => (
-            dir.display().to_string(),
-            dirsig::check_dir(&dir, &keys)?.signature,
-        ),
+    let (shown, verdict, manifest) = match target(&a.path)? {
+        Target::Dir(dir) => {
+            let checked = dirsig::check_dir(&dir, &keys)?;
+            (
+                dir.display().to_string(),
+                checked.signature,
+                checked.manifest,
+            )
+        }
         Target::Archive(archive) => {
             let file = open_archive(&archive)?.1;
             let (_, found) = scan(&file, &archive)?;
@@ -168,12 +227,14 @@ fn verify(config: &Path, a: VerifyArgs) -> Result<u8> {
             (
                 format!("{}!/{ARCHIVE_CHECKPOINT_DIR}", archive.display()),
                 verdict,
+                found.manifest,
             )
         }
     };
     match verdict {
         DirSignature::Verified { key } => {
             println!("Verified   {shown}\nKey        {}", key.display());
+            print_covers(&manifest);
             Ok(0)
         }
         DirSignature::Missing => {
@@ -307,7 +368,8 @@ fn scan(file: &File, archive: &Path) -> Result<(Compression, Found)> {
 }
 
 /// Signs the manifest inside `archive` and rewrites it with the signature beside the manifest.
-pub fn sign_archive(archive: &Path, key: &SigningKey) -> Result<()> {
+/// Signs the manifest inside `archive`, rewriting it; returns the manifest's bytes.
+pub fn sign_archive(archive: &Path, key: &SigningKey) -> Result<Vec<u8>> {
     let (dir, file, name) = open_archive(archive)?;
     let (compression, found) = scan(&file, archive)?;
     let signature = key.sign(&found.manifest)?;
@@ -343,7 +405,7 @@ pub fn sign_archive(archive: &Path, key: &SigningKey) -> Result<()> {
     if written.is_err() {
         let _ = rustix::fs::unlinkat(dir.as_fd(), tmp_name.as_str(), rustix::fs::AtFlags::empty());
     }
-    written
+    written.map(|()| found.manifest)
 }
 
 /// Copies every entry of `file` into `out` (same compression) except an old signature, then

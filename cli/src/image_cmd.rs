@@ -621,6 +621,10 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
         signatures: SignatureOptions {
             policy: cfg.restore.signature_policy,
             keys: cfg.restore.signature_keys.clone(),
+            // Extracting: under `require` the checkpoint's own signature may vouch for an image
+            // the registry has no signature for; it is verified before the checkpoint is put in
+            // place.
+            directory_may_vouch: extract.is_some(),
         },
         store: crate::store_cmd::node_store(cfg)?,
         progress,
@@ -716,9 +720,11 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
             let limits = image::ExtractOptions {
                 max_layer_bytes: opts.max_blob_bytes,
                 decryption: opts.decryption.clone(),
+                directory_signature: opts.signatures.directory_requirement(&out.pull.signature),
             };
             let ex = image::extract_with(&layout_dir, None, dest, &seed, &limits)
                 .with_context(|| format!("extracting {} into {}", a.reference, dest.display()))?;
+            out.pull.signature = ex.signature.clone();
             if dest.parent() == Some(root.as_path()) {
                 out.restore_from = dest
                     .file_name()
@@ -774,6 +780,10 @@ fn render_pull(o: &PullOutput) -> String {
                 SignatureCheck::Missing { reason } => {
                     format!("MISSING ({reason}); kept because restore.signature_policy = warn")
                 }
+                SignatureCheck::DirectoryVerified { key, registry } => format!(
+                    "the checkpoint's own signature verified with {key} (no registry signature: \
+                     {registry})"
+                ),
             },
         ),
     ];

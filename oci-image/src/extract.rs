@@ -45,6 +45,9 @@ pub struct Extracted {
     pub layers: usize,
     /// Sum of the layer blob sizes read.
     pub layer_bytes: u64,
+    /// What the origin record says of the signature: the seed's, or, for a pull under
+    /// `require` without a registry signature, the directory signature verified.
+    pub signature: SignatureCheck,
 }
 
 /// What [`extract_as`] records about where an extracted checkpoint came from
@@ -66,6 +69,10 @@ pub struct ExtractOptions {
     pub max_layer_bytes: u64,
     /// Keys for encrypted layers (ocicrypt format); none: an encrypted layer is refused.
     pub decryption: crate::crypt::Decryption,
+    /// A pull under `restore.signature_policy = require` without a valid registry signature:
+    /// the checkpoint directory's own signature must verify before it is put in place
+    /// ([`crate::registry::cosign::verify_directory`]).
+    pub directory_signature: Option<crate::registry::cosign::DirectorySignatureRequired>,
 }
 
 impl Default for ExtractOptions {
@@ -73,6 +80,7 @@ impl Default for ExtractOptions {
         ExtractOptions {
             max_layer_bytes: crate::registry::DEFAULT_MAX_BLOB_BYTES,
             decryption: Default::default(),
+            directory_signature: None,
         }
     }
 }
@@ -141,7 +149,7 @@ pub fn extract_with(
             None,
         )?;
     }
-    let extracted = staging.finish(&plan, dir_times, seed)?;
+    let extracted = staging.finish(&plan, dir_times, seed, opts.directory_signature.as_ref())?;
     tracing::info!(
         image = %src.location(),
         dest = %dest.display(),
@@ -426,6 +434,7 @@ impl Staging {
         plan: &ExtractPlan,
         mut dir_times: Vec<(String, u64)>,
         seed: &OriginSeed,
+        directory_signature: Option<&crate::registry::cosign::DirectorySignatureRequired>,
     ) -> Result<Extracted, ImageError> {
         let staging = self.path.clone();
         let dest = self.dest.clone();
@@ -486,12 +495,24 @@ impl Staging {
                 ))
             }
         };
+        // Under `require` without a registry signature: the directory's own signature, checked
+        // on the staged checkpoint, before anything is put in place.
+        let signature = match directory_signature {
+            Some(req) => crate::registry::cosign::verify_directory(
+                &staged_cp,
+                &gpusnap_manifest,
+                req,
+                &seed.source,
+                &plan.manifest_digest,
+            )?,
+            None => seed.signature.clone(),
+        };
         let origin = Origin {
             format: ORIGIN_FORMAT,
             source: seed.source.clone(),
             manifest_digest: plan.manifest_digest.to_string(),
             pinned: seed.pinned,
-            signature: seed.signature.clone(),
+            signature: signature.clone(),
             rootfs_diff,
         };
         let (origin_fd, origin_dir) = match plan.source_layout {
@@ -528,6 +549,7 @@ impl Staging {
             gpusnap_manifest,
             layers: plan.layers.len(),
             layer_bytes: plan.layers.iter().map(|l| l.desc.size).sum(),
+            signature,
         })
     }
 }

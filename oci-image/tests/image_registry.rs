@@ -518,7 +518,11 @@ fn signatures_require_warn_off() {
     image::push(&layout, &unsigned, &o).unwrap();
 
     let with = |policy, keys: Vec<PathBuf>| RegistryOptions {
-        signatures: SignatureOptions { policy, keys },
+        signatures: SignatureOptions {
+            policy,
+            keys,
+            ..Default::default()
+        },
         ..o.clone()
     };
     let out = w.join("out");

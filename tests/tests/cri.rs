@@ -382,6 +382,22 @@ fn assert_archive_layout(
         if name == "gpusnap-manifest.json" || is_log {
             continue;
         }
+        // The writable layer's record: outside the inventory, sealed by the size and BLAKE3
+        // the manifest's container record holds.
+        if name == "gpusnap-writable-layer.jsonl" {
+            let layer = &m["container"]["writable_layer"];
+            ensure!(
+                layer["listing_bytes"] == *size
+                    && layer["listing_blake3"].as_str()
+                        == Some(
+                            blake3::hash(&fs::read(root.join("checkpoint").join(name))?)
+                                .to_hex()
+                                .as_str()
+                        ),
+                "checkpoint/{name} is not the listing the manifest records: {layer}"
+            );
+            continue;
+        }
         ensure!(
             listed.get(name) == Some(size),
             "checkpoint/{name} ({size} bytes) not sealed by the manifest"

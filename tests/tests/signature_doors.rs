@@ -31,8 +31,9 @@ use gpusnap_testkit::counter::{
 };
 use gpusnap_testkit::fixtures::{make_checkpoint_dir, tar_tree};
 use gpusnap_testkit::signing::{
-    archive_checkpoint_file, keypair, openssl_verify, set_policy, CriSigNode, KeyPair, Policy,
-    MANIFEST, SIGNATURE,
+    archive_checkpoint_file, archive_with_diff_file, keypair, layer_with_file, openssl_verify,
+    set_policy, spec_blob_edited, CheckpointBlob, CriSigNode, KeyPair, Policy, MANIFEST,
+    RW_LAYER_MEDIA_TYPE, SIGNATURE, SPEC_MEDIA_TYPE,
 };
 use gpusnap_testkit::{
     describe, gpusnap, text, unique, OutputExt, Registry, RigOptions, Runtime, TaskState,
@@ -371,9 +372,9 @@ fn cri_archives_restore_across_nodes_only_when_signed_by_a_trusted_key() {
 
 /// Checkpoint images (`gpusnap image build` / `push`, CRI pull) and `gpusnap.io/restore-from`
 /// under require on B: the directory signature made on A travels through build, push, pull
-/// and extraction and is accepted by both doors; the unsigned image is refused by both — until
-/// its registry signature (`gpusnap image sign`) is verified at pull, which the annotation door
-/// passes on to the transaction as evidence.
+/// (under require too) and extraction and is accepted by both doors; the unsigned image is
+/// refused by both (the pull refuses it) — until its registry signature (`gpusnap image sign`)
+/// is verified at pull, which the annotation door passes on to the transaction as evidence.
 #[test]
 fn cri_checkpoint_images_and_restore_from_under_require() {
     check(|| {
@@ -394,38 +395,31 @@ fn cri_checkpoint_images_and_restore_from_under_require() {
         t.b.restore(&unique("img-s"), &signed_ref, &[], &s_count)?
             .running()?;
 
-        // Extracted under B's checkpoint root by a pull that checks no registry signature
-        // (another config, same root), then named by the annotation.
+        // Extracted under B's checkpoint root by B's own pull (require): the signed one is
+        // accepted on its directory signature, the unsigned one refused at pull; the
+        // annotation then names what was pulled.
         let root = t.b.node.checkpoint_root();
-        let pull_config = t.work.path().join("pull.toml");
-        fs::write(
-            &pull_config,
-            format!("[restore]\ncheckpoint_root = {:?}\n", s(&root)),
-        )?;
         for (tag, name) in [("signed", "ck-signed"), ("unsigned", "ck-unsigned")] {
-            gpusnap_ok(&[
+            let out = gpusnap([
                 "--config",
-                s(&pull_config),
+                s(t.b.node.config_path()),
                 "image",
                 "pull",
                 &t.reg.url(&format!("gpusnap/ck:{tag}")),
                 "--extract",
                 name,
-            ])?;
+            ]);
+            ensure!(
+                out.status.success() == (tag == "signed"),
+                "pull of {tag}: {}",
+                describe(&out)
+            );
         }
         ensure!(
             root.join("ck-signed/checkpoint").join(SIGNATURE).is_file(),
             "the signature did not survive build, push, pull and extraction"
         );
-        let err =
-            t.b.restore(
-                &unique("rf-u"),
-                &t.b.busybox,
-                &[("gpusnap.io/restore-from", "ck-unsigned")],
-                &u_count,
-            )?
-            .refusal()?;
-        assert_refusal(&err, "was pulled without a verified signature")?;
+        ensure!(!root.join("ck-unsigned").exists());
         t.b.restore(
             &unique("rf-s"),
             &t.b.busybox,
@@ -531,7 +525,45 @@ fn podman_import_and_restore_under_require() {
         p.ok(&["container", "restore", "--import", s(&sealed), "--name", &d])?;
         pm::check_continues(&d, &before, || p.count(&d))?;
 
-        for name in [&a, &b, &c, &d] {
+        // Signed at seal, its rootfs diff replaced (one file added): Podman applies it, the
+        // restore compares the container's writable layer with the signed one and refuses.
+        let plain = p.dir().join("d.tar");
+        p.ok(&[
+            "container",
+            "checkpoint",
+            "--export",
+            s(&plain),
+            "--compress",
+            "none",
+            &d,
+        ])?;
+        let replaced = p.dir().join("d-replaced.tar");
+        archive_with_diff_file(&plain, &replaced, EVIL, EVIL_DATA)?;
+        let e = unique("gps-e");
+        let out = p.run(&[
+            "container",
+            "restore",
+            "--import",
+            s(&replaced),
+            "--name",
+            &e,
+        ])?;
+        ensure!(
+            !out.status.success(),
+            "an export with a replaced rootfs diff was imported: {}",
+            describe(&out)
+        );
+        let err = text(&out.stderr);
+        for part in ["writable layer", "rootfs-diff.tar", &format!("/{EVIL}")] {
+            ensure!(
+                err.contains(part),
+                "{part:?} missing from the refusal: {err}"
+            );
+        }
+        let f = unique("gps-f");
+        p.ok(&["container", "restore", "--import", s(&plain), "--name", &f])?;
+
+        for name in [&a, &b, &c, &d, &e, &f] {
             let _ = p.run(&["rm", "-f", "-t", "1", name]);
         }
         Ok(())
@@ -606,7 +638,295 @@ fn crio_restore_under_require() {
             restore(&unique("gcs-n"), &archive, &before)?.is_none(),
             "refused"
         );
+        // The same export, its rootfs diff replaced (one file added): CRI-O applies it, the
+        // restore compares the container's writable layer with the signed one and refuses.
+        let replaced = c.dir().join("d-replaced.tar");
+        archive_with_diff_file(&archive, &replaced, EVIL, EVIL_DATA)?;
+        let err = restore(&unique("gcs-r"), &replaced, &before)?
+            .context("an export with a replaced rootfs diff was restored")?;
+        for part in ["writable layer", "rootfs-diff.tar", &format!("/{EVIL}")] {
+            ensure!(
+                err.contains(part),
+                "{part:?} missing from the refusal: {err}"
+            );
+        }
         c.remove_all_pods()?;
+        Ok(())
+    })
+}
+
+// ----- require covers every part of the checkpoint (issue 28, finding 3) ------------------
+
+/// A file the replaced layers add: what an attacker would make the restored container run.
+const EVIL: &str = "bin/gpusnap-evil";
+const EVIL_DATA: &[u8] = b"#!/bin/sh\necho owned > /dev/kmsg\n";
+
+/// Which shim `ctr` restores through.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CtrDoor {
+    /// containerd-shim-gpusnap-v2.
+    Shim,
+    /// containerd-shim-runc-v2 with gpusnap-runc as its runc binary (`BinaryName`, carried by
+    /// the checkpoint image's runtime options into the restore).
+    RuncV2GpusnapRunc,
+}
+
+/// A private containerd whose gpusnap (shim or gpusnap-runc, through `GPUSNAP_CONFIG`)
+/// requires checkpoints signed by `k.a` and signs at seal with it.
+fn require_rig(k: &Keys, door: CtrDoor, dir: &Path) -> Result<CkRig> {
+    let config = dir.join("gpusnap.toml");
+    // gpusnap-runc runs runc, which runs criu from its PATH: name CRIU's directory.
+    fs::write(&config, gpusnap_testkit::paths::criu_config())?;
+    set_policy(&config, &require(&k.a.public, Some(&k.a.private)))?;
+    CkRig::start_with(RigOptions {
+        require_gpusnap: door == CtrDoor::Shim,
+        containerd_env: vec![("GPUSNAP_CONFIG".into(), s(&config).into())],
+        ..RigOptions::default()
+    })
+}
+
+/// The counter on `door`, checkpointed with `ctr containers checkpoint --task --rw` into
+/// `image` (signed at seal), then killed and removed.
+fn ctr_checkpoint_on(rig: &CkRig, door: CtrDoor, id: &str, image: &str) -> Result<Count> {
+    let run = run_token();
+    match door {
+        CtrDoor::Shim => {
+            rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", COUNTER, run.as_str()])?;
+        }
+        CtrDoor::RuncV2GpusnapRunc => {
+            let opts = gpusnap_testkit::RunOpts {
+                extra_args: vec![
+                    "--runc-binary".into(),
+                    gpusnap_testkit::binary("gpusnap-runc")
+                        .display()
+                        .to_string(),
+                ],
+                ..Default::default()
+            };
+            rig.run_detached_with(
+                Runtime::RuncV2,
+                id,
+                &["sh", "-c", COUNTER, run.as_str()],
+                &opts,
+            )?;
+        }
+    }
+    let before = wait_count(&run, id, WARM, || ctr_count(rig, id))?;
+    container_checkpoint_ok(rig, id, image, true)?;
+    kill_and_remove(rig, id)?;
+    Ok(before)
+}
+
+/// Under require, through `door`: the node-signed checkpoint image restores and goes on; the
+/// same image with its rw layer replaced (one file added) or its spec widened
+/// (`linux.resources.devices` = `a *:* rwm`) is refused before CRIU runs, the refusal naming
+/// the part (and the first differing path, or the field).
+fn ctr_require_covers_every_part(door: CtrDoor) -> Result<()> {
+    let k = keys()?;
+    let dir = tempfile::tempdir()?;
+    let rig = require_rig(&k, door, dir.path())?;
+    let image = "ck/whole:1";
+    let before = ctr_checkpoint_on(&rig, door, "whole", image)?;
+
+    // The rw layer replaced: containerd applies it to the new container's snapshot.
+    let rw = CheckpointBlob::of(&rig, image, RW_LAYER_MEDIA_TYPE)?;
+    rw.replace(&layer_with_file(rw.pristine(), EVIL, EVIL_DATA)?)?;
+    let err = ctr_restore(&rig, "rw-replaced", image, &before)?
+        .context("a checkpoint whose rw layer was replaced was restored under require")?;
+    for part in [
+        "writable layer",
+        "rw layer",
+        &format!("/{EVIL}"),
+        "signature_policy = require",
+    ] {
+        ensure!(
+            err.contains(part),
+            "{part:?} missing from the refusal: {err}"
+        );
+    }
+    ensure!(
+        !err.contains("criu failed"),
+        "refused by CRIU, not before it: {err}"
+    );
+    eprintln!("{door:?}, rw layer replaced: refused as it must be: {err}");
+    rig.ctr(&["containers", "delete", "rw-replaced"])?;
+    rw.put_back()?;
+
+    // The spec widened: containerd writes it as the new container's config.json.
+    let spec = CheckpointBlob::of(&rig, image, SPEC_MEDIA_TYPE)?;
+    spec.replace(&spec_blob_edited(spec.pristine(), |v| {
+        v["linux"]["resources"]["devices"] = serde_json::json!([{"allow": true, "access": "rwm"}]);
+    })?)?;
+    let err = ctr_restore(&rig, "spec-widened", image, &before)?
+        .context("a checkpoint whose spec was widened was restored under require")?;
+    for part in [
+        "the spec of the container being restored",
+        "linux.resources.devices",
+        "signature_policy = require",
+    ] {
+        ensure!(
+            err.contains(part),
+            "{part:?} missing from the refusal: {err}"
+        );
+    }
+    eprintln!("{door:?}, spec widened: refused as it must be: {err}");
+    rig.ctr(&["containers", "delete", "spec-widened"])?;
+    spec.put_back()?;
+
+    // As signed: restored, the counter goes on.
+    ensure!(
+        ctr_restore(&rig, "as-signed", image, &before)?.is_none(),
+        "the signed checkpoint was refused"
+    );
+    Ok(())
+}
+
+#[test]
+fn ctr_through_the_shim_require_covers_the_rw_layer_and_the_spec() {
+    check(|| ctr_require_covers_every_part(CtrDoor::Shim))
+}
+
+#[test]
+fn ctr_through_runc_v2_and_gpusnap_runc_require_covers_the_rw_layer_and_the_spec() {
+    check(|| ctr_require_covers_every_part(CtrDoor::RuncV2GpusnapRunc))
+}
+
+/// CRI (crictl, containerd) under require on B: A's export, signed at seal, restores; the same
+/// archive with its `rootfs-diff.tar` replaced (one file added; containerd applies it between
+/// the shim's Create and Start) is refused before CRIU runs, naming `rootfs-diff.tar` and the
+/// path.
+#[test]
+fn cri_require_refuses_a_replaced_rootfs_diff() {
+    check(|| {
+        let t = two_nodes()?;
+        let (signed, count) = t.export(&t.a, "diff")?;
+        let replaced = t.work.path().join("diff-replaced.tar");
+        archive_with_diff_file(&signed, &replaced, EVIL, EVIL_DATA)?;
+        ensure!(
+            archive_checkpoint_file(&replaced, SIGNATURE)?
+                == archive_checkpoint_file(&signed, SIGNATURE)?,
+            "the replaced archive must carry A's signature unchanged"
+        );
+        let err =
+            t.b.restore(&unique("diff-replaced"), s(&replaced), &[], &count)?
+                .refusal()?;
+        for part in [
+            "writable layer",
+            "rootfs-diff.tar",
+            &format!("/{EVIL}"),
+            "signature_policy = require",
+        ] {
+            ensure!(
+                err.contains(part),
+                "{part:?} missing from the refusal: {err}"
+            );
+        }
+        ensure!(
+            !err.contains("criu failed"),
+            "refused by CRIU, not before it: {err}"
+        );
+        eprintln!("CRI, rootfs-diff.tar replaced: refused as it must be: {err}");
+        t.b.restore(&unique("diff-signed"), s(&signed), &[], &count)?
+            .running()?;
+        Ok(())
+    })
+}
+
+/// `gpusnap.io/restore-from` after `gpusnap image pull --extract` on B, whose policy is
+/// `require` for the pull too: an image with no registry signature but whose checkpoint
+/// directory A signed at seal is pulled (verified after extraction, before it is put in
+/// place) and restores; the same checkpoint with its rootfs diff replaced is pulled (the
+/// directory signature holds) but refused at restore, before CRIU runs, naming
+/// `rootfs-diff.tar` and the path; B's own unsigned export is refused at pull and leaves
+/// nothing in the checkpoint root.
+#[test]
+fn restore_from_after_a_pull_under_require_covers_the_rootfs_diff() {
+    check(|| {
+        let t = two_nodes()?;
+        let (signed, count) = t.export(&t.a, "rf")?;
+        let replaced = t.work.path().join("rf-replaced.tar");
+        archive_with_diff_file(&signed, &replaced, EVIL, EVIL_DATA)?;
+        let (unsigned, _) = t.export(&t.b, "rf-unsigned")?;
+        for (archive, tag) in [
+            (&signed, "signed"),
+            (&replaced, "replaced"),
+            (&unsigned, "unsigned"),
+        ] {
+            publish_archive(&t.reg, archive, &format!("gpusnap/rf:{tag}"), t.work.path())?;
+        }
+        let root = t.b.node.checkpoint_root();
+        let pull = |tag: &str, name: &str| {
+            gpusnap([
+                "--config",
+                s(t.b.node.config_path()),
+                "image",
+                "pull",
+                &t.reg.url(&format!("gpusnap/rf:{tag}")),
+                "--extract",
+                name,
+            ])
+        };
+        for (tag, name) in [("signed", "rf-signed"), ("replaced", "rf-replaced")] {
+            let out = pull(tag, name);
+            ensure!(
+                out.status.success(),
+                "pull of {tag} under require: {}",
+                describe(&out)
+            );
+            ensure!(
+                text(&out.stdout).contains("the checkpoint's own signature verified"),
+                "{}",
+                describe(&out)
+            );
+        }
+        let out = pull("unsigned", "rf-unsigned");
+        ensure!(
+            !out.status.success(),
+            "an unsigned image was pulled under require: {}",
+            describe(&out)
+        );
+        let err = text(&out.stderr);
+        ensure!(
+            err.contains("signature_policy = require") && err.contains(SIGNATURE),
+            "{err}"
+        );
+        let left: Vec<String> = fs::read_dir(&root)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        ensure!(
+            !left.iter().any(|n| n.contains("rf-unsigned")),
+            "the refused pull left {left:?} in {}",
+            root.display()
+        );
+
+        let err =
+            t.b.restore(
+                &unique("rf-replaced"),
+                &t.b.busybox,
+                &[("gpusnap.io/restore-from", "rf-replaced")],
+                &count,
+            )?
+            .refusal()?;
+        for part in [
+            "writable layer",
+            "rootfs-diff.tar",
+            "applied by gpusnap",
+            &format!("/{EVIL}"),
+            "signature_policy = require",
+        ] {
+            ensure!(
+                err.contains(part),
+                "{part:?} missing from the refusal: {err}"
+            );
+        }
+        eprintln!("restore-from, rootfs diff replaced: refused as it must be: {err}");
+        t.b.restore(
+            &unique("rf-signed"),
+            &t.b.busybox,
+            &[("gpusnap.io/restore-from", "rf-signed")],
+            &count,
+        )?
+        .running()?;
         Ok(())
     })
 }

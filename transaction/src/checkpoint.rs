@@ -7,7 +7,8 @@
 //! [frozen by the caller, GPU: thaw for the driver]
 //! [GPU: lock → checkpoint]  → (refreeze; with exit: freeze) → runc checkpoint --leave-running
 //!   → [GPU, leave running: restore → unlock]                           ← any failure rolls back
-//! seal: digest every file, write the manifest last                    ← failure: scrub, resume CUDA
+//! seal: record the container's spec grants and writable layer, digest every file, write the
+//!   manifest last, sign it                                            ← failure: scrub, resume CUDA
 //! exit requested: only now kill the container
 //! ```
 //!
@@ -241,6 +242,15 @@ fn checkpoint_inner(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoi
         }
     }
     drop(criu);
+    // What else shapes a restore of this container (its spec's grants, its writable layer),
+    // recorded while the rest of the images is hashed, so the signature covers it too.
+    let t = Instant::now();
+    manifest.container = Some(crate::container_record::record(
+        &req.bundle,
+        req.init_pid,
+        image_dir,
+    ));
+    timings.add("container-record", t.elapsed());
     timings.record_into(&mut manifest);
     crate::failpoint::reached(crate::failpoint::BEFORE_SEAL);
 

@@ -11,6 +11,7 @@
 
 pub mod cgroup;
 pub mod checkpoint;
+mod container_record;
 pub mod criu;
 pub mod deadline;
 pub mod error;

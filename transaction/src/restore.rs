@@ -254,6 +254,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     // the spec of the container being created (`privilege.rs`).
     let t = Instant::now();
     let spec = crate::privilege::read_spec(&req.bundle)?;
+    admitted.check_spec(&req.bundle)?;
     crate::privilege::check(&spec, ckpt)?;
     end_phase(
         &deadline,
@@ -322,6 +323,11 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
             t,
         )?;
     }
+
+    // The writable layer as the runtime or the diff left it, compared with the signed one.
+    let t = Instant::now();
+    admitted.check_layer(&rootfs, req.rootfs_diff.as_ref().map(|d| d.path.as_path()))?;
+    timings.add("layer-check", t.elapsed());
 
     // After the diff, which may bring them: CRIU reopens every open file by its path and
     // fails mid-restore on one the rootfs lacks (`open_files.rs`).
@@ -452,6 +458,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
         gpu_gate_ms = timings.ms("gpu-gate"),
         criu_prepare_ms = timings.ms("criu-prepare"),
         rootfs_diff_ms = timings.ms("rootfs-diff"),
+        layer_check_ms = timings.ms("layer-check"),
         open_files_check_ms = timings.ms("open-files-check"),
         criu_restore_ms = timings.ms("criu-restore"),
         cuda_restore_ms = timings.ms("cuda-restore"),

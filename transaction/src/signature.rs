@@ -11,6 +11,18 @@
 //! | `off` | restored, nothing is read | restored |
 //! | `warn` | restored | logged, restored |
 //! | `require` | restored | refused before anything runs |
+//!
+//! A directory signature covers the manifest, and the manifest records what else shapes the
+//! restored container: the privilege-relevant fields of the dumped container's spec and its
+//! writable layer (`container_record.rs`). When the directory signature is what admitted the
+//! checkpoint, the restore compares both with the container being created ([`Admission::
+//! check_spec`], before anything runs; [`Admission::check_layer`], after the runtime or gpusnap
+//! applied the layer and before CRIU runs): under `require` a difference refuses, naming the
+//! part; under `warn` it is logged. Under `require` a signed manifest without that record
+//! (sealed by an older gpusnap), or with a part that could not be recorded, is refused with why.
+//! A registry signature verified at pull covers the whole image instead (the rootfs diff's
+//! digest in the origin record is checked before it is applied, and that door's spec is the
+//! pod's).
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +30,7 @@ use gpusnap_checkpoint::origin::SignatureCheck;
 use gpusnap_checkpoint::signature::{
     self as dirsig, DirSignature, KeyAccess, SigningKey, TrustedKey,
 };
-use gpusnap_checkpoint::Manifest;
+use gpusnap_checkpoint::{ContainerRecord, Manifest};
 use gpusnap_config::{Config, SignaturePolicy};
 
 use crate::error::{Error, Result};
@@ -56,6 +68,10 @@ pub(crate) struct Admission {
     /// The manifest bytes whose digest the node's record holds (a node-local checkpoint).
     recorded_manifest: Option<Vec<u8>>,
     dir: PathBuf,
+    /// The container record the verified directory signature covers, compared with the
+    /// container being restored; `enforce`: a difference refuses (`require`) or is logged
+    /// (`warn`).
+    covered: Option<(ContainerRecord, bool)>,
 }
 
 impl Admission {
@@ -82,6 +98,64 @@ impl Admission {
         }
         Ok(())
     }
+
+    /// The spec of the container being created (`<bundle>/config.json`) grants nothing beyond
+    /// the signed record's.
+    pub(crate) fn check_spec(&self, bundle: &Path) -> Result<()> {
+        let Some((record, enforce)) = &self.covered else {
+            return Ok(());
+        };
+        self.verdict(
+            *enforce,
+            "spec",
+            crate::container_record::check_spec(record, bundle),
+        )
+    }
+
+    /// The writable layer of the container being restored (the overlay at `rootfs`, after the
+    /// runtime or gpusnap applied the checkpoint's layer) is the signed one. `applied_here`:
+    /// the rootfs diff gpusnap applied, if it did.
+    pub(crate) fn check_layer(&self, rootfs: &Path, applied_here: Option<&Path>) -> Result<()> {
+        let Some((record, enforce)) = &self.covered else {
+            return Ok(());
+        };
+        let part = crate::container_record::layer_part(&self.dir, applied_here);
+        self.verdict(
+            *enforce,
+            "writable layer",
+            crate::container_record::check_layer(record, &self.dir, rootfs, &part),
+        )
+    }
+
+    fn verdict(
+        &self,
+        enforce: bool,
+        part: &str,
+        found: std::result::Result<(), String>,
+    ) -> Result<()> {
+        let Err(why) = found else {
+            return Ok(());
+        };
+        if !enforce {
+            tracing::warn!(dir = %self.dir.display(), part, why, "restoring a container that differs from its signed checkpoint (restore.signature_policy = warn)");
+            return Ok(());
+        }
+        Err(Error::precondition(format!(
+            "{why}. The checkpoint in {} is signed, and this node requires what it restores to \
+             be what was signed (restore.signature_policy = require): the {part} was changed \
+             after the checkpoint was signed, or the container is not specified like the one \
+             checkpointed; restore the checkpoint as it was taken",
+            self.dir.display()
+        )))
+    }
+}
+
+/// The container record in the manifest bytes a directory signature verified, if usable, or
+/// why not.
+fn covered_record(manifest: &[u8]) -> std::result::Result<ContainerRecord, String> {
+    let m: Manifest = serde_json::from_slice(manifest)
+        .map_err(|e| format!("its manifest cannot be read ({e})"))?;
+    m.covered_container().cloned()
 }
 
 /// The node's policy on the checkpoint in `dir`, before anything of it is read for a restore.
@@ -95,6 +169,7 @@ pub(crate) fn admit(
         signed_manifest: None,
         recorded_manifest: recorded_manifest(dir, evidence)?,
         dir: dir.to_path_buf(),
+        covered: None,
     };
     if policy == SignaturePolicy::Off {
         return Ok(admission);
@@ -105,6 +180,21 @@ pub(crate) fn admit(
     })?;
     if let DirSignature::Verified { key } = &checked.signature {
         tracing::info!(dir = %dir.display(), key = %key.display(), "checkpoint signature verified");
+        match covered_record(&checked.manifest) {
+            Ok(record) => admission.covered = Some((record, policy == SignaturePolicy::Require)),
+            Err(why) if policy == SignaturePolicy::Require => {
+                return Err(Error::precondition(format!(
+                    "the checkpoint in {} is signed by {}, but the signature does not cover \
+                     everything that shapes the restored container, and this node requires \
+                     it to (restore.signature_policy = require): {why}",
+                    dir.display(),
+                    key.display()
+                )))
+            }
+            Err(why) => {
+                tracing::warn!(dir = %dir.display(), why, "the checkpoint's signature covers only its CRIU images (restore.signature_policy = warn)")
+            }
+        }
         admission.signed_manifest = Some(checked.manifest);
         return Ok(admission);
     }
@@ -185,6 +275,10 @@ fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence
                     "not checked (the pulling node's policy was off)".to_owned()
                 }
                 SignatureCheck::Verified { .. } => unreachable!("a verified pull is admitted"),
+                SignatureCheck::DirectoryVerified { key, registry } => format!(
+                    "its directory signature verified with {key} at pull, and no longer does \
+                     ({registry})"
+                ),
             };
             format!("{own}; its image {source} was pulled without a verified signature: {pulled}")
         }
@@ -260,13 +354,32 @@ mod tests {
         (private, public)
     }
 
+    /// A sealed checkpoint whose manifest records its container, as this gpusnap's seal does.
     fn sealed(root: &Path) -> (PathBuf, Manifest) {
+        sealed_with(root, Some(record()))
+    }
+
+    fn record() -> ContainerRecord {
+        use gpusnap_checkpoint::writable_layer::{record_of, WritableLayerRecord};
+        let listing = Vec::new();
+        let layer = record_of(&[], &listing);
+        assert!(matches!(layer, WritableLayerRecord::Overlay { .. }));
+        ContainerRecord {
+            format: gpusnap_checkpoint::CONTAINER_RECORD_FORMAT,
+            spec: gpusnap_checkpoint::SpecRecord::Recorded {
+                grants: Default::default(),
+            },
+            writable_layer: layer,
+        }
+    }
+
+    fn sealed_with(root: &Path, container: Option<ContainerRecord>) -> (PathBuf, Manifest) {
         let dir = root.join("ck");
         std::fs::create_dir(&dir).unwrap();
         std::fs::write(dir.join("pages-1.img"), b"pages").unwrap();
-        let m =
-            gpusnap_checkpoint::seal_checkpoint(&dir, Manifest::new("c1", CriuFlags::default()))
-                .unwrap();
+        let mut m = Manifest::new("c1", CriuFlags::default());
+        m.container = container;
+        let m = gpusnap_checkpoint::seal_checkpoint(&dir, m).unwrap();
         (dir, m)
     }
 
@@ -334,6 +447,60 @@ mod tests {
         assert!(dir.join(SIGNATURE_FILE).exists());
         let msg = refusal(admit(&require, &dir, &none));
         assert!(msg.contains("not a signature of this manifest"), "{msg}");
+    }
+
+    /// A signature over a manifest that records only the CRIU images (an older gpusnap's
+    /// seal), or that could not record a part, does not admit under require, naming why; warn
+    /// admits it.
+    #[test]
+    fn require_refuses_a_signature_that_covers_only_the_criu_images() {
+        use gpusnap_checkpoint::writable_layer::WritableLayerRecord;
+        let t = tempfile::tempdir().unwrap();
+        let (private, public) = keypair(t.path(), "a");
+        let key = SigningKey::load(&private, KeyAccess::Any).unwrap();
+        let require = config(SignaturePolicy::Require, &[&public]);
+        let none = SignatureEvidence::DirectoryOnly;
+        for (name, container, why) in [
+            ("old", None, "sealed by a gpusnap before they were recorded"),
+            (
+                "no-layer",
+                Some(ContainerRecord {
+                    writable_layer: WritableLayerRecord::Unavailable {
+                        reason: "a ext4 mount, not an overlay".into(),
+                    },
+                    ..record()
+                }),
+                "writable layer was not recorded at the checkpoint (a ext4 mount",
+            ),
+            (
+                "newer",
+                Some(ContainerRecord {
+                    format: 99,
+                    ..record()
+                }),
+                "made by a newer gpusnap",
+            ),
+        ] {
+            let root = t.path().join(name);
+            std::fs::create_dir(&root).unwrap();
+            let (dir, _) = sealed_with(&root, container);
+            key.sign_dir(&dir).unwrap();
+            let msg = refusal(admit(&require, &dir, &none));
+            for part in [
+                why,
+                "does not cover everything",
+                "signature_policy = require",
+            ] {
+                assert!(msg.contains(part), "{part:?} not in: {msg}");
+            }
+            let warned = admit(&config(SignaturePolicy::Warn, &[&public]), &dir, &none).unwrap();
+            assert!(warned.covered.is_none());
+        }
+        std::fs::create_dir(t.path().join("new")).unwrap();
+        let (dir, _) = sealed(&t.path().join("new"));
+        key.sign_dir(&dir).unwrap();
+        let admitted = admit(&require, &dir, &none).unwrap();
+        assert!(matches!(admitted.covered, Some((_, true))));
     }
 
     #[test]

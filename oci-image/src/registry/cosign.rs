@@ -52,6 +52,101 @@ pub struct SignatureOptions {
     pub policy: SignaturePolicy,
     /// Trusted public keys (PEM: cosign.pub, or any PKIX ECDSA P-256/P-384, Ed25519 or RSA key).
     pub keys: Vec<PathBuf>,
+    /// The pull extracts the checkpoint: under `require`, an image without a valid registry
+    /// signature is still fetched, and the extracted checkpoint directory's own signature must
+    /// then verify ([`verify_directory`]) before the checkpoint is put in place.
+    pub directory_may_vouch: bool,
+}
+
+/// A pull under `require` of an image the registry has no valid signature for, which the
+/// checkpoint directory's own signature may vouch for instead ([`verify_directory`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectorySignatureRequired {
+    /// Trusted public keys (`restore.signature_keys`).
+    pub keys: Vec<PathBuf>,
+    /// Why the registry signature did not verify.
+    pub registry: String,
+}
+
+impl SignatureOptions {
+    /// What an extraction must check of the checkpoint directory, given what the registry
+    /// signature check found.
+    pub fn directory_requirement(
+        &self,
+        found: &SignatureCheck,
+    ) -> Option<DirectorySignatureRequired> {
+        match found {
+            SignatureCheck::Missing { reason }
+                if self.policy == SignaturePolicy::Require && self.directory_may_vouch =>
+            {
+                Some(DirectorySignatureRequired {
+                    keys: self.keys.clone(),
+                    registry: reason.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Checks the signature of the checkpoint directory `dir` (staged, not yet in place) for a pull
+/// under `require` whose image had no valid registry signature: it must verify with a trusted
+/// key, over a manifest that records everything that shapes the restored container (the
+/// container's spec and writable layer), and that manifest must be `manifest`, the one the
+/// extraction checked against the image. Returns what the origin record says of it; `Err`
+/// refuses the pull (the caller removes the staging directory, so nothing unverified is left
+/// in the checkpoint root).
+pub fn verify_directory(
+    dir: &Path,
+    manifest: &gpusnap_checkpoint::Manifest,
+    req: &DirectorySignatureRequired,
+    reference: &str,
+    digest: &Digest,
+) -> Result<SignatureCheck, ImageError> {
+    use gpusnap_checkpoint::signature::{check_dir, DirSignature, TrustedKey};
+    let refuse = |why: String| ImageError::SignatureRequired {
+        reference: reference.to_owned(),
+        digest: digest.clone(),
+        reason: format!(
+            "{}; and the checkpoint directory's own signature cannot stand in for it: {why}",
+            req.registry
+        ),
+    };
+    let keys = req
+        .keys
+        .iter()
+        .map(|k| TrustedKey::load(k))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| key_error(Path::new(""), e.to_string()))?;
+    if keys.is_empty() {
+        return Err(refuse(
+            "no trusted keys are configured (restore.signature_keys)".into(),
+        ));
+    }
+    let checked = check_dir(dir, &keys).map_err(|e| refuse(e.to_string()))?;
+    let key = match checked.signature {
+        DirSignature::Verified { key } => key,
+        DirSignature::Missing => {
+            return Err(refuse(format!(
+                "it has no {}",
+                gpusnap_checkpoint::signature::SIGNATURE_FILE
+            )))
+        }
+        DirSignature::Invalid { reason } => return Err(refuse(reason)),
+    };
+    let signed: gpusnap_checkpoint::Manifest = serde_json::from_slice(&checked.manifest)
+        .map_err(|e| refuse(format!("its signed manifest cannot be read ({e})")))?;
+    if &signed != manifest {
+        return Err(refuse(
+            "the manifest it signs is not the one checked against the image".into(),
+        ));
+    }
+    signed.covered_container().map_err(refuse)?;
+    tracing::info!(reference, key = %key.display(), "no registry signature; the checkpoint directory's signature verified");
+    Ok(SignatureCheck::DirectoryVerified {
+        key: key.display().to_string(),
+        registry: req.registry.clone(),
+    })
 }
 
 /// The tag cosign stores the signatures of `digest` under: `sha256-<hex>.sig`.
@@ -122,7 +217,10 @@ async fn signature_manifest(
 /// Checks the signature of the image `digest` according to `opts`.
 ///
 /// `Err` only for what no policy excuses: an unreadable key file (the node's configuration is
-/// broken), an interruption, or — under `require` — the refusal itself.
+/// broken), an interruption, or — under `require` — the refusal itself, unless the pull
+/// extracts a checkpoint whose own signature may vouch for it
+/// ([`SignatureOptions::directory_may_vouch`]): then the missing registry signature is
+/// reported, and the extraction checks the directory ([`verify_directory`]).
 pub(crate) async fn check(
     session: &Session,
     reference: &Reference,
@@ -150,6 +248,10 @@ pub(crate) async fn check(
             })
         }
         Err(reason) => match opts.policy {
+            SignaturePolicy::Require if opts.directory_may_vouch => {
+                tracing::info!(reference = %reference, digest = %digest, reason, "no valid registry signature; the extracted checkpoint directory's signature must verify");
+                Ok(SignatureCheck::Missing { reason })
+            }
             SignaturePolicy::Require => Err(ImageError::SignatureRequired {
                 reference: reference.to_string(),
                 digest: digest.clone(),

@@ -1090,9 +1090,10 @@ pub fn pull_extract(
 ) -> Result<(PullReport, Extracted), ImageError> {
     let started = std::time::Instant::now();
     let r = Reference::parse(reference, opts.plain_http)?;
-    let limits = ExtractOptions {
+    let mut limits = ExtractOptions {
         max_layer_bytes: opts.max_blob_bytes,
         decryption: opts.decryption.clone(),
+        directory_signature: None,
     };
     // Created (and, on failure, removed) outside the runtime: the runtime waits for every
     // unpacking thread before it is dropped, so nothing writes beneath the staging directory
@@ -1105,7 +1106,7 @@ pub fn pull_extract(
     // part of it was unpacked; the store has dropped it by then, so the pull starts again in
     // a fresh staging directory and downloads it (the other blobs come from the store again).
     let mut attempts = 0;
-    let (staging, report, plan, dir_times) = loop {
+    let (staging, mut report, plan, dir_times) = loop {
         let staging = Staging::create(dest)?;
         let dropped = std::sync::atomic::AtomicUsize::new(0);
         let pulled = block_on(pull_extract_async(
@@ -1144,7 +1145,9 @@ pub fn pull_extract(
         pinned: report.pinned,
         signature: report.signature.clone(),
     };
-    let extracted = staging.finish(&plan, dir_times, &seed)?;
+    limits.directory_signature = opts.signatures.directory_requirement(&report.signature);
+    let extracted = staging.finish(&plan, dir_times, &seed, limits.directory_signature.as_ref())?;
+    report.signature = extracted.signature.clone();
     if let (Some(ns), Some(lease)) = (&opts.store, lease) {
         let layers = plan
             .layers

@@ -341,3 +341,189 @@ impl CriSigNode {
         Ok(r)
     }
 }
+
+// ----- replacing parts of a signed checkpoint ----------------------------------------------
+
+/// Media type of the rw layer in a `ctr containers checkpoint --rw` image.
+pub const RW_LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+/// Media type of the spec in a `ctr containers checkpoint` image: a protobuf `Any` whose value
+/// is the spec's JSON.
+pub const SPEC_MEDIA_TYPE: &str = "application/vnd.containerd.container.checkpoint.config.v1+proto";
+
+/// One blob of a `ctr containers checkpoint` image in the rig's content store, replaced for
+/// some restores and put back afterwards. containerd reads a blob by its digest's file name
+/// without hashing it again, so a replaced blob is what the next restore applies.
+pub struct CheckpointBlob {
+    path: PathBuf,
+    pristine: Vec<u8>,
+}
+
+impl CheckpointBlob {
+    /// The blob of `image_ref`'s index entry of media type `media_type`.
+    pub fn of(rig: &crate::Rig, image_ref: &str, media_type: &str) -> Result<CheckpointBlob> {
+        let index = crate::checkpoint::image_index(rig, image_ref)?;
+        let digest = index["manifests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mediaType"] == media_type)
+            .and_then(|m| m["digest"].as_str())
+            .with_context(|| format!("{image_ref} has no {media_type}: {index}"))?
+            .to_string();
+        let path = crate::checkpoint::blob_path(rig, &digest)?;
+        let pristine = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(CheckpointBlob { path, pristine })
+    }
+
+    pub fn pristine(&self) -> &[u8] {
+        &self.pristine
+    }
+
+    pub fn replace(&self, bytes: &[u8]) -> Result<()> {
+        crate::checkpoint::write_blob(&self.path, bytes)
+    }
+
+    pub fn put_back(&self) -> Result<()> {
+        crate::checkpoint::write_blob(&self.path, &self.pristine)
+    }
+}
+
+/// Copies every entry of the tar `src` into `b` (names, link targets, modes, owners and times;
+/// extended attributes are not carried).
+fn copy_tar(src: &[u8], b: &mut tar::Builder<Vec<u8>>) -> Result<()> {
+    for e in tar::Archive::new(src).entries()? {
+        let mut e = e?;
+        let path = e.path()?.into_owned();
+        let mut header = e.header().clone();
+        match header.entry_type() {
+            tar::EntryType::Symlink | tar::EntryType::Link => {
+                let target = e
+                    .link_name()?
+                    .context("link without a target")?
+                    .into_owned();
+                b.append_link(&mut header, &path, &target)?;
+            }
+            _ => {
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data)?;
+                b.append_data(&mut header, &path, &data[..])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The layer tar `layer` (gzip or plain, kept so) with one more regular file `name` (0755,
+/// root-owned) holding `data`, everything else as it was.
+pub fn layer_with_file(layer: &[u8], name: &str, data: &[u8]) -> Result<Vec<u8>> {
+    let gzip = layer.starts_with(&[0x1f, 0x8b]);
+    let plain = if gzip {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(layer), &mut out)?;
+        out
+    } else {
+        layer.to_vec()
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    copy_tar(&plain, &mut b)?;
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o755);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_size(data.len() as u64);
+    h.set_mtime(0);
+    b.append_data(&mut h, name, data)?;
+    let tar = b.into_inner()?;
+    if !gzip {
+        return Ok(tar);
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &tar)?;
+    Ok(gz.finish()?)
+}
+
+fn varint(bytes: &[u8], at: &mut usize) -> Result<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *bytes.get(*at).context("truncated varint")?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    anyhow::bail!("varint too long")
+}
+
+fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The spec blob of a `ctr containers checkpoint` image (a protobuf `Any`: `type_url` = 1,
+/// `value` = 2, the spec's JSON) with its spec changed by `edit`, as long as before: containerd
+/// reads the blob by its descriptor's size, so the JSON is padded with spaces (an edit that
+/// makes it longer is an error).
+pub fn spec_blob_edited(blob: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Result<Vec<u8>> {
+    let mut at = 0;
+    let mut type_url = Vec::new();
+    let mut value = Vec::new();
+    while at < blob.len() {
+        let key = varint(blob, &mut at)?;
+        ensure!(key & 7 == 2, "field {} is not length-delimited", key >> 3);
+        let len = varint(blob, &mut at)? as usize;
+        let field = blob.get(at..at + len).context("truncated field")?.to_vec();
+        at += len;
+        match key >> 3 {
+            1 => type_url = field,
+            2 => value = field,
+            other => anyhow::bail!("unexpected field {other} in the spec blob"),
+        }
+    }
+    let mut spec: serde_json::Value = serde_json::from_slice(&value)?;
+    edit(&mut spec);
+    let original = value.len();
+    let mut value = serde_json::to_vec(&spec)?;
+    ensure!(
+        value.len() <= original,
+        "the edited spec is {} bytes longer than the original",
+        value.len() - original
+    );
+    value.resize(original, b' ');
+    let mut out = Vec::new();
+    for (n, field) in [(1u64, &type_url), (2, &value)] {
+        put_varint((n << 3) | 2, &mut out);
+        put_varint(field.len() as u64, &mut out);
+        out.extend_from_slice(field);
+    }
+    Ok(out)
+}
+
+/// Writes to `out` the checkpoint archive `archive` (a plain tar, as `crictl checkpoint
+/// --export` writes it) with `rootfs-diff.tar` given one more file (see [`layer_with_file`]).
+pub fn archive_with_diff_file(archive: &Path, out: &Path, name: &str, data: &[u8]) -> Result<()> {
+    let bytes = fs::read(archive).with_context(|| format!("reading {}", archive.display()))?;
+    let mut b = tar::Builder::new(Vec::new());
+    let mut found = false;
+    for e in tar::Archive::new(&bytes[..]).entries()? {
+        let mut e = e?;
+        let path = e.path()?.into_owned();
+        let mut header = e.header().clone();
+        let mut data_in = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data_in)?;
+        let data_out = if path == Path::new("rootfs-diff.tar") {
+            found = true;
+            layer_with_file(&data_in, name, data)?
+        } else {
+            data_in
+        };
+        header.set_size(data_out.len() as u64);
+        b.append_data(&mut header, &path, &data_out[..])?;
+    }
+    ensure!(found, "{} has no rootfs-diff.tar", archive.display());
+    fs::write(out, b.into_inner()?).with_context(|| format!("writing {}", out.display()))
+}

@@ -1,0 +1,257 @@
+//! What the manifest records of the container besides its CRIU images — the privilege-relevant
+//! fields of its spec and its writable layer — made at seal ([`record`]), and compared with the
+//! container being restored ([`check_spec`], [`check_layer`]) when the node's signature policy
+//! says so (`signature.rs` decides).
+//!
+//! Both comparisons run in the restore transaction, so every door gets them alike: the spec
+//! is the bundle's `config.json` whoever wrote it (containerd from the checkpoint image on
+//! `ctr containers restore`, CRI from the pod, CRI-O and Podman from the archive), and the
+//! writable layer is the root filesystem's overlay upper layer after whatever the runtime or
+//! gpusnap applied to it (containerd's rw layer or `rootfs-diff.tar`, CRI-O's and Podman's
+//! `rootfs-diff.tar` and `deleted.files`, gpusnap's own application for
+//! `gpusnap.io/restore-from`), before CRIU runs.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use gpusnap_checkpoint::spec_grants::{NodeFacts, SpecGrants};
+use gpusnap_checkpoint::writable_layer::{self as layer, Overlay, WritableLayerRecord};
+use gpusnap_checkpoint::{ContainerRecord, SpecRecord, CONTAINER_RECORD_FORMAT};
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+/// The bundle's `config.json`, capped as the privilege check reads it.
+fn config_bytes(bundle: &Path) -> Result<Vec<u8>, String> {
+    let path = bundle.join("config.json");
+    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(crate::privilege::MAX_SPEC_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > crate::privilege::MAX_SPEC_BYTES {
+        return Err(format!(
+            "{} is larger than {} bytes",
+            path.display(),
+            crate::privilege::MAX_SPEC_BYTES
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The record of the container `bundle` (its init `init_pid`, frozen or stopped by now) for a
+/// checkpoint sealed into `image_dir`: its spec's grants, and its writable layer described into
+/// the listing file beside the manifest. A part that cannot be recorded is recorded as
+/// unavailable, with why: the checkpoint is still sealed, and a restore under `require`
+/// refuses it naming that part.
+pub(crate) fn record(bundle: &Path, init_pid: u32, image_dir: &Path) -> ContainerRecord {
+    let bytes = config_bytes(bundle);
+    let spec = match &bytes {
+        Ok(b) => match SpecGrants::from_json(b) {
+            Ok(grants) => SpecRecord::Recorded {
+                grants: Box::new(grants),
+            },
+            Err(e) => SpecRecord::Unavailable {
+                reason: format!("{}: {e}", bundle.join("config.json").display()),
+            },
+        },
+        Err(e) => SpecRecord::Unavailable { reason: e.clone() },
+    };
+    let writable_layer = match bytes
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|b| writable_layer(bundle, b, init_pid, image_dir))
+    {
+        Ok(r) => r,
+        Err(reason) => WritableLayerRecord::Unavailable { reason },
+    };
+    if let WritableLayerRecord::Unavailable { reason } = &writable_layer {
+        tracing::info!(bundle = %bundle.display(), reason, "the container's writable layer is not recorded in the checkpoint; a restore under restore.signature_policy = require will refuse it");
+    }
+    ContainerRecord {
+        format: CONTAINER_RECORD_FORMAT,
+        spec,
+        writable_layer,
+    }
+}
+
+fn writable_layer(
+    bundle: &Path,
+    config: &[u8],
+    init_pid: u32,
+    image_dir: &Path,
+) -> Result<WritableLayerRecord, String> {
+    let spec: Spec = serde_json::from_slice(config).map_err(|e| e.to_string())?;
+    let rootfs = crate::open_files::rootfs_of(bundle, &spec);
+    let ov = Overlay::locate(&rootfs).map_err(|e| e.to_string())?;
+    // The container's own mount table: where runc mounted, as the container sees it.
+    let table = std::fs::read_to_string(format!("/proc/{init_pid}/mountinfo"))
+        .map_err(|e| format!("the container's mount table (/proc/{init_pid}/mountinfo): {e}"))?;
+    let mount_points = layer::mount_points(&table);
+    let cwd = spec
+        .process()
+        .as_ref()
+        .and_then(|p| ov.resolve_in_root(p.cwd()));
+    let entries =
+        layer::describe_for_seal(&ov, &mount_points, cwd.as_deref()).map_err(|e| e.to_string())?;
+    layer::write_listing(image_dir, &entries).map_err(|e| e.to_string())
+}
+
+/// The node the container is restored on, as the spec comparison asks about it.
+struct ThisNode;
+
+impl NodeFacts for ThisNode {
+    fn host_namespace(&self, typ: LinuxNamespaceType, path: &Path) -> bool {
+        host_namespace(typ, path)
+    }
+
+    fn runtime_owned(&self, path: &Path) -> bool {
+        runtime_owned(path)
+    }
+}
+
+/// See [`NodeFacts::runtime_owned`]: every component of `path` exists, is no symlink, and
+/// belongs to root; every directory above the last is writable by root alone or is sticky.
+fn runtime_owned(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if !path.is_absolute() {
+        return false;
+    }
+    let mut cur = PathBuf::from("/");
+    let mut any = false;
+    for c in path.components().skip(1) {
+        let Ok(dir) = std::fs::symlink_metadata(&cur) else {
+            return false;
+        };
+        let writable_by_others = dir.mode() & 0o022 != 0;
+        let sticky = dir.mode() & 0o1000 != 0;
+        if dir.uid() != 0 || !dir.is_dir() || (writable_by_others && !sticky) {
+            return false;
+        }
+        cur.push(c);
+        let Ok(m) = std::fs::symlink_metadata(&cur) else {
+            return false;
+        };
+        if m.uid() != 0 || m.file_type().is_symlink() {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Whether the namespace file `path` is pid 1's namespace of that type (the node's own).
+fn host_namespace(typ: LinuxNamespaceType, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let name = match typ {
+        LinuxNamespaceType::Mount => "mnt",
+        LinuxNamespaceType::Cgroup => "cgroup",
+        LinuxNamespaceType::Uts => "uts",
+        LinuxNamespaceType::Ipc => "ipc",
+        LinuxNamespaceType::User => "user",
+        LinuxNamespaceType::Pid => "pid",
+        LinuxNamespaceType::Network => "net",
+        LinuxNamespaceType::Time => "time",
+    };
+    let (Ok(a), Ok(b)) = (
+        std::fs::metadata(path),
+        std::fs::metadata(format!("/proc/1/ns/{name}")),
+    ) else {
+        return false;
+    };
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+/// Compares the spec of the container being created (`<bundle>/config.json`) with the signed
+/// record: `Err` names every field it grants beyond it.
+pub(crate) fn check_spec(record: &ContainerRecord, bundle: &Path) -> Result<(), String> {
+    let SpecRecord::Recorded { grants: signed } = &record.spec else {
+        return Err("the signed checkpoint records no spec".into());
+    };
+    let path = bundle.join("config.json");
+    let target = config_bytes(bundle)
+        .and_then(|b| SpecGrants::from_json(&b).map_err(|e| format!("{}: {e}", path.display())))?;
+    let excess = signed.excess(&target, &ThisNode);
+    if excess.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = excess.iter().map(ToString::to_string).collect();
+    Err(format!(
+        "the spec of the container being restored ({}) grants more than the spec signed with \
+         the checkpoint: {}",
+        path.display(),
+        listed.join("; ")
+    ))
+}
+
+/// The part of a restore that brought the writable layer, for messages: the rootfs diff
+/// gpusnap applied, a `rootfs-diff.tar` beside the checkpoint (a CRI, CRI-O or Podman archive
+/// the runtime applied), or the checkpoint's rw layer (containerd's checkpoint image).
+pub(crate) fn layer_part(checkpoint_dir: &Path, applied_here: Option<&Path>) -> String {
+    if let Some(p) = applied_here {
+        return format!("rootfs-diff.tar ({}), applied by gpusnap", p.display());
+    }
+    let beside = checkpoint_dir.parent().and_then(|parent| {
+        let fd = gpusnap_checkpoint::beneath::open_root(parent).ok()?;
+        gpusnap_checkpoint::beneath::stat_at(fd.as_fd(), std::ffi::OsStr::new("rootfs-diff.tar"))
+            .ok()
+            .flatten()
+            .map(|_| parent.join("rootfs-diff.tar"))
+    });
+    match beside {
+        Some(p) => format!(
+            "rootfs-diff.tar ({}), applied by the container runtime",
+            p.display()
+        ),
+        None => "the checkpoint's rw layer, applied by the container runtime".into(),
+    }
+}
+
+/// Compares the writable layer of the container being restored (the overlay mounted at
+/// `rootfs`) with the signed record in `checkpoint_dir`. `part` names what brought it.
+pub(crate) fn check_layer(
+    record: &ContainerRecord,
+    checkpoint_dir: &Path,
+    rootfs: &Path,
+    part: &str,
+) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let dir = gpusnap_checkpoint::beneath::open_root(checkpoint_dir)
+        .map_err(|e| format!("{}: {e}", checkpoint_dir.display()))?;
+    let signed = layer::read_listing(dir.as_fd(), checkpoint_dir, &record.writable_layer)
+        .map_err(|e| format!("the signed record of the writable layer cannot be used: {e}"))?;
+    let ov = Overlay::locate(rootfs).map_err(|e| {
+        format!(
+            "the writable layer signed with the checkpoint cannot be compared with the \
+             container's: {e}. Restore it where the container's root filesystem is an overlay \
+             (containerd's overlayfs snapshotter, CRI-O's or Podman's overlay storage driver)"
+        )
+    })?;
+    let found = layer::describe(&ov).map_err(|e| {
+        format!("the writable layer of the container being restored cannot be read: {e}")
+    })?;
+    let compared = layer::compare(&signed, &found);
+    tracing::debug!(
+        rootfs = %rootfs.display(),
+        upper = %ov.upper_dir().map(PathBuf::from).unwrap_or_default().display(),
+        signed_entries = signed.len(),
+        found_entries = found.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        same = compared.is_ok(),
+        "writable layer compared with the signed record"
+    );
+    compared.map_err(|d| {
+        // What the signed layer has and the container lacks: the door may not have applied the
+        // layer at all.
+        let hint = if d.found.is_none() && d.recorded.is_some() {
+            " (a restore without the checkpoint's writable layer — `ctr containers restore` \
+             without --rw, or a checkpoint directory without its rootfs-diff.tar — lacks it: \
+             restore with the layer)"
+        } else {
+            ""
+        };
+        format!(
+            "the writable layer of the container being restored ({part}) is not the one signed \
+             with the checkpoint: {d}{hint}"
+        )
+    })
+}
