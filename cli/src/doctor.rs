@@ -130,6 +130,13 @@ pub fn run(opts: &DoctorOptions) -> Report {
         std::env::var_os("CRIU_LIBS_DIR").as_deref(),
         Path::new(bridge::plugins::RUNC_CRIU_CONFIG),
     ));
+    checks.push(criu_config_check(
+        Path::new(bridge::plugins::RUNC_CRIU_CONFIG),
+        &bridge::plugins::default_config_files(
+            std::env::var_os("HOME").as_deref(),
+            std::env::var_os("CRIU_CONFIG_FILE").as_deref(),
+        ),
+    ));
     let library = opts
         .cuda_library
         .clone()
@@ -445,6 +452,31 @@ fn criu_plugins_check(criu_libs_dir: Option<&std::ffi::OsStr>, runc_conf: &Path)
     Check::new("criu plugins", Status::Ok, summary)
 }
 
+/// CRIU's config files (runc's, which CRIU applies over runc's request, and CRIU's default
+/// ones) held to the allowlist every dump and restore is held to, so that a line gpusnap
+/// refuses is reported here rather than by the first failed checkpoint or restore.
+fn criu_config_check(runc_conf: &Path, defaults: &[PathBuf]) -> Check {
+    use bridge::criu_config;
+    let checked = criu_config::check_runc_config(None, runc_conf)
+        .and_then(|runc| criu_config::check_default_configs(defaults).map(|()| runc));
+    match checked {
+        Ok(runc) => Check::new(
+            "criu config",
+            Status::Ok,
+            format!("runc's CRIU config file {runc} and CRIU's default files set only what gpusnap allows"),
+        ),
+        Err(e) => Check::new(
+            "criu config",
+            Status::Fail,
+            format!("{e}: gpusnap refuses every checkpoint and restore while it is there"),
+        )
+        .action(format!(
+            "remove that setting from {} (docs/security.md, \"CRIU's configuration files\", lists what is allowed)",
+            e.file().display()
+        )),
+    }
+}
+
 fn criu_check_check(criu: &Result<bridge::CriuInfo, bridge::ProbeError>) -> Check {
     let Ok(info) = criu else {
         return Check::new("criu check", Status::Fail, "not run: no usable CRIU");
@@ -649,6 +681,36 @@ mod tests {
         let c = criu_plugins_check(None, &conf);
         assert_eq!(c.status, Status::Fail);
         assert!(c.summary.contains("libdir"), "{}", c.summary);
+    }
+
+    #[test]
+    fn criu_config_lines_gpusnap_refuses_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent.conf");
+        let c = criu_config_check(&absent, &[]);
+        assert_eq!(c.status, Status::Ok, "{}", c.summary);
+        // A default file is read whoever owns it; an action script there runs as root.
+        let default = dir.path().join("default.conf");
+        std::fs::write(&default, "tcp-established\naction-script /bin/true\n").unwrap();
+        let c = criu_config_check(&absent, &[default.clone()]);
+        assert_eq!(c.status, Status::Fail, "{}", c.summary);
+        assert!(c.summary.contains("line 2"), "{}", c.summary);
+        assert!(c.summary.contains("action-script"), "{}", c.summary);
+        assert!(
+            c.action.as_deref().unwrap().contains("default.conf"),
+            "{c:?}"
+        );
+        // runc's file must be root's alone: one in a world-writable directory is refused.
+        let runc = dir.path().join("runc.conf");
+        std::fs::write(&runc, "tcp-established\n").unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let c = criu_config_check(&runc, &[]);
+        assert_eq!(c.status, Status::Fail, "{}", c.summary);
+        assert!(c.summary.contains("runc.conf"), "{}", c.summary);
     }
 
     #[test]

@@ -333,6 +333,8 @@ impl TaskService {
         };
         let started = std::time::Instant::now();
         if let Err(e) = runc.create(id, bundle, Some(&opts)).await {
+            // The copies end when every writer of the pipes is closed (see restore_init).
+            setup.pipes.close_child_ends();
             init.shutdown_io().await;
             return Err(runc_failure("runc create", &e, bundle));
         }
@@ -549,6 +551,7 @@ impl TaskService {
             detach: true,
         };
         if let Err(e) = runc.exec(id, &spec, Some(&opts)).await {
+            setup.pipes.close_child_ends();
             proc_io.shutdown_io().await;
             return Err(runc_failure(&format!("runc exec {exec_id}"), &e, &bundle));
         }

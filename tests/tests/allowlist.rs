@@ -36,7 +36,7 @@ use gpusnap_testkit::counter::{
     check_continues, count_in_file, count_of, counter_script, run_token, wait_count, COUNTER, WARM,
 };
 use gpusnap_testkit::cri::{
-    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions,
+    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions, RunAs,
 };
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths, BusyboxContainer, Runtime};
@@ -160,8 +160,19 @@ fn counter(run: &str) -> ContainerSpec {
 
 /// A restore-from pod that must be refused: the CRI error, after checking nothing runs.
 fn refused_from(node: &CriNode, pod: &str, run_tok: &str, name: &str) -> Result<String> {
+    refused_from_as(node, pod, run_tok, name, None)
+}
+
+/// [`refused_from`] with the container's user set as a pod's securityContext sets it.
+fn refused_from_as(
+    node: &CriNode,
+    pod: &str,
+    run_tok: &str,
+    name: &str,
+    run_as: Option<RunAs>,
+) -> Result<String> {
     let pod = node.run_pod(pod, &[("gpusnap.io/restore-from", name)], gpusnap_handler())?;
-    let err = match node.create_container(&pod, &counter(run_tok)) {
+    let err = match node.create_container_as(&pod, &counter(run_tok), run_as) {
         Err(e) => e.to_string(),
         Ok(id) => {
             let started = node.cri.start_container(&id);
@@ -239,6 +250,26 @@ fn restore_from_refuses_forged_mounts_cgroups_limits_and_tarballs() {
                 failures.push(format!("{}: {missing:?} missing from {err}", c.name));
             }
         }
+        // Finding 4 on the door it was found on: the honest root checkpoint, restored into a
+        // pod whose container runs as uid 1000 with allowPrivilegeEscalation false
+        // (noNewPrivileges): that container's own process has uid 1000 and no capability, so
+        // the checkpoint's uid 0 and CapEff are refused.
+        let user = root.join("ck-user");
+        copy_dir(&honest, &user)?;
+        let out = gpusnap(["--config", s(config), "checkpoint", "adopt", s(&user)]);
+        ensure!(out.status.success(), "adopt ck-user: {}", describe(&out));
+        let run_as = RunAs {
+            uid: 1000,
+            gid: 1000,
+            no_new_privs: true,
+        };
+        let err = refused_from_as(&node, "allow-user", &tok, "ck-user", Some(run_as))?;
+        no_restore_log(&user)?;
+        let says = "uid is 0, but the container spec's user is uid 1000";
+        if !err.contains(says) {
+            failures.push(format!("user: {says:?} missing from {err}"));
+        }
+
         let after = sentinel.snapshot();
         ensure!(
             before_sentinel == after,

@@ -794,9 +794,10 @@ fn ctr_through_runc_v2_and_gpusnap_runc_require_covers_the_rw_layer_and_the_spec
 /// CRI (crictl, containerd) under require on B: A's export, signed at seal, restores; the same
 /// archive with its `rootfs-diff.tar` replaced (one file added; containerd applies it between
 /// the shim's Create and Start) is refused before CRIU runs, naming `rootfs-diff.tar` and the
-/// path.
+/// path; the signed archive restored into a container whose CRI request widens the spec (one
+/// more capability than the pod that was checkpointed had) is refused, naming the field.
 #[test]
-fn cri_require_refuses_a_replaced_rootfs_diff() {
+fn cri_require_refuses_a_replaced_rootfs_diff_and_a_widened_spec() {
     check(|| {
         let t = two_nodes()?;
         let (signed, count) = t.export(&t.a, "diff")?;
@@ -826,6 +827,29 @@ fn cri_require_refuses_a_replaced_rootfs_diff() {
             "refused by CRIU, not before it: {err}"
         );
         eprintln!("CRI, rootfs-diff.tar replaced: refused as it must be: {err}");
+
+        // The kubelet's request decides the restored container's spec on this door; the
+        // signature bounds it by the checkpointed container's.
+        let widened = serde_json::json!({"capabilities": {"add_capabilities": ["SYS_ADMIN"]}});
+        let err =
+            t.b.start_pod_with(&unique("spec-widened"), &[], s(&signed), &widened)?
+                .refusal()?;
+        for part in [
+            "the spec of the container being restored",
+            "CAP_SYS_ADMIN",
+            "signature_policy = require",
+        ] {
+            ensure!(
+                err.contains(part),
+                "{part:?} missing from the refusal: {err}"
+            );
+        }
+        ensure!(
+            !err.contains("criu failed"),
+            "refused by CRIU, not before it: {err}"
+        );
+        eprintln!("CRI, spec widened: refused as it must be: {err}");
+
         t.b.restore(&unique("diff-signed"), s(&signed), &[], &count)?
             .running()?;
         Ok(())

@@ -197,14 +197,34 @@ fn watch(
                     return;
                 }
                 if let (Some(criu), Some(exited)) = (w.criu_pid, criu_exited_at) {
-                    // A signal ends the restore at once; any other exit gets runc a moment
-                    // to return by itself.
+                    // runc runs CRIU more than once: `criu swrk` answers its version query,
+                    // then another `criu swrk` restores. The CRIU that ended may have been the
+                    // first: when another runs below runc now, that one is watched instead.
+                    if let Some(next) = criu_below(runc).filter(|&p| p != criu) {
+                        tracing::debug!(
+                            ended = criu,
+                            watched = next,
+                            "a CRIU below runc ended and another runs: watching that one"
+                        );
+                        w.criu_pid = Some(next);
+                        w.criu_ended = None;
+                        if let Some(cgroup) = crate::cgroup::dir_of(next) {
+                            w.cgroup = Some(cgroup);
+                        }
+                        criu_fd = pidfd_open(next);
+                        criu_exited_at = criu_fd.is_none().then(Instant::now);
+                        continue;
+                    }
+                    // A signal ends the restore at once. A CRIU that exited 0 finished its
+                    // work: runc returns, or runs another CRIU (the deadline still holds). Any
+                    // other exit gets runc a moment to return by itself.
                     let end = zombie_end(criu).or(w.criu_ended.map(|(_, e)| e));
                     if w.criu_ended.is_none() {
                         w.criu_ended = Some((criu, end.unwrap_or(CriuEnd::Gone)));
                     }
                     let end = match end {
                         Some(CriuEnd::Signal(_)) => end,
+                        Some(CriuEnd::Exit(0)) => None,
                         _ if exited.elapsed() >= CRIU_EXIT_GRACE => {
                             Some(end.unwrap_or(CriuEnd::Gone))
                         }
@@ -481,6 +501,45 @@ mod tests {
             Some(CriuEnd::Signal(9)),
             "{report:?}"
         );
+    }
+
+    #[test]
+    fn a_criu_that_answered_runcs_version_query_is_not_a_dead_restore() {
+        // runc's first CRIU answers its version query and exits 0, as it does before every
+        // restore; the second is the restore's, and is killed later. The first is not a CRIU
+        // that died mid-restore: the second is, when it is killed.
+        let dir = tempfile::tempdir().unwrap();
+        let criu = dir.path().join("criu");
+        std::fs::copy("/bin/sleep", &criu).unwrap();
+        let c = criu.display();
+        let mut runc = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{c} 0.3; {c} 600 & exec sleep 600"))
+            .spawn()
+            .unwrap();
+        let w = Watchdog::start(Instant::now() + Duration::from_secs(600), None);
+        w.started(runc.id());
+        // Past the first CRIU's end and the grace a CRIU that exits gets.
+        std::thread::sleep(Duration::from_millis(300) + CRIU_EXIT_GRACE + POLL * 4);
+        let second = criu_below(runc.id()).expect("the second CRIU runs");
+        assert!(
+            still_runs(&mut runc),
+            "the watch ended the restore when the version query's CRIU exited"
+        );
+        // SAFETY: kill(2) of the child's child.
+        unsafe { libc::kill(second as libc::pid_t, libc::SIGKILL) };
+        assert!(!runc.wait().unwrap().success());
+        let report = w.finish();
+        assert_eq!(
+            report.criu_died,
+            Some((second, CriuEnd::Signal(9))),
+            "{report:?}"
+        );
+    }
+
+    /// Whether `runc` still runs (the watch has not killed it).
+    fn still_runs(runc: &mut std::process::Child) -> bool {
+        runc.try_wait().unwrap().is_none()
     }
 
     #[test]

@@ -377,6 +377,15 @@ pub struct ContainerSpec {
     pub env: Vec<(String, String)>,
 }
 
+/// A container's user, as a pod's `securityContext` gives it (`runAsUser`, `runAsGroup`,
+/// `allowPrivilegeEscalation: false`, which the kubelet sends as `no_new_privs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: i64,
+    pub gid: i64,
+    pub no_new_privs: bool,
+}
+
 /// A CRI-enabled rig playing one Kubernetes node.
 pub struct CriNode {
     pub cri: CriClient,
@@ -547,6 +556,16 @@ impl CriNode {
         pod: &Pod,
         spec: &ContainerSpec,
     ) -> std::result::Result<String, CriError> {
+        self.create_container_as(pod, spec, None)
+    }
+
+    /// [`CriNode::create_container`] with the container's user set as the kubelet sets it.
+    pub fn create_container_as(
+        &self,
+        pod: &Pod,
+        spec: &ContainerSpec,
+        run_as: Option<RunAs>,
+    ) -> std::result::Result<String, CriError> {
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: spec.name.clone(),
@@ -575,6 +594,9 @@ impl CriNode {
             linux: Some(k8s_cri::v1::LinuxContainerConfig {
                 security_context: Some(k8s_cri::v1::LinuxContainerSecurityContext {
                     namespace_options: Some(namespaces()),
+                    run_as_user: run_as.map(|r| k8s_cri::v1::Int64Value { value: r.uid }),
+                    run_as_group: run_as.map(|r| k8s_cri::v1::Int64Value { value: r.gid }),
+                    no_new_privs: run_as.is_some_and(|r| r.no_new_privs),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -207,6 +207,26 @@ impl Crictl {
         command: &[&str],
         env: &[(&str, &str)],
     ) -> Result<String> {
+        self.create_with(pod, name, image, command, env, &json!({}))
+    }
+
+    /// [`Crictl::create`] with `security` (an object of CRI `LinuxContainerSecurityContext`
+    /// fields, as crictl's JSON spells them: `{"capabilities": {"add_capabilities": [...]}}`)
+    /// added to the container's security context.
+    pub fn create_with(
+        &self,
+        pod: &CrictlPod,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        env: &[(&str, &str)],
+        security: &Value,
+    ) -> Result<String> {
+        let mut security_context =
+            json!({"namespace_options": {"network": 2, "pid": pod.pid_mode.cri(), "ipc": 0}});
+        if let (Some(into), Some(from)) = (security_context.as_object_mut(), security.as_object()) {
+            into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
         let envs: Vec<Value> = env
             .iter()
             .map(|(k, v)| json!({"key": k, "value": v}))
@@ -220,11 +240,7 @@ impl Crictl {
                 "envs": envs,
                 "log_path": format!("{name}.log"),
                 "labels": {"io.kubernetes.container.name": name},
-                "linux": {
-                    "security_context": {
-                        "namespace_options": {"network": 2, "pid": pod.pid_mode.cri(), "ipc": 0}
-                    }
-                }
+                "linux": {"security_context": security_context}
             }),
         )?;
         self.ok(&[

@@ -280,15 +280,28 @@ impl CriSigNode {
         annotations: &[(&str, &str)],
         image: &str,
     ) -> Result<Restored> {
+        self.start_pod_with(name, annotations, image, &serde_json::json!({}))
+    }
+
+    /// [`CriSigNode::start_pod`] with `security` added to the container's CRI security
+    /// context (see [`Crictl::create_with`]).
+    pub fn start_pod_with(
+        &self,
+        name: &str,
+        annotations: &[(&str, &str)],
+        image: &str,
+        security: &serde_json::Value,
+    ) -> Result<Restored> {
         let pod = self
             .crictl
             .run_pod(name, gpusnap_handler(), PidMode::Container, annotations)?;
-        let id = self.crictl.create(
+        let id = self.crictl.create_with(
             &pod,
             "counter",
             image,
             &["sh", "-c", COUNTER, &self.run],
             &[],
+            security,
         )?;
         let out = self.crictl.run(&["start", &id])?;
         if !out.status.success() {
