@@ -207,17 +207,36 @@ impl Crictl {
         command: &[&str],
         env: &[(&str, &str)],
     ) -> Result<String> {
+        self.create_with_mounts(pod, name, image, command, env, &[], 0)
+    }
+
+    /// [`Crictl::create`] with CRI `mounts` — an image volume as the kubelet passes one is
+    /// `{"container_path": PATH, "image": {"image": REF}, "readonly": true}` — and the
+    /// container's `attempt` (the kubelet's count of its restarts: a container created again
+    /// after a failed start has the next one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_with_mounts(
+        &self,
+        pod: &CrictlPod,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        env: &[(&str, &str)],
+        mounts: &[Value],
+        attempt: u32,
+    ) -> Result<String> {
         let envs: Vec<Value> = env
             .iter()
             .map(|(k, v)| json!({"key": k, "value": v}))
             .collect();
         let config = self.write_json(
-            &format!("ctr-{}-{name}.json", pod.name),
+            &format!("ctr-{}-{name}-{attempt}.json", pod.name),
             &json!({
-                "metadata": {"name": name, "attempt": 0},
+                "metadata": {"name": name, "attempt": attempt},
                 "image": {"image": image},
                 "command": command,
                 "envs": envs,
+                "mounts": mounts,
                 "log_path": format!("{name}.log"),
                 "labels": {"io.kubernetes.container.name": name},
                 "linux": {
