@@ -115,7 +115,7 @@ pub fn pending_restore(
         parent: None,
         rootfs_diff: None,
         signature_evidence: Default::default(),
-        volume: Some(VolumeSource {
+        volume: Some(Box::new(VolumeSource {
             mount: source,
             image_digest: digest,
             destination: PathBuf::from(
@@ -126,7 +126,7 @@ pub fn pending_restore(
             ),
             shown: value.to_string(),
             cache: config.restore.checkpoint_root.join(CACHE_DIR),
-        }),
+        })),
     }))
 }
 

@@ -36,7 +36,8 @@ pub struct PendingRestore {
     pub signature_evidence: gpusnap_transaction::SignatureEvidence,
     /// A checkpoint image mounted as an image volume (`restore_volume.rs`): Start makes the
     /// node's copy of it and restores from that; `image` is then the volume's mount.
-    pub volume: Option<gpusnap_transaction::volume::VolumeSource>,
+    /// Boxed: most restores have none, and the state carries this until Start.
+    pub volume: Option<Box<gpusnap_transaction::volume::VolumeSource>>,
 }
 
 #[derive(Debug)]
