@@ -50,6 +50,7 @@ pub use model::{
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,
+    RESTORE_FROM_VOLUME_ANNOTATION,
 };
 pub use settings::{
     CRIU_MIN_VERSION_FLOOR, LOCK_TIMEOUT_MS_MAX, MAX_OPERATION_SECONDS_MAX,

@@ -22,6 +22,11 @@ pub const ANNOTATION_PREFIX: &str = "gpusnap.io/";
 /// `gpusnap.io/restore-from.CONTAINER: NAME` in a pod of several containers). It names a
 /// checkpoint, not a setting, so the configuration overlay leaves it alone.
 pub const RESTORE_FROM_ANNOTATION: &str = "gpusnap.io/restore-from";
+/// The pod annotation that asks for a restore from a checkpoint image mounted as an image
+/// volume (`gpusnap.io/restore-from-volume: MOUNT_PATH`, or
+/// `gpusnap.io/restore-from-volume.CONTAINER: MOUNT_PATH`). It names where the container mounts
+/// the volume, not a setting, so the configuration overlay leaves it alone.
+pub const RESTORE_FROM_VOLUME_ANNOTATION: &str = "gpusnap.io/restore-from-volume";
 
 /// runc `Options` TOML keys and the gpusnap settings they map to.
 const RUNC_ALIASES: [(&str, &str); 3] = [
@@ -169,12 +174,16 @@ impl Config {
     }
 }
 
-/// `gpusnap.io/restore-from` or `gpusnap.io/restore-from.<container>`.
+/// `gpusnap.io/restore-from[.<container>]` or `gpusnap.io/restore-from-volume[.<container>]`.
 pub fn is_restore_annotation(key: &str) -> bool {
-    key == RESTORE_FROM_ANNOTATION
-        || key
-            .strip_prefix(RESTORE_FROM_ANNOTATION)
-            .is_some_and(|rest| rest.starts_with('.'))
+    [RESTORE_FROM_ANNOTATION, RESTORE_FROM_VOLUME_ANNOTATION]
+        .iter()
+        .any(|a| {
+            key == *a
+                || key
+                    .strip_prefix(a)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        })
 }
 
 /// Names every settable annotation, and says so when the name is a setting pods may not touch.

@@ -564,11 +564,25 @@ fn restore_annotations_are_not_settings() {
             "gpusnap.io/restore-from.app".to_string(),
             "ckpt-2".to_string(),
         ),
+        (
+            "gpusnap.io/restore-from-volume".to_string(),
+            "/ckpt".to_string(),
+        ),
+        (
+            "gpusnap.io/restore-from-volume.app".to_string(),
+            "/ckpt2".to_string(),
+        ),
     ]
     .into();
     c.apply_annotations(&a)
         .expect("restore annotations pass the overlay");
     assert!(crate::is_restore_annotation("gpusnap.io/restore-from.app"));
+    assert!(crate::is_restore_annotation(
+        "gpusnap.io/restore-from-volume.app"
+    ));
+    assert!(!crate::is_restore_annotation(
+        "gpusnap.io/restore-from-volumes"
+    ));
     assert!(!crate::is_restore_annotation("gpusnap.io/restore-fromage"));
     let bad: HashMap<String, String> =
         [("gpusnap.io/restore-fromage".to_string(), "x".to_string())].into();

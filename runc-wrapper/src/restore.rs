@@ -49,6 +49,7 @@ pub fn run(ctx: &Context) -> i32 {
         rootfs_diff: None,
         // CRI-O and Podman pass only the directory: its own signature decides.
         signature_evidence: Default::default(),
+        checkpoint_mount: None,
         runc: ctx.global(),
         config: ctx.config.clone(),
         scratch_dir: PathBuf::from(SCRATCH_DIR),

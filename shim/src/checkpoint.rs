@@ -393,6 +393,7 @@ impl TaskService {
                 checkpoint_dir: restore.image.clone(),
                 rootfs_diff: restore.rootfs_diff.clone(),
                 signature_evidence: restore.signature_evidence.clone(),
+                checkpoint_mount: None,
                 runc: c.runc_global(),
                 config: c.config.clone(),
                 scratch_dir: own.clone(),
@@ -420,7 +421,24 @@ impl TaskService {
             handle: tokio::runtime::Handle::current(),
             pipes: Some(setup.pipes.clone()),
         };
-        let report = match blocking(move || gpusnap_transaction::restore(&request, &host)).await? {
+        let volume = restore.volume.clone();
+        let report = match blocking(move || match volume {
+            // The node's copy of the image volume's checkpoint is found or made, then restored
+            // by the same transaction.
+            Some(v) => gpusnap_transaction::volume::restore(&v, request, &host).map(|(r, m)| {
+                tracing::info!(
+                    id = %r.manifest.container_id,
+                    dir = %m.checkpoint_dir.display(),
+                    made = m.made,
+                    materialize_ms = m.elapsed_ms,
+                    "restored from the image volume"
+                );
+                r
+            }),
+            None => gpusnap_transaction::restore(&request, &host),
+        })
+        .await?
+        {
             Ok(r) => r,
             Err(e) => {
                 // The output copies end when the pipes' writers close: runc's are gone, the

@@ -11,6 +11,7 @@ mod options;
 mod process;
 mod reaper;
 mod restore_from;
+mod restore_volume;
 mod service;
 mod state;
 mod stats;

@@ -125,6 +125,7 @@ pub fn pending_restore(
         parent: None,
         rootfs_diff,
         signature_evidence: vouched.evidence,
+        volume: None,
     }))
 }
 

@@ -45,6 +45,13 @@ use crate::{
 #[derive(Default)]
 pub struct ShimState {
     pub containers: HashMap<String, Container>,
+    /// Where the node's copies of image-volume checkpoints are (each container's
+    /// `<restore.checkpoint_root>/.gpusnap-volumes` that exists): swept of copies no pod holds
+    /// when a container is deleted and when the shim shuts down — after containerd removed the
+    /// pod's image volumes (`gpusnap_transaction::volume`).
+    pub volume_caches: std::collections::BTreeSet<PathBuf>,
+    /// The image volumes this shim's containers restored from (their mount directories).
+    pub volume_mounts: std::collections::BTreeSet<PathBuf>,
 }
 
 impl ShimState {
@@ -295,6 +302,26 @@ fn load_config(
     Ok(config)
 }
 
+/// The restore a container's annotations ask for: a node-local checkpoint by name, or a
+/// checkpoint image mounted as an image volume; both at once is refused.
+fn pod_restore(
+    spec: Option<&serde_json::Value>,
+    annotations: &HashMap<String, String>,
+    config: &gpusnap_config::Config,
+) -> std::result::Result<Option<PendingRestore>, String> {
+    let by_name = crate::restore_from::pending_restore(annotations, config)?;
+    let by_volume = crate::restore_volume::pending_restore(spec, annotations, config)?;
+    match (by_name, by_volume) {
+        (Some(_), Some(_)) => Err(format!(
+            "the container is annotated both {} and {}: restore from one checkpoint, the \
+             node-local one by name or the image volume",
+            gpusnap_config::RESTORE_FROM_ANNOTATION,
+            gpusnap_config::RESTORE_FROM_VOLUME_ANNOTATION
+        )),
+        (named, volume) => Ok(named.or(volume)),
+    }
+}
+
 fn decode_json<T: serde::de::DeserializeOwned>(what: &str, any: &MessageField<Any>) -> Result<T> {
     let any = any
         .as_ref()
@@ -392,8 +419,9 @@ impl TaskService {
         let stdio = stdio_of(req.terminal, &req.stdin, &req.stdout, &req.stderr);
         let mut init = Process::new("", stdio);
         let restore = if req.checkpoint.is_empty() {
-            // A pod can ask to start from a node-local checkpoint (see restore_from.rs).
-            crate::restore_from::pending_restore(&annotations, &config).map_err(|e| {
+            // A pod can ask to start from a node-local checkpoint (restore_from.rs) or from a
+            // checkpoint image it mounts as an image volume (restore_volume.rs).
+            pod_restore(spec.as_ref(), &annotations, &config).map_err(|e| {
                 unmount();
                 invalid_argument(e)
             })?
@@ -405,8 +433,14 @@ impl TaskService {
                 rootfs_diff: None,
                 // containerd passes only the directory (`ctr`, CRI): its own signature decides.
                 signature_evidence: Default::default(),
+                volume: None,
             })
         };
+        if let Some(v) = restore.as_ref().and_then(|r| r.volume.as_ref()) {
+            let mut state = self.state.lock().await;
+            state.volume_caches.insert(v.cache.clone());
+            state.volume_mounts.insert(v.mount.clone());
+        }
         let state = match restore {
             Some(r) => InitState::CreatedFromCheckpoint(r),
             None => {
@@ -682,6 +716,18 @@ impl TaskService {
         }
         if c.rootfs_mounted {
             container::unmount_rootfs(&c.bundle);
+        }
+        // containerd removes a pod's image volumes when the pod stops: the node's copies of
+        // volume checkpoints that no pod holds any more go (gpusnap_transaction::volume).
+        let cache = c
+            .config
+            .restore
+            .checkpoint_root
+            .join(gpusnap_transaction::volume::CACHE_DIR);
+        if cache.is_dir() {
+            self.state.lock().await.volume_caches.insert(cache.clone());
+            let _ = tokio::task::spawn_blocking(move || gpusnap_transaction::volume::sweep(&cache))
+                .await;
         }
         let exit = c.init.exit;
         let exited_at = MessageField::some(convert_to_timestamp(exit.map(|e| e.at)));
@@ -1085,9 +1131,34 @@ impl containerd_shim::Task for TaskService {
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
         // One shim can serve a whole pod: it only goes away with its last container.
-        if self.state.lock().await.containers.is_empty() {
+        let (caches, mounts) = {
+            let state = self.state.lock().await;
+            if !state.containers.is_empty() {
+                return Ok(Empty::new());
+            }
+            (state.volume_caches.clone(), state.volume_mounts.clone())
+        };
+        if caches.is_empty() {
             self.exit.signal();
+            return Ok(Empty::new());
         }
+        // The pod is gone. containerd removes its image volumes right after it stopped the
+        // sandbox, which is what shuts this shim down: wait (briefly) for them to go, then
+        // remove the copies only they held.
+        let exit = self.exit.clone();
+        tokio::spawn(async move {
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while mounts.iter().any(|m| m.exists()) && std::time::Instant::now() < give_up {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            let _ = tokio::task::spawn_blocking(move || {
+                caches
+                    .iter()
+                    .for_each(|c| gpusnap_transaction::volume::sweep(c))
+            })
+            .await;
+            exit.signal();
+        });
         Ok(Empty::new())
     }
 }

@@ -163,13 +163,28 @@ fn host_namespace(typ: LinuxNamespaceType, path: &Path) -> bool {
 
 /// Compares the spec of the container being created (`<bundle>/config.json`) with the signed
 /// record: `Err` names every field it grants beyond it.
-pub(crate) fn check_spec(record: &ContainerRecord, bundle: &Path) -> Result<(), String> {
+pub(crate) fn check_spec(
+    record: &ContainerRecord,
+    bundle: &Path,
+    checkpoint_mount: Option<&(PathBuf, PathBuf)>,
+) -> Result<(), String> {
     let SpecRecord::Recorded { grants: signed } = &record.spec else {
         return Err("the signed checkpoint records no spec".into());
     };
     let path = bundle.join("config.json");
-    let target = config_bytes(bundle)
+    let mut target = config_bytes(bundle)
         .and_then(|b| SpecGrants::from_json(&b).map_err(|e| format!("{}: {e}", path.display())))?;
+    if let Some((destination, source)) = checkpoint_mount {
+        // Exactly that mount, read-only, from exactly that source: anything else at the same
+        // place is compared like every other mount.
+        target.mounts.retain(|m| {
+            let read_only = m
+                .options()
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|x| x == "ro"));
+            !(m.destination() == destination && m.source().as_ref() == Some(source) && read_only)
+        });
+    }
     let excess = signed.excess(&target, &ThisNode);
     if excess.is_empty() {
         return Ok(());

@@ -28,6 +28,7 @@ pub mod runc;
 mod sealed_here;
 pub mod signature;
 mod timings;
+pub mod volume;
 pub mod watchdog;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};

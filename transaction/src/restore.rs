@@ -65,6 +65,11 @@ pub struct RestoreRequest {
     /// What the front door knows about the checkpoint's signature beyond its directory; the
     /// node's `restore.signature_policy` is decided on it here (`signature.rs`).
     pub signature_evidence: crate::SignatureEvidence,
+    /// The mount the checkpoint itself reached the container through (destination, source):
+    /// the image volume [`crate::volume::restore`] restores from. The container that was
+    /// checkpointed did not have it, so it is left out when the spec is compared with the
+    /// signed one; it is a read-only bind of the image the pod names, and grants nothing else.
+    pub checkpoint_mount: Option<(PathBuf, PathBuf)>,
 }
 
 /// A rootfs diff and the digest it must have: verified before it is read for anything else.
@@ -254,7 +259,7 @@ fn restore_inner(req: &RestoreRequest, host: &dyn Host) -> Result<RestoreReport>
     // the spec of the container being created (`privilege.rs`).
     let t = Instant::now();
     let spec = crate::privilege::read_spec(&req.bundle)?;
-    admitted.check_spec(&req.bundle)?;
+    admitted.check_spec(&req.bundle, req.checkpoint_mount.as_ref())?;
     crate::privilege::check(&spec, ckpt)?;
     end_phase(
         &deadline,

@@ -101,14 +101,20 @@ impl Admission {
 
     /// The spec of the container being created (`<bundle>/config.json`) grants nothing beyond
     /// the signed record's.
-    pub(crate) fn check_spec(&self, bundle: &Path) -> Result<()> {
+    /// `checkpoint_mount`: the mount (destination, source) the checkpoint came through, left
+    /// out of the comparison ([`crate::RestoreRequest::checkpoint_mount`]).
+    pub(crate) fn check_spec(
+        &self,
+        bundle: &Path,
+        checkpoint_mount: Option<&(PathBuf, PathBuf)>,
+    ) -> Result<()> {
         let Some((record, enforce)) = &self.covered else {
             return Ok(());
         };
         self.verdict(
             *enforce,
             "spec",
-            crate::container_record::check_spec(record, bundle),
+            crate::container_record::check_spec(record, bundle, checkpoint_mount),
         )
     }
 

@@ -207,7 +207,7 @@ impl Crictl {
         command: &[&str],
         env: &[(&str, &str)],
     ) -> Result<String> {
-        self.create_with(pod, name, image, command, env, &json!({}))
+        self.create_full(pod, name, image, command, env, &[], 0, &json!({}))
     }
 
     /// [`Crictl::create`] with `security` (an object of CRI `LinuxContainerSecurityContext`
@@ -222,6 +222,40 @@ impl Crictl {
         env: &[(&str, &str)],
         security: &Value,
     ) -> Result<String> {
+        self.create_full(pod, name, image, command, env, &[], 0, security)
+    }
+
+    /// [`Crictl::create`] with CRI `mounts` — an image volume as the kubelet passes one is
+    /// `{"container_path": PATH, "image": {"image": REF}, "readonly": true}` — and the
+    /// container's `attempt` (the kubelet's count of its restarts: a container created again
+    /// after a failed start has the next one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_with_mounts(
+        &self,
+        pod: &CrictlPod,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        env: &[(&str, &str)],
+        mounts: &[Value],
+        attempt: u32,
+    ) -> Result<String> {
+        self.create_full(pod, name, image, command, env, mounts, attempt, &json!({}))
+    }
+
+    /// `crictl create` with every choice the wrappers above make.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_full(
+        &self,
+        pod: &CrictlPod,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        env: &[(&str, &str)],
+        mounts: &[Value],
+        attempt: u32,
+        security: &Value,
+    ) -> Result<String> {
         let mut security_context =
             json!({"namespace_options": {"network": 2, "pid": pod.pid_mode.cri(), "ipc": 0}});
         if let (Some(into), Some(from)) = (security_context.as_object_mut(), security.as_object()) {
@@ -232,12 +266,13 @@ impl Crictl {
             .map(|(k, v)| json!({"key": k, "value": v}))
             .collect();
         let config = self.write_json(
-            &format!("ctr-{}-{name}.json", pod.name),
+            &format!("ctr-{}-{name}-{attempt}.json", pod.name),
             &json!({
-                "metadata": {"name": name, "attempt": 0},
+                "metadata": {"name": name, "attempt": attempt},
                 "image": {"image": image},
                 "command": command,
                 "envs": envs,
+                "mounts": mounts,
                 "log_path": format!("{name}.log"),
                 "labels": {"io.kubernetes.container.name": name},
                 "linux": {"security_context": security_context}

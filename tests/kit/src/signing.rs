@@ -295,12 +295,38 @@ impl CriSigNode {
         let pod = self
             .crictl
             .run_pod(name, gpusnap_handler(), PidMode::Container, annotations)?;
-        let id = self.crictl.create_with(
-            &pod,
+        self.start_in_full(&pod, image, &[], 0, security)
+            .map(|(_, r)| r)
+    }
+
+    /// The counter container (attempt `attempt`, with CRI `mounts`) from `image` in the
+    /// running pod `pod`, started; its id, and `Restored::Refused` when `crictl start` fails.
+    pub fn start_in(
+        &self,
+        pod: &CrictlPod,
+        image: &str,
+        mounts: &[serde_json::Value],
+        attempt: u32,
+    ) -> Result<(String, Restored)> {
+        self.start_in_full(pod, image, mounts, attempt, &serde_json::json!({}))
+    }
+
+    fn start_in_full(
+        &self,
+        pod: &CrictlPod,
+        image: &str,
+        mounts: &[serde_json::Value],
+        attempt: u32,
+        security: &serde_json::Value,
+    ) -> Result<(String, Restored)> {
+        let id = self.crictl.create_full(
+            pod,
             "counter",
             image,
             &["sh", "-c", COUNTER, &self.run],
             &[],
+            mounts,
+            attempt,
             security,
         )?;
         let out = self.crictl.run(&["start", &id])?;
@@ -311,13 +337,20 @@ impl CriSigNode {
                 "crictl start failed but {id} runs: {}",
                 out.describe()
             );
-            return Ok(Restored::Refused(out.stderr_str()));
+            return Ok((id, Restored::Refused(out.stderr_str())));
         }
         let pid = crate::wait::wait_some(Duration::from_secs(30), || {
             self.crictl.pid(&id).ok().filter(|p| *p != 0)
         })
-        .with_context(|| format!("no pid for {id} in {name}"))?;
-        Ok(Restored::Runs(Running { pod, id, pid }))
+        .with_context(|| format!("no pid for {id} in {}", pod.name))?;
+        Ok((
+            id.clone(),
+            Restored::Runs(Running {
+                pod: pod.clone(),
+                id,
+                pid,
+            }),
+        ))
     }
 
     /// A fresh counter, counted past [`WARM`].

@@ -1,0 +1,325 @@
+//! Restore from the pod spec alone (issue 30, the restore half), through the CRI door as the
+//! kubelet drives it: a pod mounts the checkpoint image as an image volume (KEP-4639; CRI
+//! `mounts[].image`, read-only) and is annotated `gpusnap.io/restore-from-volume: MOUNT_PATH`;
+//! "node B" has its own containerd and node store and nothing done on it beforehand but the
+//! image pull the kubelet makes for an image volume (`crictl pull`).
+//!
+//! - a counter checkpointed through CRI on "node A", published with `gpusnap image build` +
+//!   `push` (chunked), restored on node B by two pods at once: one copy of the checkpoint on
+//!   the node, both count on; a container whose start failed (the restore's deadline passed
+//!   after the rootfs diff was applied) is created again and restores from the copy already
+//!   made; the pods' removal takes the copy with them;
+//! - under `restore.signature_policy = require`: an image signed at seal restores; the same
+//!   image without its signature, a forged one (a page flipped, built without verification)
+//!   and an image that is no checkpoint are refused at `crictl start`, saying why, with
+//!   nothing running and nothing left on the node.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use gpusnap_testkit::busybox_registry::{publish_archive, registry_with_busybox, BUSYBOX_REPO};
+use gpusnap_testkit::cmd::{check, gpusnap_ok};
+use gpusnap_testkit::counter::{check_continues, count_of, Count};
+use gpusnap_testkit::cri::{gpusnap_handler, CriNode, CriNodeOptions};
+use gpusnap_testkit::crictl::{Crictl, CrictlPod, PidMode};
+use gpusnap_testkit::faults::{point, Failpoints};
+use gpusnap_testkit::rig::RigOptions;
+use gpusnap_testkit::signing::{keypair, CriSigNode, Policy, Restored};
+use gpusnap_testkit::Registry;
+use serde_json::{json, Value};
+
+/// Where the pods mount the checkpoint image, and the annotation that names it.
+const MOUNT: &str = "/gpusnap/checkpoint";
+const ANNOTATION: &str = "gpusnap.io/restore-from-volume";
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 test path")
+}
+
+fn run_ok(program: &str, args: &[&str]) -> Result<()> {
+    let out = gpusnap_testkit::run(program, args);
+    ensure!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        gpusnap_testkit::describe(&out)
+    );
+    Ok(())
+}
+
+/// The image volume as the kubelet passes it to CRI.
+fn image_mount(reference: &str) -> Value {
+    json!({"container_path": MOUNT, "image": {"image": reference}, "readonly": true})
+}
+
+/// A node whose shim reads failpoints from `fp` (for the retry).
+fn node_with_failpoints(reg: &Registry, busybox: &str, fp: &Failpoints) -> Result<CriSigNode> {
+    let node = CriNode::start(CriNodeOptions {
+        registry_host: Some(reg.host()),
+        rig: RigOptions {
+            containerd_env: vec![fp.env()],
+            ..Default::default()
+        },
+        ..Default::default()
+    })?;
+    let crictl = Crictl::for_node(&node)?;
+    crictl.ok(&["pull", busybox])?;
+    Ok(CriSigNode {
+        crictl,
+        node,
+        busybox: busybox.to_string(),
+        run: gpusnap_testkit::counter::run_token(),
+    })
+}
+
+/// The node's copies of volume checkpoints (`<checkpoint_root>/.gpusnap-volumes`): every entry.
+fn copies(node: &CriSigNode) -> Vec<String> {
+    let dir = node.node.checkpoint_root().join(".gpusnap-volumes");
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The copies' directories (64-hex-digit names: the image digests).
+fn copy_dirs(node: &CriSigNode) -> Vec<PathBuf> {
+    copies(node)
+        .into_iter()
+        .filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(|n| node.node.checkpoint_root().join(".gpusnap-volumes").join(n))
+        .collect()
+}
+
+/// A new pod annotated to restore from the image volume `reference`, its counter container
+/// started; when it runs it must be the checkpointed counter going on.
+fn restore_from_volume(
+    node: &CriSigNode,
+    name: &str,
+    reference: &str,
+    checkpointed: &Count,
+) -> Result<(CrictlPod, String, Restored)> {
+    let pod = node.crictl.run_pod(
+        name,
+        gpusnap_handler(),
+        PidMode::Container,
+        &[(ANNOTATION, MOUNT)],
+    )?;
+    let (id, r) = node.start_in(&pod, &node.busybox, &[image_mount(reference)], 0)?;
+    if let Restored::Runs(w) = &r {
+        check_continues(name, checkpointed, || count_of(w.pid))?;
+    }
+    Ok((pod, id, r))
+}
+
+/// Adds `line` under `[restore]` of the node's config (the shim reads it per container), or
+/// removes it again.
+fn restore_setting(node: &CriSigNode, line: &str, on: bool) -> Result<()> {
+    let path = node.node.config_path();
+    let old = fs::read_to_string(path)?;
+    let new = if on {
+        old.replacen("[restore]\n", &format!("[restore]\n{line}\n"), 1)
+    } else {
+        old.replace(&format!("{line}\n"), "")
+    };
+    fs::write(path, new)?;
+    Ok(())
+}
+
+#[test]
+fn image_volume_restores_on_a_node_that_did_nothing_beforehand() {
+    check(|| {
+        let reg = registry_with_busybox()?;
+        let busybox = reg.image(BUSYBOX_REPO);
+        let work = tempfile::tempdir()?;
+        let node_a = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
+        let counter = node_a.run_counter("trainer")?;
+        let archive = work.path().join("trainer.tar");
+        let checkpointed = node_a.checkpoint(&counter, &archive)?;
+        let reference = publish_archive(&reg, &archive, "ckpt/trainer:1", work.path())?;
+        // The same checkpoint in the classic layout: another image, so another copy.
+        gpusnap_ok(&[
+            "image",
+            "push",
+            s(&archive),
+            &reg.url("ckpt/trainer:classic"),
+            "--classic",
+        ])?;
+        let classic = reg.image("ckpt/trainer:classic");
+        drop(node_a);
+
+        let fp = Failpoints::new()?;
+        let node_b = node_with_failpoints(&reg, &busybox, &fp)?;
+        // What the kubelet does for an image volume: pull the image like any other.
+        node_b.crictl.ok(&["pull", &reference])?;
+        node_b.crictl.ok(&["pull", &classic])?;
+
+        // Two pods restoring the same image at once: both count on, from one copy.
+        let (one, two) = std::thread::scope(|sc| {
+            let a = sc.spawn(|| restore_from_volume(&node_b, "twin-1", &reference, &checkpointed));
+            let b = sc.spawn(|| restore_from_volume(&node_b, "twin-2", &reference, &checkpointed));
+            (a.join(), b.join())
+        });
+        let one = one.map_err(|_| anyhow::anyhow!("twin-1 panicked"))??;
+        let two = two.map_err(|_| anyhow::anyhow!("twin-2 panicked"))??;
+        one.2.running()?;
+        two.2.running()?;
+        let made = copy_dirs(&node_b);
+        ensure!(made.len() == 1, "one copy expected: {:?}", copies(&node_b));
+        let copy = &made[0];
+        let holders_file = copy.with_extension("holders.json");
+        let holders: Vec<String> = serde_json::from_slice(&fs::read(&holders_file)?)?;
+        ensure!(holders.len() == 2, "both pods hold the copy: {holders:?}");
+        ensure!(
+            !copy.join("checkpoint/.gpusnap-chunks").exists()
+                && !copy.join("checkpoint/gpusnap-chunks.json").exists()
+                && copy.join("checkpoint/pages-1.img").is_file(),
+            "the copy holds the assembled checkpoint, not chunks"
+        );
+
+        // A start that fails after the rootfs diff was applied (the restore's deadline passes):
+        // the kubelet creates the container again, which restores without copying again.
+        restore_setting(&node_b, "deadline_seconds = 10", true)?;
+        fp.arm_sleep(&point::after_phase("rootfs-diff"), 12)?;
+        let (pod, _, first) = restore_from_volume(&node_b, "retry", &classic, &checkpointed)?;
+        let failed = first.refusal()?;
+        ensure!(
+            failed.contains("ran out of time in the rootfs-diff phase"),
+            "the failed start says why: {failed}"
+        );
+        fp.disarm(&point::after_phase("rootfs-diff"));
+        restore_setting(&node_b, "deadline_seconds = 10", false)?;
+        let kept: Vec<PathBuf> = copy_dirs(&node_b)
+            .into_iter()
+            .filter(|d| d != copy)
+            .collect();
+        ensure!(
+            kept.len() == 1,
+            "the failed start's copy is kept: {:?}",
+            copies(&node_b)
+        );
+        let record = kept[0].join("gpusnap-volume.json");
+        let inode = |p: &Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        let first_inode = inode(&record)?;
+        let (_, again) = node_b.start_in(&pod, &busybox, &[image_mount(&classic)], 1)?;
+        let again = again.running()?;
+        check_continues("retry", &checkpointed, || count_of(again.pid))?;
+        ensure!(
+            inode(&record)? == first_inode,
+            "the retry made the copy again"
+        );
+
+        // The pods go (and containerd removes their image volumes): so does the copy.
+        for p in [&one.0, &two.0, &pod] {
+            node_b.crictl.remove_pod(p)?;
+        }
+        let left = gpusnap_testkit::wait_some(Duration::from_secs(30), || {
+            let c = copies(&node_b);
+            c.iter()
+                .all(|n| !n.ends_with(".holders.json") && n.len() != 64)
+                .then_some(c)
+        });
+        ensure!(
+            left.is_some(),
+            "the copy outlived its pods: {:?}",
+            copies(&node_b)
+        );
+        Ok(())
+    })
+}
+
+#[test]
+fn image_volume_refusals_say_why_and_leave_nothing() {
+    check(|| {
+        let reg = registry_with_busybox()?;
+        let busybox = reg.image(BUSYBOX_REPO);
+        let work = tempfile::tempdir()?;
+        let key = keypair(work.path(), "node-a")?;
+        // Node A signs what it seals (the container's spec and writable layer included).
+        let node_a = CriSigNode::start(
+            &reg.host(),
+            &busybox,
+            &Policy {
+                policy: "off",
+                trusted: vec![],
+                signing_key: Some(&key.private),
+            },
+        )?;
+        let counter = node_a.run_counter("trainer")?;
+        let archive = work.path().join("trainer.tar");
+        let checkpointed = node_a.checkpoint(&counter, &archive)?;
+        drop(node_a);
+        let signed = publish_archive(&reg, &archive, "ckpt/trainer:signed", work.path())?;
+        // The same checkpoint without its signature, and one with a page flipped (its OCI
+        // digests consistent: built without gpusnap's verification).
+        let tree = work.path().join("tree");
+        fs::create_dir_all(&tree)?;
+        run_ok("tar", &["-xf", s(&archive), "-C", s(&tree)])?;
+        let unsigned_tree = work.path().join("unsigned");
+        run_ok("cp", &["-a", s(&tree), s(&unsigned_tree)])?;
+        fs::remove_file(unsigned_tree.join("checkpoint/gpusnap-manifest.json.sig"))?;
+        gpusnap_ok(&[
+            "image",
+            "push",
+            s(&unsigned_tree),
+            &reg.url("ckpt/trainer:unsigned"),
+        ])?;
+        gpusnap_testkit::fixtures::flip_byte(&tree.join("checkpoint/pages-1.img"));
+        gpusnap_ok(&[
+            "image",
+            "push",
+            s(&tree),
+            &reg.url("ckpt/trainer:forged"),
+            "--no-verify",
+        ])?;
+
+        let node_b = CriSigNode::start(
+            &reg.host(),
+            &busybox,
+            &Policy {
+                policy: "require",
+                trusted: vec![&key.public],
+                signing_key: None,
+            },
+        )?;
+        let cases = [
+            ("unsigned", reg.image("ckpt/trainer:unsigned"), "signature"),
+            ("forged", reg.image("ckpt/trainer:forged"), "pages-1.img"),
+            (
+                "not-a-checkpoint",
+                busybox.clone(),
+                "does not hold a restorable gpusnap checkpoint",
+            ),
+        ];
+        for (name, reference, why) in &cases {
+            node_b.crictl.ok(&["pull", reference])?;
+            let (pod, id, r) = restore_from_volume(&node_b, name, reference, &checkpointed)?;
+            let refused = r.refusal()?;
+            ensure!(
+                refused.contains(why),
+                "{name}: the refusal says why: {refused}"
+            );
+            ensure!(
+                node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
+                "{name}: runs after its refusal"
+            );
+            ensure!(
+                copies(&node_b).is_empty(),
+                "{name}: the refusal left {:?} on the node",
+                copies(&node_b)
+            );
+            node_b.crictl.remove_pod(&pod)?;
+        }
+
+        // Signed at seal, with the container it restores into as signed: restored.
+        node_b.crictl.ok(&["pull", &signed])?;
+        restore_from_volume(&node_b, "signed", &signed, &checkpointed)?
+            .2
+            .running()?;
+        Ok(())
+    })
+}
