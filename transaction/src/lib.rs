@@ -32,7 +32,7 @@ pub mod watchdog;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
 pub use error::{Error, Outcome, Refusal, Result};
-pub use gpu::PendingCudaResume;
+pub use gpu::{GpuRestoreError, PendingCudaResume, ResumeError, UnknownEngine};
 pub use host::{Direct, Host, RunTool};
 pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest, RootfsDiff};
 pub use signature::SignatureEvidence;
