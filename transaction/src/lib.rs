@@ -27,6 +27,8 @@ pub mod restore;
 pub mod runc;
 mod sealed_here;
 pub mod signature;
+#[cfg(test)]
+mod testing;
 mod timings;
 pub mod watchdog;
 

@@ -35,6 +35,8 @@ mod freeze;
 mod hashing;
 mod prepare;
 mod seal;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -36,6 +36,8 @@
 mod apply;
 mod bound;
 mod run;
+#[cfg(test)]
+mod tests;
 mod unlock;
 mod validate;
 
