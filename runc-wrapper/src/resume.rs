@@ -49,7 +49,7 @@ pub fn run(ctx: &Context) -> i32 {
             PendingCudaResume::from_records(&ctx.config, p.records, p.memory_restored)
                 .map_err(|e| e.to_string())
         })
-        .and_then(PendingCudaResume::resume);
+        .and_then(|p| p.resume().map_err(|e| e.to_string()));
     let _ = beneath::unlink_at(state_dir.as_fd(), pending);
     match resumed {
         Ok(()) => 0,

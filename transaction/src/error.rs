@@ -3,8 +3,16 @@
 //! Every failure is either a refusal, before anything was changed, or a failure after
 //! something was, with the [`Outcome`] it left. Front ends map it once, at their edge: the
 //! shim to a ttrpc status, gpusnap-runc to an exit code.
+//!
+//! Each phase of a transaction has its own error type (`checkpoint::prepare::PrepareError`,
+//! `restore::apply::ApplyError`, ...) that keeps what caused it; converting one into this
+//! error decides the category (refused or failed, and the outcome) once, and keeps the cause
+//! as the [`std::error::Error::source`] of the result.
 
 use std::fmt;
+
+/// What caused an error, kept for its chain (`source()`); the message already says it in words.
+pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a transaction did not start. Nothing was changed: no process was frozen, locked or
 /// signalled, and the checkpoint directory holds nothing that looks complete.
@@ -65,36 +73,44 @@ impl fmt::Display for Outcome {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{message}")]
-    Refused { reason: Refusal, message: String },
+    Refused {
+        reason: Refusal,
+        message: String,
+        /// What the refusal was caused by, when it was an error of its own.
+        #[source]
+        source: Option<Source>,
+    },
     #[error("{message}; {outcome}")]
     Failed {
         outcome: Outcome,
         message: String,
         /// runc's exit code, when runc itself failed (gpusnap-runc passes it on).
         runc_exit: Option<i32>,
+        /// What the failure was caused by, when it was an error of its own.
+        #[source]
+        source: Option<Source>,
     },
 }
 
 impl Error {
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub fn refused(reason: Refusal, message: impl Into<String>) -> Self {
         Error::Refused {
-            reason: Refusal::InvalidRequest,
+            reason,
             message: message.into(),
+            source: None,
         }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::refused(Refusal::InvalidRequest, message)
     }
 
     pub fn precondition(message: impl Into<String>) -> Self {
-        Error::Refused {
-            reason: Refusal::Precondition,
-            message: message.into(),
-        }
+        Error::refused(Refusal::Precondition, message)
     }
 
     pub fn busy(message: impl Into<String>) -> Self {
-        Error::Refused {
-            reason: Refusal::Busy,
-            message: message.into(),
-        }
+        Error::refused(Refusal::Busy, message)
     }
 
     pub fn failed(outcome: Outcome, message: impl Into<String>) -> Self {
@@ -102,6 +118,33 @@ impl Error {
             outcome,
             message: message.into(),
             runc_exit: None,
+            source: None,
+        }
+    }
+
+    /// Keeps `cause` as the error's source.
+    pub fn caused_by(mut self, cause: impl Into<Source>) -> Self {
+        match &mut self {
+            Error::Refused { source, .. } | Error::Failed { source, .. } => {
+                *source = Some(cause.into())
+            }
+        }
+        self
+    }
+
+    /// runc's exit code, when runc itself failed.
+    pub fn with_runc_exit(mut self, exit: Option<i32>) -> Self {
+        if let Error::Failed { runc_exit, .. } = &mut self {
+            *runc_exit = exit;
+        }
+        self
+    }
+
+    /// The refusal's reason; `None` for a failure.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Refused { reason, .. } => Some(*reason),
+            Error::Failed { .. } => None,
         }
     }
 
@@ -117,37 +160,56 @@ impl Error {
     /// failed: …" for a failure.
     pub fn of(self, operation: &str, id: &str) -> Self {
         match self {
-            Error::Refused { reason, message } => Error::Refused {
+            Error::Refused {
+                reason,
+                message,
+                source,
+            } => Error::Refused {
                 reason,
                 message: format!("cannot {operation} {id}: {message}"),
+                source,
             },
             Error::Failed {
                 outcome,
                 message,
                 runc_exit,
+                source,
             } => Error::Failed {
                 outcome,
                 message: format!("{operation} of {id} failed: {message}"),
                 runc_exit,
+                source,
             },
         }
     }
 
     /// Prefixes the message with what was being done.
     pub fn context(self, what: impl fmt::Display) -> Self {
+        self.map_message(|message| format!("{what}: {message}"))
+    }
+
+    /// The same error with its message rewritten (category, outcome and source kept).
+    pub fn map_message(self, f: impl FnOnce(String) -> String) -> Self {
         match self {
-            Error::Refused { reason, message } => Error::Refused {
+            Error::Refused {
                 reason,
-                message: format!("{what}: {message}"),
+                message,
+                source,
+            } => Error::Refused {
+                reason,
+                message: f(message),
+                source,
             },
             Error::Failed {
                 outcome,
                 message,
                 runc_exit,
+                source,
             } => Error::Failed {
                 outcome,
-                message: format!("{what}: {message}"),
+                message: f(message),
                 runc_exit,
+                source,
             },
         }
     }
@@ -178,5 +240,31 @@ mod tests {
         let r = Error::busy("another checkpoint of c1 is in progress");
         assert_eq!(r.outcome(), None);
         assert_eq!(r.to_string(), "another checkpoint of c1 is in progress");
+    }
+
+    #[test]
+    fn the_cause_survives_naming_and_context() {
+        use std::error::Error as _;
+        let io = std::io::Error::other("disk on fire");
+        let e = Error::precondition("cannot use /ck: disk on fire")
+            .caused_by(io)
+            .context("preparing")
+            .of("checkpoint", "c1");
+        assert_eq!(
+            e.to_string(),
+            "cannot checkpoint c1: preparing: cannot use /ck: disk on fire"
+        );
+        assert_eq!(e.source().unwrap().to_string(), "disk on fire");
+        let f = Error::failed(Outcome::NothingRunning, "runc restore failed")
+            .with_runc_exit(Some(3))
+            .caused_by(std::io::Error::other("criu"));
+        assert!(matches!(
+            f,
+            Error::Failed {
+                runc_exit: Some(3),
+                ..
+            }
+        ));
+        assert_eq!(f.source().unwrap().to_string(), "criu");
     }
 }

@@ -18,10 +18,46 @@ use gpusnap_cuda::{
     driver::{Capabilities, DeviceInfo},
     engine::{engine_by_name, engine_names, StorageEngine},
     orchestrate::{CheckpointReport, GpuMap, ProcessRecord, RestoreReport, RestoreTarget},
-    Driver, DriverConfig, LoadError, Orchestrator, OrchestratorOptions, PendingDriver,
+    Driver, DriverConfig, LoadError, OrchestrateError, Orchestrator, OrchestratorOptions,
+    PendingDriver,
 };
 
 use crate::error::{Error, Result};
+use crate::runc::RuncFailure;
+
+/// Why CUDA processes left checkpointed (or locked) could not be resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The frozen container could not be thawed for the driver.
+    #[error("{0}")]
+    Thaw(#[source] RuncFailure),
+    /// The container could not be frozen again after the driver was done.
+    #[error("{0}")]
+    Refreeze(#[source] RuncFailure),
+    /// The driver's restore or unlock failed.
+    #[error(transparent)]
+    Driver(#[from] OrchestrateError),
+}
+
+/// Why the GPU state of restored processes could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuRestoreError {
+    /// A checkpointed CUDA process was not found among the restored ones.
+    #[error(transparent)]
+    Discovery(#[from] discovery::DiscoveryError),
+    #[error(transparent)]
+    Driver(#[from] OrchestrateError),
+}
+
+/// A storage engine this build does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "storage engine `{name}` does not exist in this gpusnap; choose one of {}",
+    engine_names().join(", ")
+)]
+pub struct UnknownEngine {
+    pub name: String,
+}
 
 /// Key under which each GPU process record of the manifest carries the orchestrator's full
 /// record (container pid, restore thread, GPUs, driver version, engine details).
@@ -111,21 +147,25 @@ pub fn uses_nvidia_devices(proc_root: &Path, pids: &[i32]) -> bool {
 }
 
 /// Whether this build has a storage engine called `name`; the error lists the ones it has.
-pub fn check_engine_name(name: &str) -> std::result::Result<(), String> {
+pub fn check_engine_name(name: &str) -> std::result::Result<(), UnknownEngine> {
     if engine_names().contains(&name) {
         Ok(())
     } else {
-        Err(format!(
-            "storage engine `{name}` does not exist in this gpusnap; choose one of {}",
-            engine_names().join(", ")
-        ))
+        Err(UnknownEngine {
+            name: name.to_string(),
+        })
     }
 }
 
 /// The engine called `name`, admitted on this driver, or a refusal that says what to do.
 fn engine(config: &Config, name: &str, caps: &Capabilities) -> Result<Arc<dyn StorageEngine>> {
     let engine = engine_by_name(name, &config.storage)
-        .ok_or_else(|| Error::precondition(check_engine_name(name).unwrap_err()))?
+        .ok_or_else(|| {
+            let unknown = UnknownEngine {
+                name: name.to_string(),
+            };
+            Error::precondition(unknown.to_string()).caused_by(unknown)
+        })?
         .map_err(|e| Error::precondition(e.to_string()))?;
     engine
         .admit(caps)
@@ -316,22 +356,19 @@ impl GpuRestore {
     /// After CRIU restored the tree: finds each checkpointed CUDA process among `restored`
     /// (host pids) by its container pid, restores its device memory onto the gated GPUs and
     /// unlocks it.
-    pub fn run(self, restored: &[u32]) -> std::result::Result<RestoreReport, String> {
+    pub fn run(self, restored: &[u32]) -> std::result::Result<RestoreReport, GpuRestoreError> {
         let restored: Vec<i32> = restored
             .iter()
             .filter_map(|&p| i32::try_from(p).ok())
             .collect();
-        let host_pids = discovery::map_restored_pids(&self.records, &restored, Path::new("/proc"))
-            .map_err(|e| e.to_string())?;
+        let host_pids = discovery::map_restored_pids(&self.records, &restored, Path::new("/proc"))?;
         let targets: Vec<RestoreTarget> = self
             .records
             .into_iter()
             .zip(host_pids)
             .map(|(record, host_pid)| RestoreTarget { record, host_pid })
             .collect();
-        self.orchestrator
-            .restore(&targets, &self.map)
-            .map_err(|e| e.to_string())
+        Ok(self.orchestrator.restore(&targets, &self.map)?)
     }
 }
 
@@ -365,11 +402,9 @@ impl PendingCudaResume {
 
     /// Brings the device memory back now, leaving the processes LOCKED, so the resume needs
     /// nothing from the checkpoint directory. The processes must run (be thawed) for this.
-    pub(crate) fn restore_memory_now(mut self) -> std::result::Result<Self, String> {
+    pub(crate) fn restore_memory_now(mut self) -> std::result::Result<Self, ResumeError> {
         let targets = self.targets();
-        self.orchestrator
-            .restore_locked(&targets, &GpuMap::new())
-            .map_err(|e| e.to_string())?;
+        self.orchestrator.restore_locked(&targets, &GpuMap::new())?;
         self.memory_restored = true;
         Ok(self)
     }
@@ -426,15 +461,13 @@ impl PendingCudaResume {
 
     /// CUDA restore (unless done already) and unlock of the processes, in place (same pids).
     /// The container must be running (thawed).
-    pub fn resume(self) -> std::result::Result<(), String> {
+    pub fn resume(self) -> std::result::Result<(), ResumeError> {
         if self.memory_restored {
             let pids: Vec<i32> = self.records.iter().map(|r| r.host_pid).collect();
-            return self.orchestrator.unlock(&pids).map_err(|e| e.to_string());
+            return Ok(self.orchestrator.unlock(&pids)?);
         }
-        self.orchestrator
-            .restore(&self.targets(), &GpuMap::new())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.orchestrator.restore(&self.targets(), &GpuMap::new())?;
+        Ok(())
     }
 }
 

@@ -101,7 +101,10 @@ impl InFlight {
         let mut repaired = Repaired::default();
         // The dump of a killed runtime's runc may still be running: it must not write after
         // the images are removed.
-        crate::leftovers::kill_criu_writing(&self.image_dir);
+        match runc {
+            Some(runc) => runc.host().kill_criu_writing(&self.image_dir),
+            None => crate::leftovers::kill_criu_writing(&self.image_dir),
+        };
         let sealed = self.image_dir.join(dir::layout::MANIFEST_FILE).is_file();
         if !sealed && self.image_dir.is_dir() {
             let removed = if self.created_dir {
@@ -119,7 +122,8 @@ impl InFlight {
             }
         }
         if let Some(runc) = runc {
-            if crate::cgroup::frozen(self.init_pid).is_some_and(|f| f != self.frozen_by_caller) {
+            let frozen = runc.host().cgroup_frozen(self.init_pid);
+            if frozen.is_some_and(|f| f != self.frozen_by_caller) {
                 crate::checkpoint::settle_freezer(runc, self.init_pid, self.frozen_by_caller);
                 repaired.freezer_settled = true;
             }

@@ -130,8 +130,9 @@ pub fn clear_failed_restore(
         runc.global.systemd_cgroup,
     ));
     let mut cleared = Cleared::default();
+    let host = runc.host();
     for dir in &cgroups {
-        let (found, left) = crate::cgroup::kill_all_at(dir, KILL_WAIT);
+        let (found, left) = host.kill_cgroup(dir, KILL_WAIT);
         cleared.killed += found.saturating_sub(left.len());
         cleared.remaining.extend(left);
     }
@@ -139,11 +140,11 @@ pub fn clear_failed_restore(
     cleared.remaining.dedup();
     cleared.runc_state_left = remove_runc_state(runc).err();
     // After the cgroup is empty: no CRIU is left to use them.
-    (cleared.yards_removed, cleared.yards_left) = clear_criu_yards(criu_work_dir);
+    (cleared.yards_removed, cleared.yards_left) = host.clear_criu_yards(criu_work_dir);
     if cleared.remaining.is_empty() {
         // runc removes the cgroup with its state; one it never recorded is ours to remove.
         for dir in &cgroups {
-            crate::cgroup::remove_at(dir);
+            host.remove_cgroup(dir);
         }
     }
     cleared.cgroups = cgroups;
@@ -263,7 +264,7 @@ fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
     // Before runc sees it: `runc delete` removes a directory without `state.json` recursively,
     // into the rootfs bind mount, and then fails on the mount point.
     if stateless() {
-        detach_criu_root(&dir);
+        runc.host().detach_criu_root(&dir);
     }
     let cmd = runc.global.helper(&["delete", "--force", runc.id.as_str()]);
     match runc.run(&cmd, None) {
@@ -272,13 +273,13 @@ fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
         Err(f) => return Err(f.message),
     }
     if stateless() {
-        remove_stateless_dir(&dir)?;
+        remove_stateless_dir(runc, &dir)?;
     }
     Ok(())
 }
 
 /// Detaches the `criu-root` bind mount runc makes in its directory of a container it restores.
-fn detach_criu_root(dir: &Path) {
+pub fn detach_criu_root(dir: &Path) {
     let criu_root = dir.join("criu-root");
     if let Ok(c) = std::ffi::CString::new(criu_root.as_os_str().as_encoded_bytes()) {
         // SAFETY: umount2(2) with a NUL-terminated path; EINVAL (not a mount) is fine.
@@ -289,8 +290,8 @@ fn detach_criu_root(dir: &Path) {
 /// Removes runc's directory of a container that has no `state.json`: its `criu-root` bind
 /// mount detached first, then each entry with `rmdir`/`unlink` (a non-empty directory is left
 /// and named in the error).
-fn remove_stateless_dir(dir: &Path) -> Result<(), String> {
-    detach_criu_root(dir);
+fn remove_stateless_dir(runc: &Runc<'_>, dir: &Path) -> Result<(), String> {
+    runc.host().detach_criu_root(dir);
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         let is_dir = e.file_type().is_ok_and(|t| t.is_dir());

@@ -27,13 +27,15 @@ pub mod restore;
 pub mod runc;
 mod sealed_here;
 pub mod signature;
+#[cfg(test)]
+mod testing;
 mod timings;
 pub mod volume;
 pub mod watchdog;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
 pub use error::{Error, Outcome, Refusal, Result};
-pub use gpu::PendingCudaResume;
+pub use gpu::{GpuRestoreError, PendingCudaResume, ResumeError, UnknownEngine};
 pub use host::{Direct, Host, RunTool};
 pub use restore::{restore, RestoreCommand, RestoreReport, RestoreRequest, RootfsDiff};
 pub use signature::SignatureEvidence;

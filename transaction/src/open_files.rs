@@ -9,25 +9,47 @@
 
 use std::path::{Path, PathBuf};
 
-use gpusnap_criu_images::{open_files_in_rootfs, Limits};
+use gpusnap_criu_images::{open_files_in_rootfs, ImageError, Limits};
 use oci_spec::runtime::Spec;
-
-use crate::error::{Error, Result};
 
 /// Files named in a refusal; the rest are counted.
 const SHOWN: usize = 5;
 
-/// Refuses (nothing restored) a checkpoint whose processes hold files open that `rootfs`, the
-/// root filesystem of the container being restored, lacks or has with another type, size or
+/// Why the checkpoint's processes cannot be restored onto this root filesystem. Either way
+/// CRIU has not run ("nothing was restored"); whether anything else was changed is for the
+/// restore to say (a rootfs diff applied before the check stays).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenFilesError {
+    #[error(
+        "the checkpoint's open files cannot be compared with the container's root \
+         filesystem: {0}; nothing was restored"
+    )]
+    Unreadable(#[source] ImageError),
+    #[error(
+        "the checkpoint's processes hold files open that the container's root filesystem ({}) \
+         does not have as they were at the checkpoint: {}. CRIU reopens every open file by its \
+         path and cannot restore them; nothing was restored. The checkpoint left the \
+         container's writable layer out, or this is not the root filesystem it ran on: take it \
+         with the layer (ctr: `ctr containers checkpoint --task --rw`, then `ctr containers \
+         restore --rw`; Kubernetes: a CRI checkpoint, whose archive carries it; Podman: an \
+         export without --ignore-rootfs), or restore it onto the root filesystem it ran on",
+        rootfs.display(),
+        named.join("; ")
+    )]
+    Unmatched {
+        rootfs: PathBuf,
+        /// The first few files, then how many more.
+        named: Vec<String>,
+    },
+}
+
+/// Refuses a checkpoint whose processes hold files open that `rootfs`, the root filesystem of
+/// the container being restored, lacks or has with another type, size or
 /// setuid/setgid/sticky bit.
-pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
+pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<(), OpenFilesError> {
     let started = std::time::Instant::now();
-    let found = open_files_in_rootfs(checkpoint_dir, rootfs, Limits::default()).map_err(|e| {
-        Error::precondition(format!(
-            "the checkpoint's open files cannot be compared with the container's root \
-             filesystem: {e}; nothing was restored"
-        ))
-    })?;
+    let found = open_files_in_rootfs(checkpoint_dir, rootfs, Limits::default())
+        .map_err(OpenFilesError::Unreadable)?;
     tracing::debug!(
         root_mount = found.root_mount,
         regular_files = found.regular_files,
@@ -49,17 +71,10 @@ pub fn check(rootfs: &Path, checkpoint_dir: &Path) -> Result<()> {
     if found.unmatched.len() > SHOWN {
         named.push(format!("and {} more", found.unmatched.len() - SHOWN));
     }
-    Err(Error::precondition(format!(
-        "the checkpoint's processes hold files open that the container's root filesystem ({}) \
-         does not have as they were at the checkpoint: {}. CRIU reopens every open file by its \
-         path and cannot restore them; nothing was restored. The checkpoint left the \
-         container's writable layer out, or this is not the root filesystem it ran on: take it \
-         with the layer (ctr: `ctr containers checkpoint --task --rw`, then `ctr containers \
-         restore --rw`; Kubernetes: a CRI checkpoint, whose archive carries it; Podman: an \
-         export without --ignore-rootfs), or restore it onto the root filesystem it ran on",
-        rootfs.display(),
-        named.join("; ")
-    )))
+    Err(OpenFilesError::Unmatched {
+        rootfs: rootfs.to_path_buf(),
+        named,
+    })
 }
 
 /// The container's root filesystem: the spec's `root.path`, relative to the bundle unless

@@ -21,6 +21,8 @@ impl std::fmt::Display for RuncFailure {
     }
 }
 
+impl std::error::Error for RuncFailure {}
+
 /// One container's runc.
 pub struct Runc<'a> {
     pub global: RuncGlobal,
@@ -87,28 +89,27 @@ impl<'a> Runc<'a> {
         }
     }
 
-    fn helper(&self, args: &[&str]) -> Result<Output, RuncFailure> {
+    /// Runs `runc <args> <id>`.
+    pub(crate) fn helper(&self, args: &[&str]) -> Result<Output, RuncFailure> {
         let mut full: Vec<&str> = args.to_vec();
         full.push(&self.id);
         self.run(&self.global.helper(&full), None)
     }
 
-    /// Freezes the container (`runc pause`).
+    /// Freezes the container ([`Host::freeze`]: `runc pause`).
     pub fn pause(&self) -> Result<(), RuncFailure> {
-        self.helper(&["pause"]).map(|_| ())
+        self.host.freeze(self)
     }
 
-    /// Thaws the container (`runc resume`).
+    /// Thaws the container ([`Host::thaw`]: `runc resume`).
     pub fn resume(&self) -> Result<(), RuncFailure> {
-        self.helper(&["resume"]).map(|_| ())
+        self.host.thaw(self)
     }
 
-    /// SIGKILL to every process of the container (`runc kill --all`). A frozen container is
-    /// thawed by the caller first: frozen processes die only once thawed.
+    /// SIGKILL to every process of the container ([`Host::kill_all`]: `runc kill --all`). A
+    /// frozen container is thawed by the caller first: frozen processes die only once thawed.
     pub fn kill_all(&self) -> Result<(), RuncFailure> {
-        // runc takes the signal after the id.
-        let cmd = self.global.helper(&["kill", "--all", &self.id, "KILL"]);
-        self.run(&cmd, None).map(|_| ())
+        self.host.kill_all(self)
     }
 
     /// `runc state`: the init's pid and runc's status word (`running`, `paused`, ...).
@@ -123,7 +124,7 @@ impl<'a> Runc<'a> {
 
     /// Every pid of the container: from its cgroup, else `runc ps`.
     pub fn pids(&self, init_pid: u32) -> Vec<u32> {
-        if let Some(pids) = crate::cgroup::pids(init_pid).filter(|p| !p.is_empty()) {
+        if let Some(pids) = self.host.cgroup_pids(init_pid).filter(|p| !p.is_empty()) {
             return pids;
         }
         let mut pids: Vec<u32> = self

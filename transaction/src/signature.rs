@@ -75,6 +75,18 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
+    /// An admission under policy `off` for `dir` (the phases' unit tests, which build a
+    /// restore's state without its validate phase).
+    #[cfg(test)]
+    pub(crate) fn unsigned(dir: &Path) -> Admission {
+        Admission {
+            signed_manifest: None,
+            recorded_manifest: None,
+            dir: dir.to_path_buf(),
+            covered: None,
+        }
+    }
+
     /// The validated manifest must be the one the signature verified: otherwise the directory
     /// changed between the two reads, and what is restored is not what was signed.
     pub(crate) fn bind(&self, validated: &Manifest) -> Result<()> {

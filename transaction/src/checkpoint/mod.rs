@@ -1,0 +1,195 @@
+//! The checkpoint transaction, as five phases, each a function from the state the one before
+//! it left to the next, with an error of its own and its own rollback:
+//!
+//! ```text
+//! prepare      request checked → signing key → directory created and locked → pids → GPU plan
+//!              → CRIU found (version, plugins) (engine admitted on this driver) → directory
+//!              cleared → manifest begun                                 ← refusals end here
+//! freeze/lock  CPU, exit: frozen for the dump; GPU, frozen by the caller: thawed for the
+//!              driver                                                    ← thaw failed: unchanged
+//! dump         [GPU: lock → checkpoint → (refreeze; with exit: freeze)] → runc checkpoint
+//!              --leave-running (hashed as written) → [GPU, leave running: restore → unlock]
+//!                                   ← failure: thawed or refrozen as the caller had it, the
+//!                                     driver's own rollback, the directory scrubbed
+//! seal         the container's spec grants and writable layer recorded, every file digested,
+//!              the manifest written last, signed
+//!                                   ← failure: scrubbed, thawed, CUDA resumed in place
+//! finish       recorded as sealed here; exit: only now the container is killed; frozen by the
+//!              caller: the CUDA processes left for the caller's resume
+//! ```
+//!
+//! The dump always leaves the container running: with `exit`, the container is stopped only
+//! once the image is sealed, so a failure anywhere leaves the workload running, unlocked and as
+//! frozen as the caller left it, and nothing in the directory looks complete. With `exit` it is
+//! frozen before the dump (CRIU leaves a frozen cgroup frozen), so nothing it does between the
+//! dump and the kill can contradict the image. After any failure, [`checkpoint`] also puts the
+//! cgroup back as the caller had it ([`settle_freezer`]), since a CRIU killed mid-dump may have
+//! frozen or thawed it behind the transaction's back.
+//!
+//! The state that moves from phase to phase says what was done ([`Freezer`], the GPU report
+//! and orchestrator), so a phase's rollback reads it instead of flags kept on the side.
+
+mod dump;
+mod finish;
+mod freeze;
+mod hashing;
+mod prepare;
+mod seal;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpusnap_checkpoint::{self as dir, Manifest};
+use gpusnap_config::Config;
+use gpusnap_criu_bridge::{runc_version_with, CriuFlags, RuncGlobal};
+
+use crate::error::Result;
+use crate::gpu::PendingCudaResume;
+use crate::host::Host;
+use crate::runc::Runc;
+
+pub use dump::DumpError;
+pub use finish::FinishError;
+pub use freeze::FreezeError;
+pub use prepare::PrepareError;
+pub use seal::SealError;
+
+/// A checkpoint, as every front end asks for it.
+#[derive(Debug, Clone)]
+pub struct CheckpointRequest {
+    pub container_id: String,
+    /// The container's bundle (its runtime spec names runc's CRIU config file).
+    pub bundle: PathBuf,
+    /// The container's init, as the host sees it.
+    pub init_pid: u32,
+    /// Where the images go (created 0700 when missing).
+    pub image_dir: PathBuf,
+    /// CRIU's work directory (`dump.log`); default: the image directory.
+    pub work_dir: Option<PathBuf>,
+    /// The pre-dump this dump builds on (runc `--parent-path`).
+    pub parent: Option<PathBuf>,
+    /// runc `--auto-dedup`.
+    pub auto_dedup: bool,
+    /// CRIU's permissions for the dump, as the caller asked.
+    pub criu: CriuFlags,
+    /// Stop the container once the checkpoint is sealed.
+    pub exit: bool,
+    /// The caller froze the container before asking (containerd's client pauses the task
+    /// around Checkpoint). It is left frozen; see [`CheckpointReport::pending_cuda`].
+    pub frozen: bool,
+    pub runc: RuncGlobal,
+    pub config: Config,
+    /// Where the transaction may put scratch files (CRIU's private plugin directory).
+    pub scratch_dir: PathBuf,
+}
+
+/// A sealed checkpoint.
+#[derive(Debug)]
+pub struct CheckpointReport {
+    pub manifest: Manifest,
+    pub cuda_processes: usize,
+    /// `exit` was asked for: the container was killed after the seal.
+    pub stopped: bool,
+    /// The container was frozen by the caller and has CUDA processes: they stay CHECKPOINTED
+    /// until the caller thaws the container and then calls [`PendingCudaResume::resume`].
+    pub pending_cuda: Option<PendingCudaResume>,
+    pub elapsed: Duration,
+}
+
+/// Checkpoints the container into `req.image_dir`.
+pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
+    let id = &req.container_id;
+    phases(req, host).map_err(|e| {
+        if e.outcome().is_some() {
+            settle_freezer(
+                &Runc::new(req.runc.clone(), id, host),
+                req.init_pid,
+                req.frozen,
+            );
+        }
+        e.of("checkpoint", id)
+    })
+}
+
+/// The phases, in order; each one's error says (by its conversion) whether anything was
+/// changed and what its rollback left.
+fn phases(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
+    let prepared = prepare::run(req, host)?;
+    let held = freeze::run(prepared)?;
+    let dumped = dump::run(held)?;
+    let sealed = seal::run(dumped)?;
+    Ok(finish::run(sealed)?)
+}
+
+/// How the container's cgroup stands between the phases, against how the caller left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Freezer {
+    /// As the caller left it (running, or frozen by the caller).
+    AsCallerLeft,
+    /// The caller froze it, and it was thawed for the CUDA driver, which works inside the
+    /// processes; the dump freezes it again.
+    ThawedForDriver,
+    /// Frozen by this checkpoint for its `exit`, so that nothing runs between the dump and the
+    /// kill (a file written then would no longer match the image: "File … has bad size");
+    /// thawed again when the checkpoint does not end in the kill.
+    FrozenForExit,
+}
+
+/// After a failed checkpoint, the cgroup is put back as frozen or thawed as the caller had it:
+/// a CRIU killed mid-dump may leave the cgroup it froze frozen, or thaw one the caller froze.
+pub fn settle_freezer(runc: &Runc<'_>, init_pid: u32, frozen: bool) {
+    let host = runc.host();
+    let Some(now) = host.cgroup_frozen(init_pid) else {
+        return;
+    };
+    if now == frozen {
+        return;
+    }
+    let result = if frozen { runc.pause() } else { runc.resume() };
+    if let Err(e) = result {
+        // runc may not know the container as paused (its state is its own); the cgroup is
+        // what runs or not.
+        let thawed = !frozen && host.thaw_cgroup(init_pid).is_ok();
+        if !thawed {
+            tracing::error!(id = %runc.id, frozen, error = %e, "cannot put the container's cgroup back as the caller had it");
+            return;
+        }
+    }
+    tracing::warn!(id = %runc.id, frozen, "the container's cgroup was put back as the caller had it after the failed checkpoint");
+}
+
+/// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis; a CRIU still
+/// writing into it (its runc was killed) is stopped first.
+fn abandon(host: &dyn Host, dir: &Path) {
+    host.kill_criu_writing(dir);
+    if let Err(e) = dir::scrub_incomplete(dir) {
+        tracing::error!(dir = %dir.display(), error = %e, "could not scrub an incomplete checkpoint");
+    }
+}
+
+fn ms(ms: f64) -> Duration {
+    Duration::from_secs_f64(ms.max(0.0) / 1e3)
+}
+
+/// `runc --version`, asked once per process and binary.
+fn runc_version_cached(global: &RuncGlobal, host: &dyn Host) -> Option<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&global.binary)
+    {
+        return Some(v.clone());
+    }
+    let v = runc_version_with(&global.binary, host).ok()?.version;
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(global.binary.clone(), v.clone());
+    Some(v)
+}
