@@ -686,13 +686,15 @@ mod tests {
     #[test]
     fn criu_config_lines_gpusnap_refuses_are_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let absent = dir.path().join("absent.conf");
-        let c = criu_config_check(&absent, &[]);
+        // No file where runc looks, in a directory only root may write (as /etc/criu is):
+        // CRIU reads nothing.
+        let absent = Path::new("/etc/gpusnap-doctor-test-absent.conf");
+        let c = criu_config_check(absent, &[]);
         assert_eq!(c.status, Status::Ok, "{}", c.summary);
         // A default file is read whoever owns it; an action script there runs as root.
         let default = dir.path().join("default.conf");
         std::fs::write(&default, "tcp-established\naction-script /bin/true\n").unwrap();
-        let c = criu_config_check(&absent, &[default.clone()]);
+        let c = criu_config_check(absent, std::slice::from_ref(&default));
         assert_eq!(c.status, Status::Fail, "{}", c.summary);
         assert!(c.summary.contains("line 2"), "{}", c.summary);
         assert!(c.summary.contains("action-script"), "{}", c.summary);
