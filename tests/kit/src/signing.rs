@@ -82,53 +82,40 @@ pub struct Policy<'a> {
 }
 
 /// Rewrites the gpusnap config `config` with `p`'s settings, keeping everything else: the
-/// settings' old lines go, the policy and keys go right under `[restore]` (added when
-/// missing) and the signing key into a `[checkpoint]` table at the end. The shim and
+/// policy and keys are set in `[restore]`, the signing key in `[checkpoint]` (set, or
+/// removed when `p` has none), each table made when missing. The shim and
 /// gpusnap-runc read the file for each container, so the next container created gets them.
 pub fn set_policy(config: &Path, p: &Policy<'_>) -> Result<()> {
+    // Edited as TOML: the node's file has other settings in these tables (the installer's
+    // `[checkpoint]`, the rig's `[restore]`), which must stay where they are.
     let old = fs::read_to_string(config).unwrap_or_default();
-    let ours = |l: &str| {
-        let t = l.trim_start();
-        [
-            "signature_policy",
-            "signature_keys",
-            "signing_key",
-            "[checkpoint]",
-        ]
-        .iter()
-        .any(|k| t.starts_with(k))
+    let mut doc: toml_edit::DocumentMut = old
+        .parse()
+        .with_context(|| format!("parsing {}", config.display()))?;
+    let table = |doc: &mut toml_edit::DocumentMut, name: &str| -> Result<toml_edit::Table> {
+        Ok(match doc.remove(name) {
+            Some(toml_edit::Item::Table(t)) => t,
+            None => toml_edit::Table::new(),
+            Some(other) => anyhow::bail!("{name} in {} is not a table: {other}", config.display()),
+        })
     };
-    let keys = p
-        .trusted
-        .iter()
-        .map(|k| format!("{:?}", k.display().to_string()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let restore = format!(
-        "signature_policy = {:?}\nsignature_keys = [{keys}]",
-        p.policy
-    );
-    let mut out = String::new();
-    let mut placed = false;
-    for line in old.lines().filter(|l| !ours(l)) {
-        out.push_str(line);
-        out.push('\n');
-        if line.trim() == "[restore]" {
-            out.push_str(&restore);
-            out.push('\n');
-            placed = true;
-        }
+    let mut restore = table(&mut doc, "restore")?;
+    restore.insert("signature_policy", toml_edit::value(p.policy));
+    let mut keys = toml_edit::Array::new();
+    for k in &p.trusted {
+        keys.push(k.display().to_string());
     }
-    if !placed {
-        out.push_str(&format!("\n[restore]\n{restore}\n"));
-    }
+    restore.insert("signature_keys", toml_edit::value(keys));
+    doc.insert("restore", toml_edit::Item::Table(restore));
+    let mut checkpoint = table(&mut doc, "checkpoint")?;
+    checkpoint.remove("signing_key");
     if let Some(k) = p.signing_key {
-        out.push_str(&format!(
-            "\n[checkpoint]\nsigning_key = {:?}\n",
-            k.display().to_string()
-        ));
+        checkpoint.insert("signing_key", toml_edit::value(k.display().to_string()));
     }
-    fs::write(config, out).with_context(|| format!("writing {}", config.display()))
+    if !checkpoint.is_empty() {
+        doc.insert("checkpoint", toml_edit::Item::Table(checkpoint));
+    }
+    fs::write(config, doc.to_string()).with_context(|| format!("writing {}", config.display()))
 }
 
 /// Checks `signature` (base64, as in `gpusnap-manifest.json.sig`) over the file `manifest`
