@@ -93,24 +93,59 @@ pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Opens the existing regular file `rel` beneath `root` for reading: no component may be a
-/// symlink, and the file must be a regular file. Opened non-blocking, so a FIFO planted under
-/// the name is refused instead of waiting for a writer (reads of a regular file ignore it).
+/// symlink (`ELOOP`, as for a symlink on the way), and the file must be a regular file.
+///
+/// The name is opened `O_PATH` first, which runs no driver's open: a device node planted
+/// under the name (an image layer unpacked as root can hold one: a watchdog, a tape) or a
+/// FIFO is refused by its type before anything opens it. Only a regular file is then opened
+/// for reading, through that descriptor ([`reopen_regular`]).
 pub fn open_file(root: BorrowedFd<'_>, rel: &Path) -> io::Result<std::fs::File> {
     components(rel).map_err(io::Error::other)?;
-    let fd = openat2(
-        root,
-        rel,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
-        Mode::empty(),
-    )?;
-    let file = std::fs::File::from(fd);
-    if !file.metadata()?.is_file() {
+    let fd = openat2(root, rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
+    reopen_regular(fd, rel)
+}
+
+/// Opens for reading the file an `O_PATH` descriptor `fd` names, when it is a regular file:
+/// its type is read from the descriptor, and the file is reopened through `/proc/self/fd`,
+/// so what is read is what was checked. A symlink (what `O_PATH | O_NOFOLLOW` opens when the
+/// name is one) is `ELOOP`; anything else not a regular file is refused naming `shown`.
+pub fn reopen_regular(fd: OwnedFd, shown: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let st = rfs::fstat(&fd)?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Symlink => return Err(io::Error::from_raw_os_error(Errno::LOOP.raw_os_error())),
+        other => {
+            return Err(io::Error::other(format!(
+                "{} is not a regular file ({})",
+                shown.display(),
+                kind_of(other)
+            )))
+        }
+    }
+    let file = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let opened = file.metadata()?;
+    if opened.dev() != st.st_dev as u64 || opened.ino() != st.st_ino as u64 {
         return Err(io::Error::other(format!(
-            "{} is not a regular file",
-            rel.display()
+            "{} changed while it was opened",
+            shown.display()
         )));
     }
     Ok(file)
+}
+
+/// A file type, for messages.
+fn kind_of(t: FileType) -> &'static str {
+    match t {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symlink",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "of an unknown type",
+    }
 }
 
 /// The parent directory of `rel` beneath `root` (an `O_PATH` descriptor) and the final name.
@@ -459,6 +494,50 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::fs;
+
+    /// A FIFO under a file's name is refused by its type without being opened: a writer
+    /// waiting on it stays blocked (an open for reading, even non-blocking, would release
+    /// it, as a device's open would run its driver).
+    #[test]
+    fn a_fifo_or_symlink_under_a_files_name_is_refused_unopened() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("gpusnap-manifest.json");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, Mode::from_raw_mode(0o600)).unwrap();
+        let opened = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (fifo, opened) = (fifo.clone(), opened.clone());
+            std::thread::spawn(move || {
+                let w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+                opened.store(true, Ordering::SeqCst);
+                drop(w);
+            })
+        };
+        let root = open_root(dir.path()).unwrap();
+        let err = open_file(root.as_fd(), Path::new("gpusnap-manifest.json")).unwrap_err();
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !opened.load(Ordering::SeqCst),
+            "the FIFO was opened: its writer went on"
+        );
+        // Release the writer.
+        drop(fs::File::open(&fifo).unwrap());
+        writer.join().unwrap();
+
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("link")).unwrap();
+        let err = open_file(root.as_fd(), Path::new("link")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(Errno::LOOP.raw_os_error()), "{err}");
+        fs::write(dir.path().join("plain"), b"ok").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut open_file(root.as_fd(), Path::new("plain")).unwrap(),
+            &mut text,
+        )
+        .unwrap();
+        assert_eq!(text, "ok");
+    }
 
     fn demo() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
         let top = tempfile::tempdir().unwrap();

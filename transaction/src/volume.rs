@@ -514,9 +514,22 @@ fn copy_volume(
         Ok(Some(st)) if vol_ckpt.is_some() => Some(st.st_size as u64),
         _ => None,
     };
-    let needed = manifest
+    // A diff past the setting is refused before anything is copied.
+    if let Some(size) = diff_size.filter(|&size| size > max_diff) {
+        return Err(refuse(format!(
+            "{} is {size} bytes, more than restore.max_rootfs_diff_bytes ({max_diff})",
+            shown(ROOTFS_DIFF)
+        )));
+    }
+    // What the copy writes: every listed file at its listed size (what a copy or an assembly
+    // may write of it), not the manifest's own total, which nothing has checked yet.
+    let listed = manifest
         .images
-        .total_bytes
+        .files
+        .iter()
+        .fold(0u64, |sum, f| sum.saturating_add(f.size));
+    let needed = listed
+        .max(manifest.images.total_bytes)
         .saturating_add(diff_size.unwrap_or(0));
     let free = beneath::available_bytes(out).map_err(|e| io_refusal(out_path, e))?;
     if needed > free {

@@ -77,10 +77,12 @@ impl DirSource {
 impl ChunkSource for DirSource {
     fn open(&self, digest: &ChunkDigest, len: u64) -> Result<Box<dyn Read + Send + '_>, OpenError> {
         let name = digest.hex();
+        // O_PATH: a device node or FIFO planted under a chunk's name is refused by its type
+        // below, never opened (a device's open runs its driver; a FIFO's blocks).
         let fd = match beneath::openat2(
             self.dir.as_fd(),
             Path::new(&name),
-            OFlags::RDONLY | OFlags::NOFOLLOW,
+            OFlags::PATH | OFlags::NOFOLLOW,
             Mode::empty(),
         ) {
             Ok(fd) => fd,
@@ -91,8 +93,11 @@ impl ChunkSource for DirSource {
             Err(e) => return Err(OpenError::Io(e)),
         };
         let st = rfs::fstat(&fd).map_err(|e| OpenError::Io(e.into()))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(OpenError::NotPlain("not a regular file".into()));
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            // What O_PATH | O_NOFOLLOW opens when the name itself is a symlink.
+            FileType::Symlink => return Err(OpenError::NotPlain("a symlink".into())),
+            _ => return Err(OpenError::NotPlain("not a regular file".into())),
         }
         if st.st_nlink > 1 {
             return Err(OpenError::NotPlain(format!(
@@ -103,7 +108,8 @@ impl ChunkSource for DirSource {
         if st.st_size as u64 != len {
             return Err(OpenError::Length(st.st_size as u64));
         }
-        Ok(Box::new(File::from(fd)))
+        let file = beneath::reopen_regular(fd, Path::new(&name)).map_err(OpenError::Io)?;
+        Ok(Box::new(file))
     }
 
     fn name(&self) -> String {
