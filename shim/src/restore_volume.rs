@@ -53,8 +53,9 @@ pub fn pending_restore(
     };
     let wanted = clean_absolute(value).ok_or_else(|| {
         format!(
-            "annotation {key}: {value:?} is not an absolute path without '..'; it names the \
-             mountPath at which the container mounts the checkpoint image volume"
+            "annotation {key}: {value:?} is not an absolute path without '..' or control \
+             characters; it names the mountPath at which the container mounts the checkpoint \
+             image volume"
         )
     })?;
     let mounts = spec
@@ -132,6 +133,10 @@ pub fn pending_restore(
 
 /// `p` as an absolute path of plain components (no `..`, `.` or repeated `/`), or `None`.
 fn clean_absolute(p: &str) -> Option<PathBuf> {
+    // The value goes into errors, events and logs: no control character, no page of text.
+    if p.len() > 4096 || p.chars().any(char::is_control) {
+        return None;
+    }
     let path = Path::new(p);
     if !path.is_absolute() {
         return None;
@@ -232,7 +237,7 @@ mod tests {
             )
             .unwrap_err()
         };
-        for bad in ["ckpt", "/ckpt/../etc", ""] {
+        for bad in ["ckpt", "/ckpt/../etc", "", "/ckpt\n\x1b[2Jforged log line"] {
             let e = refuse(serde_json::json!([image_mount("/ckpt")]), bad);
             assert!(e.contains("not an absolute path"), "{bad}: {e}");
         }
