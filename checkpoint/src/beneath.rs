@@ -528,7 +528,11 @@ mod tests {
 
         std::os::unix::fs::symlink("/etc/hostname", dir.path().join("link")).unwrap();
         let err = open_file(root.as_fd(), Path::new("link")).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(Errno::LOOP.raw_os_error()), "{err}");
+        assert_eq!(
+            err.raw_os_error(),
+            Some(Errno::LOOP.raw_os_error()),
+            "{err}"
+        );
         fs::write(dir.path().join("plain"), b"ok").unwrap();
         let mut text = String::new();
         std::io::Read::read_to_string(
