@@ -441,12 +441,7 @@ impl TaskService {
         {
             Ok(r) => r,
             Err(e) => {
-                // The output copies end when the pipes' writers close: runc's are gone, the
-                // shim's own go here. Held through the shutdown, each failed restore would wait
-                // out the copies' drain timeout (10 s) before CRI hears of the failure.
-                setup.pipes.close_child_ends();
-                drop(setup);
-                init.shutdown_io().await;
+                setup.abandon(&init).await;
                 return Err(e.into());
             }
         };

@@ -112,6 +112,16 @@ impl StdioSetup {
         })
     }
 
+    /// After runc failed, or a restore was refused before it ran: the shim's ends of the
+    /// pipes are closed, then the process's copies shut down. The output copies end only when
+    /// every writer is closed; with the shim's still open, the shutdown would wait out the
+    /// copies' drain timeout (10 s) before the caller heard of the failure.
+    pub async fn abandon(self, process: &Process) {
+        self.pipes.close_child_ends();
+        drop(self);
+        process.shutdown_io().await;
+    }
+
     pub fn console_path(&self) -> Option<PathBuf> {
         self.console.as_ref().map(|c| c.path().to_path_buf())
     }

@@ -360,9 +360,7 @@ impl TaskService {
         };
         let started = std::time::Instant::now();
         if let Err(e) = runc.create(id, bundle, Some(&opts)).await {
-            // The copies end when every writer of the pipes is closed (see restore_init).
-            setup.pipes.close_child_ends();
-            init.shutdown_io().await;
+            setup.abandon(init).await;
             return Err(runc_failure("runc create", &e, bundle));
         }
         init.pid = container::read_pid(&pid_file).map_err(internal)?;
@@ -585,8 +583,7 @@ impl TaskService {
             detach: true,
         };
         if let Err(e) = runc.exec(id, &spec, Some(&opts)).await {
-            setup.pipes.close_child_ends();
-            proc_io.shutdown_io().await;
+            setup.abandon(&proc_io).await;
             return Err(runc_failure(&format!("runc exec {exec_id}"), &e, &bundle));
         }
         let pid = container::read_pid(&pid_file).map_err(internal)?;

@@ -210,21 +210,6 @@ impl Crictl {
         self.create_full(pod, name, image, command, env, &[], 0, &json!({}))
     }
 
-    /// [`Crictl::create`] with `security` (an object of CRI `LinuxContainerSecurityContext`
-    /// fields, as crictl's JSON spells them: `{"capabilities": {"add_capabilities": [...]}}`)
-    /// added to the container's security context.
-    pub fn create_with(
-        &self,
-        pod: &CrictlPod,
-        name: &str,
-        image: &str,
-        command: &[&str],
-        env: &[(&str, &str)],
-        security: &Value,
-    ) -> Result<String> {
-        self.create_full(pod, name, image, command, env, &[], 0, security)
-    }
-
     /// [`Crictl::create`] with CRI `mounts` — an image volume as the kubelet passes one is
     /// `{"container_path": PATH, "image": {"image": REF}, "readonly": true}` — and the
     /// container's `attempt` (the kubelet's count of its restarts: a container created again

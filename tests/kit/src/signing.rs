@@ -271,7 +271,8 @@ impl CriSigNode {
     }
 
     /// [`CriSigNode::start_pod`] with `security` added to the container's CRI security
-    /// context (see [`Crictl::create_with`]).
+    /// context: an object of CRI `LinuxContainerSecurityContext` fields as crictl's JSON spells
+    /// them, such as `{"capabilities": {"add_capabilities": ["SYS_ADMIN"]}}`.
     pub fn start_pod_with(
         &self,
         name: &str,
