@@ -4,6 +4,7 @@ layouts, for the GPU test's CRI scenarios on a machine without a registry or net
 
     ocireg.py serve CONFIG.json PORT [--host 127.0.0.1]
     ocireg.py add CONFIG.json REPO:TAG LAYOUT_DIR [IMAGE_NAME]
+    ocireg.py checkpoint-image ARCHIVE LAYOUT_DIR CONTAINER_NAME
 
 CONFIG.json maps "REPO:TAG" to an OCI image layout directory (what `gpusnap image build
 --layout` writes, or an unpacked oci-archive such as the bundle's gpu-base.oci.tar), and
@@ -18,11 +19,24 @@ Endpoints (what containerd's resolver and gpusnap's registry client use):
                                                    Docker-Content-Digest and Content-Length
   HEAD/GET /v2/<repo>/blobs/<digest>           -> the blob (sendfile)
 Everything else (push included) -> 404/405 in the registry's JSON error format.
+With OCIREG_COUNT=FILE, every blob body served appends "DIGEST BYTES" to FILE (what clients
+fetched: the scenario volume's bytes-fetched figure).
+
+`checkpoint-image` makes the checkpoint image other runtimes restore (the reference side of the
+scenario volume): an OCI layout whose one layer is the CRI checkpoint archive itself (its
+entries unpack at the root, as `buildah add IMAGE ARCHIVE /` does), behind an image index that
+carries containerd's `org.criu.checkpoint.container.name` and CRI-O's
+`io.kubernetes.cri-o.annotations.checkpoint.name` (containerd 2.1-2.3 reads the index's
+annotation to take CreateContainer's image as a checkpoint). The archive is hard-linked into
+the layout when it can be, else copied.
 Python 3.8+, standard library only.
 """
+import hashlib
 import json
 import os
+import shutil
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def load(config):
@@ -121,6 +135,10 @@ class Handler(BaseHTTPRequestHandler):
                 if n <= 0:
                     break
                 off += n
+        count = os.environ.get("OCIREG_COUNT")
+        if count:
+            with open(count, "a") as c:
+                c.write("%s %d\n" % (digest, off))
 
     def route(self):
         path = self.path.split("?", 1)[0]
@@ -176,6 +194,58 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = refuse
 
 
+def put_blob(layout, data):
+    """Writes DATA (bytes) as a blob; returns its descriptor fields (digest, size)."""
+    d = "sha256:" + hashlib.sha256(data).hexdigest()
+    with open(os.path.join(layout, "blobs", "sha256", d[7:]), "wb") as f:
+        f.write(data)
+    return d, len(data)
+
+
+def checkpoint_image(archive, layout, name):
+    os.makedirs(os.path.join(layout, "blobs", "sha256"), exist_ok=True)
+    h = hashlib.sha256()
+    with open(archive, "rb") as f:
+        while True:
+            b = f.read(16 << 20)
+            if not b:
+                break
+            h.update(b)
+    layer = "sha256:" + h.hexdigest()
+    size = os.path.getsize(archive)
+    dst = os.path.join(layout, "blobs", "sha256", layer[7:])
+    if not os.path.exists(dst):
+        try:
+            os.link(archive, dst)
+        except OSError:
+            shutil.copyfile(archive, dst)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    config = json.dumps({"created": created, "architecture": "amd64", "os": "linux",
+                         "config": {}, "rootfs": {"type": "layers", "diff_ids": [layer]}}).encode()
+    cd, cs = put_blob(layout, config)
+    ann = {"org.criu.checkpoint.container.name": name,
+           "io.kubernetes.cri-o.annotations.checkpoint.name": name}
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": size}],
+        "annotations": ann}).encode()
+    md, ms = put_blob(layout, manifest)
+    index = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md,
+                       "size": ms, "platform": {"architecture": "amd64", "os": "linux"}}],
+        "annotations": ann}).encode()
+    xd, xs = put_blob(layout, index)
+    with open(os.path.join(layout, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    with open(os.path.join(layout, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                   "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json",
+                                  "digest": xd, "size": xs}]}, f)
+    print("%s %d" % (xd, size))
+
+
 def main(argv):
     if len(argv) >= 3 and argv[1] == "serve":
         host = "127.0.0.1"
@@ -197,6 +267,8 @@ def main(argv):
         with open(tmp, "w") as f:
             json.dump(cfg, f, indent=1)
         os.replace(tmp, config)
+    elif len(argv) == 5 and argv[1] == "checkpoint-image":
+        checkpoint_image(argv[2], os.path.abspath(argv[3]), argv[4])
     else:
         sys.exit(__doc__)
 

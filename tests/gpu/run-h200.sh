@@ -28,6 +28,10 @@
 #                        fleet = scripts/bench-fleet.sh with the real driver (tests/gpu/scenario-fleet.sh)
 #                        crypt = scripts/bench-crypt.sh with the real driver, and the decrypted
 #                          checkpoint restored (tests/gpu/scenario-crypt.sh)
+#                        volume = a pod spec restores from a checkpoint image volume
+#                          (gpusnap.io/restore-from-volume) vs containerd's CRI restore under
+#                          runc.v2 + CRIU's cuda plugin, fresh node, alternating; bytes fetched
+#                          beside another replica's chunks (tests/gpu/scenario-volume.sh)
 #   --bench LIST         benchmark sizes in MiB, e.g. 8192,32768 (default: none)
 #   --no-raw             benchmark gpusnap only (skip the by-hand driver API + criu baseline)
 #   --raw-mib N          smoke mode's raw cycle size (default 256)
@@ -72,6 +76,8 @@
 #   --fleet-dir DIR      fleet: where images, registry and node stores go (default: the tmpfs)
 #   --fleet-slow-mbit N  fleet: also pull b1 cold and warm through a relay paced to N Mbit/s,
 #                        --fleet-slow-rounds N times (default: --fleet-rounds)
+#   --vol-mib N          volume: device memory per replica (default 8192); --vol-reps N: alternating
+#                        repetitions per side (default 2)
 #   --crypt-mib N        crypt: device memory of the checkpoint (default 8192)
 #   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
 #                        --crypt-warmup 0|1 (default 0); --crypt-dir DIR (default: the tmpfs)
@@ -125,6 +131,8 @@ while (($#)); do
     --crypt-rounds) CRYPT_ROUNDS=$2; shift ;;
     --crypt-warmup) CRYPT_WARMUP=$2; shift ;;
     --crypt-dir) CRYPT_DIR=$2; shift ;;
+    --vol-mib) VOL_MIB=$2; shift ;;
+    --vol-reps) VOL_REPS=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -436,7 +444,7 @@ case $(stat -f -c %T "$WORK/containerd") in overlayfs | overlay) SNAP=native ;; 
 export CONTAINERD_SNAPSHOTTER=$SNAP
 # CRI only when a scenario uses it (k8s, bench2's restore-from): it adds startup work.
 CRI=0
-if has k8s || { has bench2 && [[ $BENCH2_ANNOT != off || $BENCH2_OWN != off ]]; }; then CRI=1; fi
+if has k8s || has volume || { has bench2 && [[ $BENCH2_ANNOT != off || $BENCH2_OWN != off ]]; }; then CRI=1; fi
 REG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 {
     echo "version = 3"
@@ -1101,6 +1109,8 @@ source "$REPO/tests/gpu/scenarios-more.sh"
 source "$REPO/tests/gpu/scenario-fleet.sh"
 # shellcheck source=tests/gpu/scenario-crypt.sh
 source "$REPO/tests/gpu/scenario-crypt.sh"
+# shellcheck source=tests/gpu/scenario-volume.sh
+source "$REPO/tests/gpu/scenario-volume.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 7. Benchmark

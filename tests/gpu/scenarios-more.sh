@@ -485,7 +485,8 @@ EOF
     mkdir -p "$WORK/ocireg/gpu-base" "$WORK/k8s"
     tar -C "$WORK/ocireg/gpu-base" -xf "$B/images/gpu-base.oci.tar"
     python3 "$REPO/tests/gpu/ocireg.py" add "$WORK/ocireg/config.json" gpusnap/gpu-base:test "$WORK/ocireg/gpu-base"
-    python3 "$REPO/tests/gpu/ocireg.py" serve "$WORK/ocireg/config.json" "$REG_PORT" >"$WORK/logs/ocireg.log" 2>&1 &
+    # OCIREG_COUNT: every blob body served is counted (the scenario volume's bytes fetched).
+    OCIREG_COUNT=$WORK/logs/ocireg-count.txt python3 "$REPO/tests/gpu/ocireg.py" serve "$WORK/ocireg/config.json" "$REG_PORT" >"$WORK/logs/ocireg.log" 2>&1 &
     REG_PID=$!
     python3 - "$REG_PORT" <<'PY' || { fail "k8s: the local registry did not come up: $(tail -n 3 "$WORK/logs/ocireg.log")"; return 1; }
 import sys, time, urllib.request
@@ -534,10 +535,10 @@ k8s_ctr_json() {
             if [[ -d $d ]]; then devs+=($(find "$d" -type c)); else devs+=("$d"); fi
         done
     fi
-    python3 - "$file" "$image" "/gpu/log/$logname.log" "$mib" "$INTERVAL" "${GPU_PROCS:-}" "$WORK/gpu" "$NVLIB" "$CPU" "${devs[@]}" <<'PY'
+    python3 - "$file" "$image" "/gpu/log/$logname.log" "$mib" "$INTERVAL" "${GPU_PROCS:-}" "$WORK/gpu" "$NVLIB" "$CPU" "${GPU_FLEET:-}" "${K_IMAGE_MOUNT:-}" "${devs[@]}" <<'PY'
 import json, sys
-out, image, logp, mib, interval, procs, gpudir, nvlib, cpu = sys.argv[1:10]
-devs = sys.argv[10:]
+out, image, logp, mib, interval, procs, gpudir, nvlib, cpu, fleet, image_mount = sys.argv[1:12]
+devs = sys.argv[12:]
 import os
 # CRI binds are recursive (rbind): only host directories without mounts below them, so
 # /usr/lib/x86_64-linux-gnu and /usr/lib64 instead of /usr (the driver's squashfs sits under
@@ -553,11 +554,15 @@ ld = "/usr/lib/x86_64-linux-gnu"
 if cpu != "1":
     mounts.append({"container_path": "/nvidia/lib64", "host_path": nvlib, "readonly": True})
     ld = "/nvidia/lib64:" + ld
+# K_IMAGE_MOUNT=PATH=REF: an image volume (KEP-4639) as the kubelet passes it to CRI.
+if image_mount:
+    path, ref = image_mount.split("=", 1)
+    mounts.append({"container_path": path, "image": {"image": ref}, "readonly": True})
 json.dump({
     "metadata": {"name": "gpu"},
     "image": {"image": image, "user_specified_image": image},
     "command": ["/gpu/bin/gpu_verify"],
-    "args": (["--procs", procs] if procs else []) + [mib, logp, interval],
+    "args": (["--procs", procs] if procs else []) + (["--fleet"] if fleet else []) + [mib, logp, interval],
     "envs": [{"key": "LD_LIBRARY_PATH", "value": ld}],
     "mounts": mounts,
     "devices": [{"container_path": d, "host_path": d, "permissions": "rwm"} for d in devs],
@@ -567,16 +572,19 @@ json.dump({
 PY
 }
 # k8s_start NAME IMAGE LOGNAME MIB [ANNOTATIONS...]: pod + container; sets KPOD, KCTR,
-# K_CREATE_MS, K_START_MS. Returns 1 on failure (reported).
+# K_CREATE_MS, K_START_MS, K_CREATE_T0. Returns 1 on failure (reported). Environment:
+# K_RUNTIME (the pod's runtime handler, default gpusnap), GPU_PROCS, GPU_FLEET (gpu_verify
+# --fleet), K_IMAGE_MOUNT=PATH=REF (an image volume).
 k8s_start() {
     local name=$1 image=$2 logname=$3 mib=$4 t0 out
     shift 4
-    KPOD="" KCTR="" K_CREATE_MS="" K_START_MS="" K_START_T0=""
+    KPOD="" KCTR="" K_CREATE_MS="" K_START_MS="" K_START_T0="" K_CREATE_T0=""
     k8s_pod_json "$name" "$WORK/k8s/$name-pod.json" "$@"
     k8s_ctr_json "$WORK/k8s/$name-ctr.json" "$image" "$logname" "$mib"
-    KPOD=$(crictl runp --runtime gpusnap "$WORK/k8s/$name-pod.json" 2>"$WORK/logs/k8s-$name-runp.err") ||
+    KPOD=$(crictl runp --runtime "${K_RUNTIME:-gpusnap}" "$WORK/k8s/$name-pod.json" 2>"$WORK/logs/k8s-$name-runp.err") ||
         { fail "k8s $name: crictl runp failed: $(tail -n 2 "$WORK/logs/k8s-$name-runp.err" | tr '\n' ' ')"; return 1; }
     t0=$(now_ms)
+    K_CREATE_T0=$t0
     out=$(crictl create --no-pull "$KPOD" "$WORK/k8s/$name-ctr.json" "$WORK/k8s/$name-pod.json" 2>&1)
     if (($?)); then fail "k8s $name: crictl create failed: $out"; return 1; fi
     KCTR=$(tail -n 1 <<<"$out")
