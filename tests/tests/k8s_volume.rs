@@ -464,9 +464,33 @@ fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
         );
         check_continues("keeper", &checkpointed, || count_of(kept.pid))?;
 
-        for p in [&keeper, &killed_pod] {
-            node_b.crictl.remove_pod(p)?;
-        }
+        // The killed pod goes (no shim of its own is left to sweep): the next collection takes
+        // its hold of a copy never made, and keeps the held copy.
+        node_b.crictl.remove_pod(&killed_pod)?;
+        gpusnap_ok(&[
+            "--config",
+            s(node_b.node.config_path()),
+            "store",
+            "gc",
+            "--no-verify",
+        ])?;
+        let held_names: Vec<String> = held
+            .iter()
+            .flat_map(|d| {
+                let n = d
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                [n.clone(), format!("{n}.holders.json"), format!("{n}.lock")]
+            })
+            .collect();
+        ensure!(
+            copies(&node_b) == held_names,
+            "after the killed pod went, gc left {:?}",
+            copies(&node_b)
+        );
+        node_b.crictl.remove_pod(&keeper)?;
         let left = gpusnap_testkit::wait_some(Duration::from_secs(30), || {
             let c = copies(&node_b);
             c.iter()
