@@ -974,7 +974,7 @@ mod tests {
     }
 
     fn refusal(r: Result<(Materialized, Option<RootfsDiff>)>) -> String {
-        let e = r.err().expect("refused");
+        let e = r.expect_err("refused");
         assert!(e.outcome().is_none(), "a refusal, not a failure: {e}");
         e.to_string()
     }
