@@ -284,9 +284,20 @@ pub struct CheckedManifest {
 /// everything about the signature file is an answer.
 pub fn check_dir(dir: &Path, keys: &[TrustedKey]) -> Result<CheckedManifest, SignatureError> {
     let root = crate::beneath::open_root(dir).map_err(io_err("opening", dir))?;
-    let manifest = read_manifest_bytes(root.as_fd(), dir)?;
+    check_dir_at(root.as_fd(), dir, keys)
+}
+
+/// [`check_dir`] on the directory open as `root` (shown as `dir` in messages): for a directory
+/// reached beneath another (an image volume's `checkpoint/`), which must not be looked up by
+/// its path again.
+pub fn check_dir_at(
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    keys: &[TrustedKey],
+) -> Result<CheckedManifest, SignatureError> {
+    let manifest = read_manifest_bytes(root, dir)?;
     let sig_path = dir.join(SIGNATURE_FILE);
-    let signature = match crate::beneath::open_file(root.as_fd(), Path::new(SIGNATURE_FILE)) {
+    let signature = match crate::beneath::open_file(root, Path::new(SIGNATURE_FILE)) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => DirSignature::Missing,
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
             DirSignature::Invalid {

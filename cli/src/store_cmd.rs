@@ -21,8 +21,10 @@ pub enum StoreCommand {
     Du(OutputArgs),
     /// Hash every blob (damaged ones are dropped first), then remove leftovers of interrupted
     /// pulls (the store's temporary files, and staging directories in restore.checkpoint_root
-    /// whose pull is gone), references whose image or checkpoint is gone, and unreferenced
-    /// blobs (least recently used first) down to the cap. Waits for running pulls.
+    /// whose pull is gone), the node's copies of image-volume checkpoints no pod holds and
+    /// copies a killed restore left half-made (restore.checkpoint_root/.gpusnap-volumes),
+    /// references whose image or checkpoint is gone, and unreferenced blobs (least recently
+    /// used first) down to the cap. Waits for running pulls.
     Gc(GcArgs),
     /// Hash every blob and drop those whose bytes are not the blob their name says (damaged
     /// on disk): the next pull needing one downloads it again. Runs beside pulls.
@@ -157,6 +159,13 @@ pub fn run(config: &Path, cmd: StoreCommand) -> Result<u8> {
                         cfg.restore.checkpoint_root.display()
                     )
                 })?;
+            // Copies of image-volume checkpoints whose pods are gone, and builds whose restore
+            // was killed; never one a pod holds or a restore reads.
+            let volumes = gpusnap_transaction::volume::sweep(
+                &cfg.restore
+                    .checkpoint_root
+                    .join(gpusnap_transaction::volume::CACHE_DIR),
+            );
             let r = store.gc(cap, true)?;
             if a.json {
                 #[derive(Serialize)]
@@ -166,11 +175,13 @@ pub fn run(config: &Path, cmd: StoreCommand) -> Result<u8> {
                     /// `None` with `--no-verify`.
                     verified: Option<&'a gpusnap_node_store::VerifyReport>,
                     removed_staging_directories: &'a [std::path::PathBuf],
+                    removed_volume_copies: &'a [std::path::PathBuf],
                 }
                 print_json(&Gc {
                     gc: &r,
                     verified: verified.as_ref(),
                     removed_staging_directories: &staging,
+                    removed_volume_copies: &volumes,
                 })?;
                 return Ok(0);
             }
@@ -179,12 +190,14 @@ pub fn run(config: &Path, cmd: StoreCommand) -> Result<u8> {
             }
             println!(
                 "removed {} blobs ({}), {} temporary files, {} stale references, {} staging \
-                 directories of killed pulls; {} left in {} blobs, {} of it referenced (cap {})",
+                 directories of killed pulls, {} image-volume checkpoint copies no pod holds or \
+                 a killed restore left; {} left in {} blobs, {} of it referenced (cap {})",
                 r.removed_blobs,
                 human_bytes(r.freed_bytes),
                 r.removed_temporary_files,
                 r.removed_references,
                 staging.len(),
+                volumes.len(),
                 human_bytes(r.kept_bytes),
                 r.kept_blobs,
                 human_bytes(r.referenced_bytes),

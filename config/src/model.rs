@@ -128,6 +128,12 @@ pub struct RestoreConfig {
     /// `"64GiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub max_rootfs_diff_bytes: u64,
+    /// The most the node's copies of image-volume checkpoints
+    /// (`<checkpoint_root>/.gpusnap-volumes`, one per image that pods on the node restore from)
+    /// may hold together. A restore whose copy would take them past it is refused before
+    /// anything is copied, saying the node store is full; accepts `274877906944` or `"256GiB"`.
+    #[serde(deserialize_with = "crate::bytes::deserialize")]
+    pub max_volume_bytes: u64,
     /// How long CRIU may take to restore a checkpoint before it, runc and everything it
     /// restored are killed; 0 derives it from the image size ([`RestoreConfig::deadline`]).
     pub deadline_seconds: u64,
@@ -164,6 +170,7 @@ impl Default for RestoreConfig {
             signature_keys: Vec::new(),
             decryption_keys: Vec::new(),
             max_rootfs_diff_bytes: 64 << 30,
+            max_volume_bytes: 256 << 30,
             deadline_seconds: 0,
         }
     }

@@ -374,6 +374,26 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "restore.max_volume_bytes",
+        // What the node gives copies of image volumes is the node's, never a pod's.
+        annotation: None,
+        set: |c, v| {
+            c.restore.max_volume_bytes = v.bytes()?;
+            Ok(())
+        },
+        check: |c| {
+            if c.restore.max_volume_bytes > 0 {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "restore.max_volume_bytes",
+                    0,
+                    "a size greater than 0",
+                ))
+            }
+        },
+    },
+    Setting {
         key: "restore.deadline_seconds",
         // A pod could otherwise let a hostile image hold CRIU (and its capabilities) longer.
         annotation: None,

@@ -641,6 +641,17 @@ fn rootfs_diff_limit_reads_sizes() {
 }
 
 #[test]
+fn volume_store_cap_reads_sizes_and_refuses_zero() {
+    assert_eq!(Config::default().restore.max_volume_bytes, 256 << 30);
+    let c = Config::from_toml_str("[restore]\nmax_volume_bytes = \"3GiB\"\n").unwrap();
+    assert_eq!(c.restore.max_volume_bytes, 3 << 30);
+    let e = Config::from_toml_str("[restore]\nmax_volume_bytes = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("restore.max_volume_bytes"), "{e}");
+}
+
+#[test]
 fn storage_directory_is_not_a_setting() {
     // The posix engine's extents always live in the checkpoint directory; a key that looked
     // like it moved them elsewhere would be a setting that does nothing.

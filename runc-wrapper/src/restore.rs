@@ -50,6 +50,7 @@ pub fn run(ctx: &Context) -> i32 {
         // CRI-O and Podman pass only the directory: its own signature decides.
         signature_evidence: Default::default(),
         checkpoint_mount: None,
+        began: None,
         runc: ctx.global(),
         config: ctx.config.clone(),
         scratch_dir: PathBuf::from(SCRATCH_DIR),

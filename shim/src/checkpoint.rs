@@ -394,6 +394,7 @@ impl TaskService {
                 rootfs_diff: restore.rootfs_diff.clone(),
                 signature_evidence: restore.signature_evidence.clone(),
                 checkpoint_mount: None,
+                began: None,
                 runc: c.runc_global(),
                 config: c.config.clone(),
                 scratch_dir: own.clone(),

@@ -1151,7 +1151,7 @@ impl containerd_shim::Task for TaskService {
             let _ = tokio::task::spawn_blocking(move || {
                 caches
                     .iter()
-                    .for_each(|c| gpusnap_transaction::volume::sweep(c))
+                    .for_each(|c| drop(gpusnap_transaction::volume::sweep(c)))
             })
             .await;
             exit.signal();

@@ -7,10 +7,15 @@
 //! - a counter checkpointed through CRI on "node A", published with `gpusnap image build` +
 //!   `push` (chunked), restored on node B by two pods at once: one copy of the checkpoint on
 //!   the node, both count on; a container whose start failed (the restore's deadline passed
-//!   after the rootfs diff was applied) is created again and restores from the copy already
-//!   made; the pods' removal takes the copy with them;
+//!   after the rootfs diff was applied) drops its hold, and the copy no other pod uses goes
+//!   with it; the container created again restores (copied again from the volume containerd
+//!   keeps: nothing pulled again); the pods' removal takes the copies with them;
+//! - the node's limits, through `crictl start`: the node store full (`restore.max_volume_bytes`)
+//!   and the restore's deadline passing during the copy are refused saying so, with nothing
+//!   left; a shim killed mid-copy leaves a half-made copy that `gpusnap store gc` removes,
+//!   while the copy a running pod holds stays;
 //! - under `restore.signature_policy = require`: an image signed at seal restores; the same
-//!   image without its signature, a forged one (a page flipped, built without verification)
+//!   image without its signature (refused before anything of it is copied), a forged one (a page flipped, built without verification)
 //!   and an image that is no checkpoint are refused at `crictl start`, saying why, with
 //!   nothing running and nothing left on the node.
 
@@ -182,7 +187,8 @@ fn image_volume_restores_on_a_node_that_did_nothing_beforehand() {
         );
 
         // A start that fails after the rootfs diff was applied (the restore's deadline passes):
-        // the kubelet creates the container again, which restores without copying again.
+        // its hold goes, and with it the copy no other pod uses; the kubelet creates the
+        // container again, which restores (from the volume containerd keeps for the pod).
         restore_setting(&node_b, "deadline_seconds = 10", true)?;
         fp.arm_sleep(&point::after_phase("rootfs-diff"), 12)?;
         let (pod, _, first) = restore_from_volume(&node_b, "retry", &classic, &checkpointed)?;
@@ -191,26 +197,24 @@ fn image_volume_restores_on_a_node_that_did_nothing_beforehand() {
             failed.contains("ran out of time in the rootfs-diff phase"),
             "the failed start says why: {failed}"
         );
+        ensure!(
+            failed.contains("was removed: no other pod uses it"),
+            "the failed start says what became of the copy: {failed}"
+        );
         fp.disarm(&point::after_phase("rootfs-diff"));
         restore_setting(&node_b, "deadline_seconds = 10", false)?;
-        let kept: Vec<PathBuf> = copy_dirs(&node_b)
-            .into_iter()
-            .filter(|d| d != copy)
-            .collect();
         ensure!(
-            kept.len() == 1,
-            "the failed start's copy is kept: {:?}",
+            copy_dirs(&node_b) == made,
+            "the failed start left its copy, or took the twins': {:?}",
             copies(&node_b)
         );
-        let record = kept[0].join("gpusnap-volume.json");
-        let inode = |p: &Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-        let first_inode = inode(&record)?;
         let (_, again) = node_b.start_in(&pod, &busybox, &[image_mount(&classic)], 1)?;
         let again = again.running()?;
         check_continues("retry", &checkpointed, || count_of(again.pid))?;
         ensure!(
-            inode(&record)? == first_inode,
-            "the retry made the copy again"
+            copy_dirs(&node_b).len() == 2,
+            "the retry restores from a copy of its own: {:?}",
+            copies(&node_b)
         );
 
         // The pods go (and containerd removes their image volumes): so does the copy.
@@ -286,13 +290,21 @@ fn image_volume_refusals_say_why_and_leave_nothing() {
                 signing_key: None,
             },
         )?;
-        let cases = [
-            ("unsigned", reg.image("ckpt/trainer:unsigned"), "signature"),
-            ("forged", reg.image("ckpt/trainer:forged"), "pages-1.img"),
+        let cases: [(&str, String, &[&str]); 3] = [
+            (
+                "unsigned",
+                reg.image("ckpt/trainer:unsigned"),
+                // Decided on the volume, before a file of it was copied.
+                &[
+                    "has no signature this node trusts",
+                    "nothing of the image volume at /gpusnap/checkpoint was copied",
+                ],
+            ),
+            ("forged", reg.image("ckpt/trainer:forged"), &["pages-1.img"]),
             (
                 "not-a-checkpoint",
                 busybox.clone(),
-                "does not hold a restorable gpusnap checkpoint",
+                &["does not hold a restorable gpusnap checkpoint"],
             ),
         ];
         for (name, reference, why) in &cases {
@@ -300,8 +312,8 @@ fn image_volume_refusals_say_why_and_leave_nothing() {
             let (pod, id, r) = restore_from_volume(&node_b, name, reference, &checkpointed)?;
             let refused = r.refusal()?;
             ensure!(
-                refused.contains(why),
-                "{name}: the refusal says why: {refused}"
+                why.iter().all(|w| refused.contains(w)),
+                "{name}: the refusal says why ({why:?}): {refused}"
             );
             ensure!(
                 node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
@@ -320,6 +332,176 @@ fn image_volume_refusals_say_why_and_leave_nothing() {
         restore_from_volume(&node_b, "signed", &signed, &checkpointed)?
             .2
             .running()?;
+        Ok(())
+    })
+}
+
+/// The half-made copies (`.build-…`) in the node's cache.
+fn builds(node: &CriSigNode) -> Vec<String> {
+    copies(node)
+        .into_iter()
+        .filter(|n| n.starts_with(".build-"))
+        .collect()
+}
+
+#[test]
+fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
+    check(|| {
+        let reg = registry_with_busybox()?;
+        let busybox = reg.image(BUSYBOX_REPO);
+        let work = tempfile::tempdir()?;
+        let node_a = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
+        let counter = node_a.run_counter("trainer")?;
+        let archive = work.path().join("trainer.tar");
+        let checkpointed = node_a.checkpoint(&counter, &archive)?;
+        let reference = publish_archive(&reg, &archive, "ckpt/trainer:1", work.path())?;
+        gpusnap_ok(&[
+            "image",
+            "push",
+            s(&archive),
+            &reg.url("ckpt/trainer:classic"),
+            "--classic",
+        ])?;
+        let classic = reg.image("ckpt/trainer:classic");
+        drop(node_a);
+
+        let fp = Failpoints::new()?;
+        let node_b = node_with_failpoints(&reg, &busybox, &fp)?;
+        node_b.crictl.ok(&["pull", &reference])?;
+        node_b.crictl.ok(&["pull", &classic])?;
+        let refused = |name: &str, why: &[&str]| -> Result<()> {
+            let (pod, id, r) = restore_from_volume(&node_b, name, &reference, &checkpointed)?;
+            let e = r.refusal()?;
+            for part in why {
+                ensure!(e.contains(part), "{name}: the refusal says {part:?}: {e}");
+            }
+            ensure!(
+                node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
+                "{name}: runs after its refusal"
+            );
+            ensure!(
+                copies(&node_b).is_empty(),
+                "{name}: the refusal left {:?} on the node",
+                copies(&node_b)
+            );
+            node_b.crictl.remove_pod(&pod)
+        };
+
+        // The node store full: the copy would take the node's copies past the setting.
+        restore_setting(&node_b, "max_volume_bytes = 1024", true)?;
+        refused(
+            "store-full",
+            &[
+                "node store of image-volume checkpoints",
+                "is full",
+                "restore.max_volume_bytes",
+                "nothing was copied",
+            ],
+        )?;
+        restore_setting(&node_b, "max_volume_bytes = 1024", false)?;
+
+        // The restore's one deadline passes while the checkpoint is copied.
+        restore_setting(&node_b, "deadline_seconds = 5", true)?;
+        fp.arm_sleep(&point::after_phase("volume-copy"), 7)?;
+        refused(
+            "copy-deadline",
+            &[
+                "ran out of time in the volume-copy phase",
+                "nothing was changed",
+                "what was copied of the image volume",
+            ],
+        )?;
+        fp.disarm(&point::after_phase("volume-copy"));
+        restore_setting(&node_b, "deadline_seconds = 5", false)?;
+
+        // A pod restored from one image holds its copy; the shim of a pod restoring another
+        // is killed mid-copy, leaving that copy half-made.
+        let (keeper, _, kept) = restore_from_volume(&node_b, "keeper", &reference, &checkpointed)?;
+        let kept = kept.running()?;
+        let held = copy_dirs(&node_b);
+        ensure!(held.len() == 1, "one copy expected: {:?}", copies(&node_b));
+        fp.arm(point::VOLUME_COPYING)?;
+        let killed_pod = std::thread::scope(|sc| -> Result<CrictlPod> {
+            let start =
+                sc.spawn(|| restore_from_volume(&node_b, "killed", &classic, &checkpointed));
+            let shim = fp.wait_reached(point::VOLUME_COPYING, Duration::from_secs(120))?;
+            gpusnap_testkit::faults::kill9(shim);
+            let (pod, _, r) = start
+                .join()
+                .map_err(|_| anyhow::anyhow!("the killed start panicked"))??;
+            ensure!(
+                matches!(r, Restored::Refused(_)),
+                "the start whose shim was killed runs"
+            );
+            Ok(pod)
+        })?;
+        ensure!(
+            builds(&node_b).len() == 1,
+            "the killed copy left no half-made copy to sweep (the test shows nothing): {:?}",
+            copies(&node_b)
+        );
+        let gc = gpusnap_ok(&[
+            "--config",
+            s(node_b.node.config_path()),
+            "store",
+            "gc",
+            "--no-verify",
+            "--json",
+        ])?;
+        let gc: Value = serde_json::from_str(&gc)?;
+        let swept = gc["removed_volume_copies"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            swept.len() == 1 && swept[0].as_str().is_some_and(|p| p.contains("/.build-")),
+            "gc removed {swept:?}"
+        );
+        ensure!(
+            builds(&node_b).is_empty() && copy_dirs(&node_b) == held,
+            "gc left the half-made copy or took the held one: {:?}",
+            copies(&node_b)
+        );
+        check_continues("keeper", &checkpointed, || count_of(kept.pid))?;
+
+        // The killed pod goes (no shim of its own is left to sweep): the next collection takes
+        // its hold of a copy never made, and keeps the held copy.
+        node_b.crictl.remove_pod(&killed_pod)?;
+        gpusnap_ok(&[
+            "--config",
+            s(node_b.node.config_path()),
+            "store",
+            "gc",
+            "--no-verify",
+        ])?;
+        let held_names: Vec<String> = held
+            .iter()
+            .flat_map(|d| {
+                let n = d
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                [n.clone(), format!("{n}.holders.json"), format!("{n}.lock")]
+            })
+            .collect();
+        ensure!(
+            copies(&node_b) == held_names,
+            "after the killed pod went, gc left {:?}",
+            copies(&node_b)
+        );
+        node_b.crictl.remove_pod(&keeper)?;
+        let left = gpusnap_testkit::wait_some(Duration::from_secs(30), || {
+            let c = copies(&node_b);
+            c.iter()
+                .all(|n| !n.ends_with(".holders.json") && n.len() != 64)
+                .then_some(c)
+        });
+        ensure!(
+            left.is_some(),
+            "the copy outlived its pods: {:?}",
+            copies(&node_b)
+        );
         Ok(())
     })
 }

@@ -1,5 +1,6 @@
 //! One deadline for a whole restore, from the moment the transaction starts to a running
-//! container: assembling a chunked image, verifying every file, the GPU gate, CRIU's
+//! container: copying an image volume's checkpoint onto the node (`volume.rs`, where the
+//! deadline starts for that door), assembling a chunked image, verifying every file, the GPU gate, CRIU's
 //! preparation and the privilege check, the rootfs diff (checked as it is walked and applied),
 //! the open-files check and `runc restore` itself (enforced by the watchdog, which kills runc
 //! and CRIU). A hostile or oversized checkpoint cannot hold a front end (and the containerd or
@@ -21,6 +22,8 @@ use crate::error::{Error, Outcome, Result};
 /// A phase of the restore, as deadline refusals and timings name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
+    /// An image volume's checkpoint copied onto the node (its chunked files assembled).
+    VolumeCopy,
     /// A chunked image's files assembled from their chunks.
     Assemble,
     /// The signature policy, the manifest and every file's digest.
@@ -42,6 +45,7 @@ pub enum Phase {
 impl Phase {
     pub fn name(self) -> &'static str {
         match self {
+            Phase::VolumeCopy => "volume-copy",
             Phase::Assemble => "assemble",
             Phase::Validate => "validate",
             Phase::GpuGate => "gpu-gate",
@@ -95,7 +99,9 @@ impl Deadline {
         Deadline::start_at(Instant::now(), config, claimed_bytes)
     }
 
-    fn start_at(started: Instant, config: &RestoreConfig, claimed_bytes: u64) -> Deadline {
+    /// The deadline of a restore that began at `started`, before the transaction (the copy of
+    /// an image volume's checkpoint): one limit over that and every phase after it.
+    pub fn start_at(started: Instant, config: &RestoreConfig, claimed_bytes: u64) -> Deadline {
         Deadline {
             started,
             limit: config.deadline(claimed_bytes),

@@ -21,6 +21,10 @@ pub const BEFORE_RESTORE: &str = "restore-before-criu";
 /// caller not yet told.
 pub const AFTER_CRIU: &str = "restore-after-criu";
 
+/// Mid-copy of an image volume's checkpoint onto the node: after a file was copied (or the
+/// chunked files assembled), before the next.
+pub const VOLUME_COPYING: &str = "restore-volume-copying";
+
 /// The point at the end of a restore phase: `restore-after-<phase>` (`restore-after-validate`,
 /// ...), before the deadline is checked.
 pub fn after_phase(phase: crate::deadline::Phase) -> String {

@@ -182,10 +182,44 @@ pub(crate) fn admit(
     dir: &Path,
     evidence: &SignatureEvidence,
 ) -> Result<Admission> {
+    let recorded = recorded_manifest(dir, evidence)?;
+    decide(config, dir, evidence, recorded, |keys| {
+        dirsig::check_dir(dir, keys)
+    })
+}
+
+/// The node's policy on the checkpoint directory open as `root` (shown as `dir`), which no
+/// node record vouches for: an image volume's checkpoint, before anything of it is copied
+/// (`volume.rs`). The transaction decides again on the copy ([`admit`]), and binds what it
+/// restores to the manifest its signature verified.
+pub(crate) fn admit_at(
+    config: &Config,
+    root: std::os::fd::BorrowedFd<'_>,
+    dir: &Path,
+) -> Result<Admission> {
+    decide(
+        config,
+        dir,
+        &SignatureEvidence::DirectoryOnly,
+        None,
+        |keys| dirsig::check_dir_at(root, dir, keys),
+    )
+}
+
+/// The policy decided on what `check` finds of the directory signature and on `evidence`.
+fn decide(
+    config: &Config,
+    dir: &Path,
+    evidence: &SignatureEvidence,
+    recorded_manifest: Option<Vec<u8>>,
+    check: impl FnOnce(
+        &[TrustedKey],
+    ) -> std::result::Result<dirsig::CheckedManifest, dirsig::SignatureError>,
+) -> Result<Admission> {
     let policy = config.restore.signature_policy;
     let mut admission = Admission {
         signed_manifest: None,
-        recorded_manifest: recorded_manifest(dir, evidence)?,
+        recorded_manifest,
         dir: dir.to_path_buf(),
         covered: None,
     };
@@ -193,7 +227,7 @@ pub(crate) fn admit(
         return Ok(admission);
     }
     let keys = trusted_keys(config)?;
-    let checked = dirsig::check_dir(dir, &keys).map_err(|e| {
+    let checked = check(&keys).map_err(|e| {
         Error::precondition(format!("the checkpoint's signature cannot be checked: {e}"))
     })?;
     if let DirSignature::Verified { key } = &checked.signature {

@@ -16,8 +16,19 @@
 //! <cache>/<image digest>.lock            one flock per image: builds, holders and removal
 //! <cache>/<image digest>.holders.json    the image volumes (one per pod) that use the copy
 //! <cache>/.build-<image digest>.<pid>    a copy being made; renamed into place when complete
+//!                  /gpusnap-reserved     the bytes the build said it needs (the node cap)
 //! ```
 //!
+//! - **Refused before anything is copied** when the node's policy is
+//!   `restore.signature_policy = require` and the volume's manifest has no signature by a
+//!   trusted key (checked on the volume, beneath it, before any file is copied), when the
+//!   rootfs diff is past `restore.max_rootfs_diff_bytes`, when the file system lacks room, and
+//!   when the copies on the node would hold more than `restore.max_volume_bytes` with this one
+//!   (the node store is full; checked under a lock of the whole cache, so that two pods copying
+//!   different images at once cannot both pass it).
+//! - **Under the restore's one deadline.** The deadline (`deadline.rs`) starts before the copy
+//!   and is checked after every file copied, after the assembly and as the copy ends (the
+//!   `volume-copy` phase); the transaction's phases run under the same deadline after it.
 //! - **Copied beneath the volume, capped.** Only what a restore reads is copied: the manifest
 //!   (read capped), its signature, the writable layer's listing, the chunk list and each file
 //!   the manifest lists, each opened beneath the volume's checkpoint directory (no symlink
@@ -38,12 +49,16 @@
 //!   it: knowing another image's manifest gives nothing.
 //! - **Held by the pods' volumes.** Each pod whose container restores from the copy records
 //!   its volume's mount directory as a holder. containerd removes that directory when the pod
-//!   stops, and [`sweep`] (run before every volume restore, and by the shim when a pod's
-//!   sandbox goes) removes every copy whose holders are all gone.
-//! - **Nothing left after a refusal.** A refused restore (the signature, the contents, the
-//!   GPU, the privilege bound) drops its pod's hold, and the copy goes with the last hold; a
-//!   copy that could not be made leaves nothing. A restore that *failed* (CRIU, the deadline
-//!   after the rootfs diff was applied) keeps the hold, so the retry does not copy again.
+//!   stops, and [`sweep`] (run before every volume restore, by the shim when a pod's sandbox
+//!   goes, and by `gpusnap store gc`) removes every copy whose holders are all gone, and every
+//!   build whose process is gone (a shim killed mid-copy); a copy a restore reads, or a build
+//!   that runs (both hold the image's lock), is never touched.
+//! - **Nothing left after a restore that does not run.** A refused restore (the signature, the
+//!   contents, the GPU, the privilege bound) and a failed one (CRIU, the deadline after the
+//!   rootfs diff was applied) drop their pod's hold, and the copy goes with the last hold: no
+//!   container uses it. The error says which. A copy that could not be made leaves nothing. A
+//!   retry copies again from the volume, which containerd keeps mounted (and the image
+//!   pulled) for the pod: nothing is pulled again.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -53,6 +68,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use gpusnap_config::{Config, SignaturePolicy};
+
 use gpusnap_checkpoint::chunks::{self, DirSource, CHUNK_LIST_FILE, MAX_CHUNK_LIST_BYTES};
 use gpusnap_checkpoint::signature::{SIGNATURE_FILE, SIGNATURE_MAX_BYTES};
 use gpusnap_checkpoint::writable_layer::{LISTING_FILE, LISTING_MAX_BYTES};
@@ -60,7 +77,8 @@ use gpusnap_checkpoint::{beneath, layout::MANIFEST_FILE, validate};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Refusal, Result};
+use crate::deadline::{Changed, Deadline, Phase};
+use crate::error::{Error, Result};
 use crate::host::Host;
 use crate::restore::{RestoreReport, RestoreRequest, RootfsDiff};
 
@@ -76,6 +94,8 @@ const BUILD_PREFIX: &str = ".build-";
 const HOLDERS_MAX_BYTES: u64 = 1 << 20;
 /// Largest record read back.
 const RECORD_MAX_BYTES: u64 = 64 << 10;
+/// In a build directory: the bytes the build reserved of `restore.max_volume_bytes`.
+const RESERVED_FILE: &str = "gpusnap-reserved";
 
 /// An image volume to restore from, as the front end found it in the container's spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,16 +153,18 @@ pub struct Materialized {
 }
 
 /// Restores `req` (whose `checkpoint_dir` and `rootfs_diff` are filled in here) from the image
-/// volume `source`: the copy is found or made, then the one restore transaction runs on it.
-/// A refusal drops this volume's hold on the copy (and the copy with the last hold).
+/// volume `source`: the copy is found or made, then the one restore transaction runs on it,
+/// under one deadline that starts before the copy. A refusal or a failure drops this volume's
+/// hold on the copy (and the copy with the last hold), and says so.
 pub fn restore(
     source: &VolumeSource,
     mut req: RestoreRequest,
     host: &dyn Host,
 ) -> Result<(RestoreReport, Materialized)> {
     let id = req.container_id.clone();
-    let made = materialize(source, req.config.restore.max_rootfs_diff_bytes)
-        .map_err(|e| e.of("restore", &id))?;
+    let began = Instant::now();
+    let made = materialize(source, &req.config, began).map_err(|e| e.of("restore", &id))?;
+    req.began = Some(began);
     req.checkpoint_dir = made.0.checkpoint_dir.clone();
     req.rootfs_diff = made.1;
     // What vouches for the copy is its own directory signature, as at the CRI door: the
@@ -152,22 +174,21 @@ pub fn restore(
     match crate::restore::restore(&req, host) {
         Ok(report) => Ok((report, made.0)),
         Err(e) => {
-            if matches!(
-                e,
-                Error::Refused {
-                    reason: Refusal::Precondition | Refusal::InvalidRequest,
-                    ..
-                }
-            ) {
-                release(source);
-            }
-            Err(e)
+            // Refused or failed, no container runs from the copy: the kubelet's retry
+            // creates another container, which copies again if no other pod kept it.
+            let released = release(source);
+            Err(e.map_message(|m| format!("{m}; {released}")))
         }
     }
 }
 
-/// Finds or makes the copy of `source`, holding it for `source`'s pod.
-fn materialize(source: &VolumeSource, max_diff: u64) -> Result<(Materialized, Option<RootfsDiff>)> {
+/// Finds or makes the copy of `source`, holding it for `source`'s pod; the restore began at
+/// `began` (its deadline counts from there).
+fn materialize(
+    source: &VolumeSource,
+    config: &Config,
+    began: Instant,
+) -> Result<(Materialized, Option<RootfsDiff>)> {
     let started = Instant::now();
     beneath::create_private_dir(&source.cache).map_err(|e| {
         Error::precondition(format!(
@@ -192,7 +213,7 @@ fn materialize(source: &VolumeSource, max_diff: u64) -> Result<(Materialized, Op
     };
     let (record, made) = match existing {
         Some(r) => (r, false),
-        None => match build(cache.as_fd(), source, max_diff) {
+        None => match build(cache.as_fd(), source, config, began) {
             Ok(r) => (r, true),
             Err(e) => {
                 // Nothing of a copy that could not be made stays, nor this pod's hold.
@@ -223,40 +244,96 @@ fn materialize(source: &VolumeSource, max_diff: u64) -> Result<(Materialized, Op
     Ok((m, rootfs_diff))
 }
 
-/// Drops `source`'s pod's hold on its copy, and the copy when no other pod holds it and no
-/// restore reads it.
-pub fn release(source: &VolumeSource) {
-    let Ok(cache) = beneath::open_root(&source.cache) else {
-        return;
-    };
-    match ImageLock::take(cache.as_fd(), &source.cache, &source.image_digest) {
-        Ok(_lock) => drop_hold_locked(cache.as_fd(), source),
-        Err(e) => tracing::warn!(error = %e, "cannot drop the hold on the volume's checkpoint"),
+/// What dropping a pod's hold did to the node's copy, as the restore's error says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// No other pod held it: the copy was removed (or there was none).
+    Removed(PathBuf),
+    /// Other pods' volumes hold it: kept for them.
+    KeptForOthers(PathBuf, usize),
+    /// A restore still reads it: the next sweep removes it.
+    InUse(PathBuf),
+    /// The hold could not be dropped (why); `gpusnap store gc` removes the copy once the pod
+    /// is gone.
+    Unknown(PathBuf, String),
+}
+
+impl std::fmt::Display for Released {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Released::Removed(p) => write!(
+                f,
+                "the node's copy of the image volume's checkpoint ({}) was removed: no other pod \
+                 uses it",
+                p.display()
+            ),
+            Released::KeptForOthers(p, n) => write!(
+                f,
+                "the node's copy of the image volume's checkpoint ({}) is kept for the {n} other \
+                 pod(s) that use it",
+                p.display()
+            ),
+            Released::InUse(p) => write!(
+                f,
+                "the node's copy of the image volume's checkpoint ({}) is read by another \
+                 restore, and removed after it if no pod holds it",
+                p.display()
+            ),
+            Released::Unknown(p, why) => write!(
+                f,
+                "this pod's hold on the node's copy of the image volume's checkpoint ({}) could \
+                 not be dropped ({why}); `gpusnap store gc` removes the copy once the pod is gone",
+                p.display()
+            ),
+        }
     }
 }
 
+/// Drops `source`'s pod's hold on its copy, and the copy when no other pod holds it and no
+/// restore reads it.
+pub fn release(source: &VolumeSource) -> Released {
+    let cache = match beneath::open_root(&source.cache) {
+        Ok(c) => c,
+        Err(e) => return Released::Unknown(source.entry(), e.to_string()),
+    };
+    let released = match ImageLock::take(cache.as_fd(), &source.cache, &source.image_digest) {
+        Ok(_lock) => drop_hold_locked(cache.as_fd(), source),
+        Err(e) => Released::Unknown(source.entry(), e.to_string()),
+    };
+    tracing::info!(volume = %source.shown, image_digest = %source.image_digest, released = ?released, "hold on the volume's checkpoint dropped");
+    released
+}
+
 /// [`release`] under the image's lock.
-fn drop_hold_locked(cache: BorrowedFd<'_>, source: &VolumeSource) {
+fn drop_hold_locked(cache: BorrowedFd<'_>, source: &VolumeSource) -> Released {
+    let entry = source.entry();
     let mut holders = Holders::read(cache, &source.image_digest);
     holders.remove(&source.mount);
     holders.prune();
     if let Err(e) = holders.write(cache, &source.image_digest) {
         tracing::warn!(error = %e, "cannot record the volume checkpoint's holders");
     }
-    if holders.mounts.is_empty() {
-        // A copy a restore still reads stays; the next sweep removes it.
-        remove_copy(cache, &source.cache, &source.image_digest);
+    if !holders.mounts.is_empty() {
+        return Released::KeptForOthers(entry, holders.mounts.len());
+    }
+    // A copy a restore still reads stays; the next sweep removes it.
+    match remove_copy(cache, &source.cache, &source.image_digest) {
+        Ok(true) => Released::Removed(entry),
+        Ok(false) => Released::InUse(entry),
+        Err(e) => Released::Unknown(entry, e.to_string()),
     }
 }
 
 /// Removes every copy in `cache` whose holders' volumes are all gone, and builds whose
-/// process died. Copies in use (their lock held, a restore reading them) are left for later.
-pub fn sweep(cache_path: &Path) {
+/// process died (a shim killed mid-copy); returns what it removed. Copies in use (their lock
+/// held, a restore reading them) and builds that run (they hold the image's lock) are left.
+pub fn sweep(cache_path: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
     let Ok(cache) = beneath::open_root(cache_path) else {
-        return;
+        return removed;
     };
     let Ok(names) = beneath::names(cache.as_fd()) else {
-        return;
+        return removed;
     };
     for name in names {
         let Some(name) = name.to_str() else { continue };
@@ -275,35 +352,52 @@ pub fn sweep(cache_path: &Path) {
         };
         // Under the lock no build runs: a build directory is a dead build's.
         if name.starts_with(BUILD_PREFIX) {
-            let _ = beneath::remove_all_at(cache.as_fd(), OsStr::new(name));
-            continue;
+            let path = cache_path.join(name);
+            match beneath::remove_all_at(cache.as_fd(), OsStr::new(name)) {
+                Ok(()) => {
+                    tracing::info!(dir = %path.display(), "removed the copy a killed restore left half-made");
+                    removed.push(path);
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %path.display(), error = %e, "cannot remove the copy a killed restore left half-made");
+                    continue;
+                }
+            }
+            // Then its image's lock and holders, unless a pod holds them.
         }
         let mut holders = Holders::read(cache.as_fd(), digest);
         holders.prune();
         let _ = holders.write(cache.as_fd(), digest);
         if holders.mounts.is_empty() {
-            remove_copy(cache.as_fd(), cache_path, digest);
+            // (Also the holders and lock of a copy never made: its build was killed.)
+            let had_copy = name == digest;
+            if remove_copy(cache.as_fd(), cache_path, digest).unwrap_or(false) && had_copy {
+                removed.push(cache_path.join(digest));
+            }
         }
     }
+    removed
 }
 
-/// Removes the copy `digest` and its holders (under its lock), unless a restore reads it.
-fn remove_copy(cache: BorrowedFd<'_>, cache_path: &Path, digest: &str) {
+/// Removes the copy `digest` and its holders (under its lock), unless a restore reads it:
+/// `Ok(false)` then.
+fn remove_copy(cache: BorrowedFd<'_>, cache_path: &Path, digest: &str) -> io::Result<bool> {
     let entry = cache_path.join(digest);
     let checkpoint = entry.join(CHECKPOINT_SUBDIR);
     // A restore holds the checkpoint directory's lock shared from before it reads it.
     let in_use = checkpoint.is_dir() && crate::lock::DirLock::exclusive(&checkpoint).is_err();
     if in_use {
-        return;
+        return Ok(false);
     }
     if let Err(e) = beneath::remove_all_at(cache, OsStr::new(digest)) {
         tracing::warn!(dir = %entry.display(), error = %e, "cannot remove the volume's checkpoint copy");
-        return;
+        return Err(e);
     }
     let _ = beneath::remove_all_at(cache, OsStr::new(&format!("{digest}.holders.json")));
     // The lock file goes last; a waiter on it finds it unlinked and takes the new one.
     let _ = beneath::remove_all_at(cache, OsStr::new(&format!("{digest}.lock")));
     tracing::info!(dir = %entry.display(), "volume checkpoint copy removed");
+    Ok(true)
 }
 
 fn is_digest(s: &str) -> bool {
@@ -419,7 +513,12 @@ fn read_record(cache: BorrowedFd<'_>, digest: &str) -> Option<Record> {
 
 /// Makes the copy of `source` in a build directory and renames it into place; a failure
 /// removes the build directory.
-fn build(cache: BorrowedFd<'_>, source: &VolumeSource, max_diff: u64) -> Result<Record> {
+fn build(
+    cache: BorrowedFd<'_>,
+    source: &VolumeSource,
+    config: &Config,
+    began: Instant,
+) -> Result<Record> {
     let build_name = format!(
         "{BUILD_PREFIX}{}.{}",
         source.image_digest,
@@ -433,7 +532,17 @@ fn build(cache: BorrowedFd<'_>, source: &VolumeSource, max_diff: u64) -> Result<
         mkdir_at(cache, &build_name).map_err(|e| io_refusal(&build_path, e))?;
         let dir = beneath::open_dir(cache, Path::new(&build_name))
             .map_err(|e| io_refusal(&build_path, e))?;
-        let record = copy_volume(source, dir.as_fd(), &build_path, max_diff)?;
+        let record = copy_volume(
+            source,
+            Build {
+                cache,
+                name: &build_name,
+                dir: dir.as_fd(),
+                path: &build_path,
+            },
+            config,
+            began,
+        )?;
         let bytes = serde_json::to_vec(&record).map_err(|e| Error::precondition(e.to_string()))?;
         beneath::write_atomically(dir.as_fd(), OsStr::new(RECORD_FILE), &bytes, 0o600)
             .map_err(|e| io_refusal(&build_path, e))?;
@@ -446,9 +555,92 @@ fn build(cache: BorrowedFd<'_>, source: &VolumeSource, max_diff: u64) -> Result<
         Ok(record)
     })();
     if made.is_err() {
-        let _ = beneath::remove_all_at(cache, OsStr::new(&build_name));
+        if let Err(e) = beneath::remove_all_at(cache, OsStr::new(&build_name)) {
+            tracing::warn!(dir = %build_path.display(), error = %e, "cannot remove a copy that could not be made; the next restore or `gpusnap store gc` removes it");
+        }
     }
     made
+}
+
+/// The build directory a copy is made in.
+#[derive(Clone, Copy)]
+struct Build<'a> {
+    /// The cache it is in.
+    cache: BorrowedFd<'a>,
+    /// Its name there.
+    name: &'a str,
+    dir: BorrowedFd<'a>,
+    path: &'a Path,
+}
+
+/// Reserves `needed` bytes of `restore.max_volume_bytes` for the build `b`, refusing when the
+/// copies and builds in the cache hold too much for it: under an exclusive lock of the cache
+/// directory, so that builds of other images check one after the other, each counting the
+/// others' reservations.
+fn reserve(source: &VolumeSource, b: Build<'_>, needed: u64, cap: u64) -> Result<()> {
+    let cache_dir = beneath::open_root(&source.cache).map_err(|e| io_refusal(&source.cache, e))?;
+    let _cap_lock = Flock::lock(File::from(cache_dir), FlockArg::LockExclusive)
+        .map_err(|(_, e)| io_refusal(&source.cache, e.into()))?;
+    let used = usage(b.cache, b.name).map_err(|e| io_refusal(&source.cache, e))?;
+    if used.saturating_add(needed) > cap {
+        tracing::warn!(volume = %source.shown, needed, used, cap, "image-volume checkpoint refused: the node store is full");
+        return Err(Error::precondition(format!(
+            "the node store of image-volume checkpoints ({}) is full: the checkpoint of the \
+             image volume at {} needs {needed} bytes, and the copies there already hold {used} \
+             of the {cap} bytes restore.max_volume_bytes allows; nothing was copied. Remove pods \
+             on this node that restore from other checkpoint images (their copies go with \
+             them), run the pod on another node, or raise restore.max_volume_bytes in the \
+             node's gpusnap configuration",
+            source.cache.display(),
+            source.shown
+        )));
+    }
+    write_new(b.dir, RESERVED_FILE, needed.to_string().as_bytes())
+        .map_err(|e| io_refusal(b.path, e))
+}
+
+/// What the copies and builds in the cache hold, but the build `except`: every regular file's
+/// size; a build counts at least what it reserved.
+fn usage(cache: BorrowedFd<'_>, except: &str) -> io::Result<u64> {
+    let mut used = 0u64;
+    for name in beneath::names(cache)? {
+        if name == OsStr::new(except) {
+            continue;
+        }
+        match beneath::stat_at(cache, &name)? {
+            Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+            // The locks and holders: small, and not what the cap is about.
+            _ => continue,
+        }
+        let dir = match beneath::open_dir(cache, Path::new(&name)) {
+            Ok(d) => d,
+            // Removed meanwhile (a sweep, a finished build's rename).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let mut bytes = 0u64;
+        let walked = beneath::walk(dir.as_fd(), &mut |_, _, st| {
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                bytes = bytes.saturating_add(st.st_size.max(0) as u64);
+            }
+            Ok::<(), io::Error>(())
+        });
+        match walked {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if name.as_encoded_bytes().starts_with(BUILD_PREFIX.as_bytes()) {
+            let reserved = beneath::read_capped(dir.as_fd(), Path::new(RESERVED_FILE), 64)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            bytes = bytes.max(reserved);
+        }
+        used = used.saturating_add(bytes);
+    }
+    Ok(used)
 }
 
 fn mkdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
@@ -459,14 +651,16 @@ fn mkdir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
         })
 }
 
-/// Copies what a restore reads of the volume into the build directory `out` (shown as
-/// `out_path`).
+/// Copies what a restore reads of the volume into the build directory `b`, under the
+/// restore's deadline (begun at `began`).
 fn copy_volume(
     source: &VolumeSource,
-    out: BorrowedFd<'_>,
-    out_path: &Path,
-    max_diff: u64,
+    b: Build<'_>,
+    config: &Config,
+    began: Instant,
 ) -> Result<Record> {
+    let (out, out_path) = (b.dir, b.path);
+    let max_diff = config.restore.max_rootfs_diff_bytes;
     let shown = |rel: &str| format!("{}/{rel}", source.shown.trim_end_matches('/'));
     let refuse = |what: String| {
         Error::precondition(format!(
@@ -503,6 +697,20 @@ fn copy_volume(
     let manifest_shown = PathBuf::from(shown(&format!("{ckpt_rel}{MANIFEST_FILE}")));
     let manifest = validate::parse_manifest(&manifest_bytes, &manifest_shown)
         .map_err(|e| refuse(e.to_string()))?;
+    // An image this node would refuse for its signature costs no copy: the policy is decided
+    // on the volume's own manifest and signature, read beneath it, before any file is copied
+    // (and again by the transaction on the copy, which restores only the manifest it verified).
+    if config.restore.signature_policy == SignaturePolicy::Require {
+        let shown_dir = PathBuf::from(shown(ckpt_rel.trim_end_matches('/')));
+        crate::signature::admit_at(config, vol, &shown_dir).map_err(|e| {
+            e.map_message(|m| {
+                format!(
+                    "{m}; nothing of the image volume at {} was copied onto the node",
+                    source.shown
+                )
+            })
+        })?;
+    }
 
     mkdir_at(out, CHECKPOINT_SUBDIR).map_err(|e| io_refusal(out_path, e))?;
     let out_ckpt = beneath::open_dir(out, Path::new(CHECKPOINT_SUBDIR))
@@ -531,6 +739,21 @@ fn copy_volume(
     let needed = listed
         .max(manifest.images.total_bytes)
         .saturating_add(diff_size.unwrap_or(0));
+    // The restore's one deadline, from what the copy will read (unverified: only ever a
+    // larger bound, capped), checked as each file is copied.
+    let deadline = Deadline::start_at(began, &config.restore, needed);
+    let in_time = || {
+        deadline
+            .check(Phase::VolumeCopy, Changed::Nothing)
+            .map_err(|e| {
+                e.map_message(|m| {
+                    format!(
+                        "{m}; what was copied of the image volume at {} is removed",
+                        source.shown
+                    )
+                })
+            })
+    };
     let free = beneath::available_bytes(out).map_err(|e| io_refusal(out_path, e))?;
     if needed > free {
         return Err(Error::precondition(format!(
@@ -540,6 +763,8 @@ fn copy_volume(
             source.cache.display()
         )));
     }
+
+    reserve(source, b, needed, config.restore.max_volume_bytes)?;
 
     write_new(out_ckpt.as_fd(), MANIFEST_FILE, &manifest_bytes)
         .map_err(|e| io_refusal(&out_ckpt_path, e))?;
@@ -577,6 +802,8 @@ fn copy_volume(
         }
         copy_listed(vol, &f.path, f.size, out_ckpt.as_fd())
             .map_err(|e| refuse(format!("{}: {e}", shown(&format!("{ckpt_rel}{}", f.path)))))?;
+        crate::failpoint::reached(crate::failpoint::VOLUME_COPYING);
+        in_time()?;
     }
     let assembled_files = if chunked.is_empty() {
         0
@@ -595,9 +822,12 @@ fn copy_volume(
                     shown(&format!("{ckpt_rel}.gpusnap-chunks"))
                 ))
             })?;
-        chunks::assemble_at(out_ckpt.as_fd(), &out_ckpt_path, &chunk_source)
+        let files = chunks::assemble_at(out_ckpt.as_fd(), &out_ckpt_path, &chunk_source)
             .map_err(|e| refuse(e.to_string()))?
-            .files
+            .files;
+        crate::failpoint::reached(crate::failpoint::VOLUME_COPYING);
+        in_time()?;
+        files
     };
 
     let rootfs_diff = match diff_size {
@@ -616,6 +846,8 @@ fn copy_volume(
             Some((sha256, size))
         }
     };
+    crate::failpoint::reached(&crate::failpoint::after_phase(Phase::VolumeCopy));
+    in_time()?;
     Ok(Record {
         image_digest: source.image_digest.clone(),
         rootfs_diff,
@@ -685,6 +917,202 @@ fn write_new(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpusnap_checkpoint::Manifest;
+    use gpusnap_criu_bridge::CriuFlags;
+
+    /// A node with an image volume of a sealed checkpoint (archive layout) of `page_bytes`.
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        root: PathBuf,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().to_path_buf();
+            Fixture { _tmp: tmp, root }
+        }
+
+        /// A volume of this node's sandbox `sb` holding a sealed checkpoint whose pages are
+        /// `page_bytes` long, named by `digest`.
+        fn volume(&self, digest: &str, page_bytes: usize) -> VolumeSource {
+            let mount = self.root.join("image-volumes/sb").join(digest);
+            let ckpt = mount.join(CHECKPOINT_SUBDIR);
+            std::fs::create_dir_all(&ckpt).unwrap();
+            std::fs::write(ckpt.join("pages-1.img"), vec![7u8; page_bytes]).unwrap();
+            std::fs::write(ckpt.join("core-1.img"), b"core").unwrap();
+            gpusnap_checkpoint::seal_checkpoint(&ckpt, Manifest::new("c1", CriuFlags::default()))
+                .unwrap();
+            VolumeSource {
+                mount,
+                image_digest: digest.to_string(),
+                destination: PathBuf::from("/gpusnap/checkpoint"),
+                shown: "/gpusnap/checkpoint".into(),
+                cache: self.cache(),
+            }
+        }
+
+        fn cache(&self) -> PathBuf {
+            self.root.join("checkpoints").join(CACHE_DIR)
+        }
+
+        /// Every entry of the cache.
+        fn cache_entries(&self) -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(self.cache())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        }
+    }
+
+    fn digest(c: char) -> String {
+        c.to_string().repeat(64)
+    }
+
+    fn refusal(r: Result<(Materialized, Option<RootfsDiff>)>) -> String {
+        let e = r.expect_err("refused");
+        assert!(e.outcome().is_none(), "a refusal, not a failure: {e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn the_node_cap_counts_the_copies_there_and_refuses_before_copying() {
+        let f = Fixture::new();
+        let mut config = Config::default();
+        config.restore.max_volume_bytes = 1 << 20;
+        let first = f.volume(&digest('a'), 600 << 10);
+        let (m, _) = materialize(&first, &config, Instant::now()).unwrap();
+        assert!(m.made && m.checkpoint_dir.join("pages-1.img").is_file());
+        // A second image that would take the copies past the cap: refused, saying what to do,
+        // and nothing of it is left (the first copy, which a pod holds, stays).
+        let second = f.volume(&digest('b'), 600 << 10);
+        let e = refusal(materialize(&second, &config, Instant::now()));
+        for part in [
+            "node store of image-volume checkpoints",
+            "is full",
+            "restore.max_volume_bytes",
+            "nothing was copied",
+            "Remove pods",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        let a = digest('a');
+        assert_eq!(
+            f.cache_entries(),
+            vec![a.clone(), format!("{a}.holders.json"), format!("{a}.lock")]
+        );
+        // With room for both, the second is copied.
+        config.restore.max_volume_bytes = 2 << 20;
+        materialize(&second, &config, Instant::now()).unwrap();
+    }
+
+    #[test]
+    fn a_copy_past_the_deadline_is_refused_naming_its_phase_and_leaves_nothing() {
+        let f = Fixture::new();
+        let mut config = Config::default();
+        config.restore.deadline_seconds = 5;
+        let v = f.volume(&digest('c'), 4096);
+        let began = Instant::now() - std::time::Duration::from_secs(6);
+        let e = refusal(materialize(&v, &config, began));
+        for part in [
+            "within 5s (restore.deadline_seconds)",
+            "in the volume-copy phase",
+            "nothing was changed",
+            "what was copied of the image volume at /gpusnap/checkpoint is removed",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        assert!(f.cache_entries().is_empty(), "{:?}", f.cache_entries());
+        // In time, the same volume is copied.
+        materialize(&v, &config, Instant::now()).unwrap();
+    }
+
+    #[test]
+    fn an_unsigned_volume_under_require_is_refused_before_any_file_is_copied() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = Fixture::new();
+        let key = f.root.join("trusted.key");
+        let public = f.root.join("trusted.pub");
+        for args in [
+            vec![
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                key.to_str().unwrap(),
+            ],
+            vec![
+                "pkey",
+                "-in",
+                key.to_str().unwrap(),
+                "-pubout",
+                "-out",
+                public.to_str().unwrap(),
+            ],
+        ] {
+            let out = std::process::Command::new("openssl")
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        }
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut config = Config::default();
+        config.restore.signature_policy = SignaturePolicy::Require;
+        config.restore.signature_keys = vec![public];
+        let v = f.volume(&digest('d'), 4096);
+        // A page the manifest lists is missing from the volume: a copy would be refused for
+        // it. The refusal is the signature's, so nothing was copied before it.
+        std::fs::remove_file(v.mount.join("checkpoint/pages-1.img")).unwrap();
+        let e = refusal(materialize(&v, &config, Instant::now()));
+        assert!(
+            e.contains("has no signature this node trusts")
+                && e.contains("restore.signature_policy = require")
+                && e.contains("nothing of the image volume at /gpusnap/checkpoint was copied"),
+            "{e}"
+        );
+        assert!(!e.contains("the checkpoint's manifest lists it"), "{e}");
+        assert!(f.cache_entries().is_empty(), "{:?}", f.cache_entries());
+    }
+
+    #[test]
+    fn sweep_removes_dead_builds_and_unheld_copies_never_held_or_running_ones() {
+        let f = Fixture::new();
+        let config = Config::default();
+        // A copy a pod holds (its volume directory is there), and one whose pod is gone.
+        let held = f.volume(&digest('1'), 64);
+        materialize(&held, &config, Instant::now()).unwrap();
+        let orphan = f.volume(&digest('2'), 64);
+        materialize(&orphan, &config, Instant::now()).unwrap();
+        std::fs::remove_dir_all(&orphan.mount).unwrap();
+        // A build whose restore was killed (no one holds its image's lock), and one that runs.
+        let cache = beneath::open_root(&f.cache()).unwrap();
+        let dead = format!("{BUILD_PREFIX}{}.4242", digest('3'));
+        let running = format!("{BUILD_PREFIX}{}.4243", digest('4'));
+        for b in [&dead, &running] {
+            mkdir_at(cache.as_fd(), b).unwrap();
+            std::fs::write(f.cache().join(b).join("pages-1.img"), b"half").unwrap();
+        }
+        let _running =
+            ImageLock::take(cache.as_fd(), &f.cache(), &digest('4')).expect("lock of the build");
+        let mut removed = sweep(&f.cache());
+        removed.sort();
+        assert_eq!(
+            removed,
+            vec![f.cache().join(&dead), f.cache().join(digest('2'))]
+        );
+        let left = f.cache_entries();
+        assert!(left.contains(&digest('1')), "{left:?}");
+        assert!(left.contains(&running), "{left:?}");
+        assert!(!left.iter().any(|n| n.contains(&digest('2'))), "{left:?}");
+        assert!(!left.iter().any(|n| n.contains(&digest('3'))), "{left:?}");
+    }
 
     #[test]
     fn only_containerds_image_volume_directories_name_a_digest() {

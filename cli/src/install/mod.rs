@@ -250,6 +250,9 @@ pub fn config_text(found: &FoundTools) -> String {
          decryption_keys = []\n\
          # The largest a rootfs diff may be once decompressed (headers, padding, content).\n\
          max_rootfs_diff_bytes = \"64GiB\"\n\
+         # The most the node's copies of image-volume checkpoints\n\
+         # (checkpoint_root/.gpusnap-volumes) may hold together.\n\
+         max_volume_bytes = \"256GiB\"\n\
          # How long CRIU may take to restore before it and what it restored are killed;\n\
          # 0 = 120 s plus 1 s per 32 MiB of images.\n\
          deadline_seconds = 0\n\

@@ -28,9 +28,12 @@ pub mod point {
     /// runc has returned, the container runs, the caller is not yet told (GPU: before the
     /// CUDA restore).
     pub const AFTER_CRIU: &str = "restore-after-criu";
+    /// Mid-copy of an image volume's checkpoint onto the node (after a file was copied).
+    pub const VOLUME_COPYING: &str = "restore-volume-copying";
 
-    /// The end of restore phase `phase` (`validate`, `gpu-gate`, `criu-prepare`,
-    /// `privilege-check`, `rootfs-diff`, `open-files-check`), before its deadline check.
+    /// The end of restore phase `phase` (`volume-copy`, `validate`, `gpu-gate`,
+    /// `criu-prepare`, `privilege-check`, `rootfs-diff`, `open-files-check`), before its
+    /// deadline check.
     pub fn after_phase(phase: &str) -> String {
         format!("restore-after-{phase}")
     }

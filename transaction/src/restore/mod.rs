@@ -89,6 +89,9 @@ pub struct RestoreRequest {
     /// checkpointed did not have it, so it is left out when the spec is compared with the
     /// signed one; it is a read-only bind of the image the pod names, and grants nothing else.
     pub checkpoint_mount: Option<(PathBuf, PathBuf)>,
+    /// When the restore began, when that was before the transaction: the copy of an image
+    /// volume's checkpoint ([`crate::volume::restore`]). The one deadline counts from there.
+    pub began: Option<Instant>,
 }
 
 /// A rootfs diff and the digest it must have: verified before it is read for anything else.

@@ -37,6 +37,7 @@ fn request(node: &Node, checkpoint_dir: &Path) -> RestoreRequest {
         },
         signature_evidence: Default::default(),
         checkpoint_mount: None,
+        began: None,
     }
 }
 

@@ -104,7 +104,8 @@ pub(super) fn run(req: &RestoreRequest) -> Result<Validated<'_>, ValidateError> 
         .as_ref()
         .and_then(|d| d.content_bytes)
         .unwrap_or(0);
-    let mut deadline = Deadline::start(
+    let mut deadline = Deadline::start_at(
+        req.began.unwrap_or(started),
         &req.config.restore,
         claimed
             .as_ref()
