@@ -279,7 +279,8 @@ fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence
     let own = match dir_sig {
         DirSignature::Missing => format!(
             "{} is missing (the checkpoint was not signed)",
-            dir.join(dirsig::SIGNATURE_FILE).display()
+            dir.join(gpusnap_checkpoint::layout::SIGNATURE_FILE)
+                .display()
         ),
         DirSignature::Invalid { reason } => reason.clone(),
         DirSignature::Verified { .. } => unreachable!("a verified signature is admitted"),
@@ -347,7 +348,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
 
-    use gpusnap_checkpoint::signature::SIGNATURE_FILE;
+    use gpusnap_checkpoint::layout::SIGNATURE_FILE;
     use gpusnap_criu_bridge::CriuFlags;
 
     /// An ECDSA P-256 key pair made with openssl, as an operator would: (private, public).
