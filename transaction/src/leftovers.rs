@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::criu_log::{self, TMP_YARDS, WORK_DIR_YARDS};
+use gpusnap_criu_bridge::{classify_runc_error, RuncErrorKind};
 
 use crate::runc::Runc;
 
@@ -269,7 +270,7 @@ fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
     let cmd = runc.global.helper(&["delete", "--force", runc.id.as_str()]);
     match runc.run(&cmd, None) {
         Ok(_) => {}
-        Err(f) if f.message.contains("does not exist") || f.message.contains("not exist") => {}
+        Err(f) if classify_runc_error(&f.message) == RuncErrorKind::ContainerMissing => {}
         Err(f) => return Err(f.message),
     }
     if stateless() {
