@@ -149,13 +149,13 @@ impl Admission {
         &self,
         enforce: bool,
         part: &str,
-        found: std::result::Result<(), String>,
+        found: std::result::Result<(), crate::container_record::RecordError>,
     ) -> Result<()> {
         let Err(why) = found else {
             return Ok(());
         };
         if !enforce {
-            tracing::warn!(dir = %self.dir.display(), part, why, "restoring a container that differs from its signed checkpoint (restore.signature_policy = warn)");
+            tracing::warn!(dir = %self.dir.display(), part, why = %why, "restoring a container that differs from its signed checkpoint (restore.signature_policy = warn)");
             return Ok(());
         }
         Err(Error::precondition(format!(
@@ -164,7 +164,8 @@ impl Admission {
              after the checkpoint was signed, or the container is not specified like the one \
              checkpointed; restore the checkpoint as it was taken",
             self.dir.display()
-        )))
+        ))
+        .caused_by(why))
     }
 }
 
