@@ -104,7 +104,7 @@ fn main() {
         layer::compare(&signed, &found).unwrap();
         restore.push(t.elapsed());
     }
-    let listing = fs::metadata(p.join("ck").join(layer::LISTING_FILE))
+    let listing = fs::metadata(p.join("ck").join(gpusnap_checkpoint::layout::LISTING_FILE))
         .unwrap()
         .len();
     let _ = rustix::mount::unmount(&merged, rustix::mount::UnmountFlags::DETACH);

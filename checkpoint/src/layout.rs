@@ -16,7 +16,21 @@
 //!                                         is in the manifest)
 //!   gpusnap-manifest.json                 completeness marker, written last
 //!   .gpusnap-manifest.json.tmp.<pid>.<n>  the manifest while it is written (never survives)
+//!   gpusnap-manifest.json.sig             the directory's signature of the manifest
+//!   gpusnap-origin.json                   where a pulled checkpoint came from (written by a
+//!                                         pull after sealing; not checkpoint data)
 //! ```
+//!
+//! Every file gpusnap reads back from here may come from elsewhere (copied, unpacked, pulled),
+//! so each has a size cap (`*_MAX_BYTES`) and is read through [`read_capped`] or
+//! [`read_json_capped`]: beneath the directory, through no symlink, never past its cap.
+//!
+//! # The checkpoint root
+//!
+//! Checkpoints a pod can restore by name (`gpusnap.io/restore-from`) are directories directly
+//! under `restore.checkpoint_root`. Names starting with [`ROOT_RESERVED_PREFIX`] are gpusnap's
+//! own bookkeeping there (`.gpusnap-node`, the node's records; `.gpusnap-volumes`, the volume
+//! copies), never a checkpoint: [`is_checkpoint_name`] is the one rule every door applies.
 //!
 //! # Why the directory is flat
 //!
@@ -31,7 +45,10 @@
 //! `..` (see [`is_valid_gpu_name`]).
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Component, Path, PathBuf};
+
+use serde::de::DeserializeOwned;
 
 /// Prefix of every file gpusnap writes into a checkpoint directory. No other tool writing there
 /// (CRIU, runc, containerd's CRI) uses it.
@@ -45,6 +62,52 @@ pub const MANIFEST_TMP_PREFIX: &str = ".gpusnap-manifest.json.tmp";
 pub const GPU_FILE_PREFIX: &str = "gpusnap-gpu-";
 /// Longest `<name>` of a GPU state file: the file name must stay within `NAME_MAX` (255).
 pub const MAX_GPU_NAME_LEN: usize = 255 - GPU_FILE_PREFIX.len();
+/// The directory's own cosign-format signature of the manifest, beside it.
+pub const SIGNATURE_FILE: &str = "gpusnap-manifest.json.sig";
+/// The record of the writable layer, beside the manifest (outside the inventory: its digest is
+/// in the manifest).
+pub const LISTING_FILE: &str = "gpusnap-writable-layer.jsonl";
+/// Prefix of the listing's temporary name while it is written.
+pub const LISTING_TMP_PREFIX: &str = ".gpusnap-writable-layer.jsonl.tmp";
+/// Where a pulled or extracted checkpoint came from, at the root of the checkpoint directory.
+pub const ORIGIN_FILE: &str = "gpusnap-origin.json";
+
+/// The largest manifest read: one for a terabyte of images, digested in 64 MiB chunks, is
+/// about 2 MiB.
+pub const MANIFEST_MAX_BYTES: u64 = 16 << 20;
+/// A base64 signature is at most a few hundred bytes (RSA-4096: 684); anything larger is not one.
+pub const SIGNATURE_MAX_BYTES: u64 = 4 << 10;
+/// The largest writable-layer listing read back (4 Mi entries of a few hundred bytes).
+pub const LISTING_MAX_BYTES: u64 = 2 << 30;
+/// An origin record is a few hundred bytes; one larger than this is not a record.
+pub const ORIGIN_MAX_BYTES: u64 = 64 << 10;
+/// A node record (under [`NODE_RECORDS_DIR`]) is a few hundred bytes.
+pub const NODE_RECORD_MAX_BYTES: u64 = 64 << 10;
+
+/// Prefix of the names gpusnap keeps for itself directly under the checkpoint root; no
+/// checkpoint has one.
+pub const ROOT_RESERVED_PREFIX: &str = ".gpusnap-";
+/// The node's records of the checkpoints it sealed or adopted, under the checkpoint root
+/// ([`crate::node_origin`]).
+pub const NODE_RECORDS_DIR: &str = ".gpusnap-node";
+/// Longest checkpoint name: one directory entry (`NAME_MAX`).
+pub const MAX_CHECKPOINT_NAME_LEN: usize = 255;
+
+/// Whether `name` can be a checkpoint directly under the checkpoint root, as a pod annotation
+/// (`gpusnap.io/restore-from`) or `gpusnap image pull --extract NAME` names it: 1 to
+/// [`MAX_CHECKPOINT_NAME_LEN`] ASCII letters, digits, `.`, `_` or `-`; not `.`, nothing with
+/// `..` (so never a way out of the root, and no `/`), and nothing starting with
+/// [`ROOT_RESERVED_PREFIX`] (gpusnap's own directories there).
+pub fn is_checkpoint_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_CHECKPOINT_NAME_LEN
+        && name != "."
+        && !name.contains("..")
+        && !name.starts_with(ROOT_RESERVED_PREFIX)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
 
 /// Whether `name` may be the `<name>` of a GPU state file `gpusnap-gpu-<name>`: 1 to
 /// [`MAX_GPU_NAME_LEN`] ASCII letters, digits, `.`, `_` or `-`, and no `..` (containerd's CRI
@@ -165,16 +228,14 @@ pub fn classify(rel: &Path) -> EntryKind {
     };
     let name = first.to_string_lossy();
     match name.as_ref() {
-        MANIFEST_FILE | crate::signature::SIGNATURE_FILE | crate::writable_layer::LISTING_FILE => {
-            EntryKind::Manifest
-        }
+        MANIFEST_FILE | SIGNATURE_FILE | LISTING_FILE => EntryKind::Manifest,
         n if n.starts_with(MANIFEST_TMP_PREFIX) => EntryKind::Manifest,
         // The listing while it is written (`beneath::write_atomically`'s temporary name):
         // hashed with the rest it would be listed and then missing.
-        n if n.starts_with(crate::writable_layer::LISTING_TMP_PREFIX) => EntryKind::Manifest,
+        n if n.starts_with(LISTING_TMP_PREFIX) => EntryKind::Manifest,
         // Written by a pull beside what it extracted (inside the checkpoint directory for an
         // image built from one), after sealing: not checkpoint data.
-        crate::origin::ORIGIN_FILE => EntryKind::Other,
+        ORIGIN_FILE => EntryKind::Other,
         n if n.starts_with(GPUSNAP_PREFIX) => EntryKind::GpusnapData,
         "descriptors.json" | "stats-dump" | "irmap-cache" => EntryKind::CriuMetadata,
         "stats-restore" => EntryKind::Log,
@@ -187,6 +248,76 @@ pub fn classify(rel: &Path) -> EntryKind {
 /// Whether `rel` (relative to the checkpoint directory) is a GPU state file `gpusnap-gpu-<name>`.
 pub fn is_gpu_file(rel: &Path) -> bool {
     classify(rel) == EntryKind::GpusnapData && rel.to_str().and_then(gpu_name).is_some()
+}
+
+/// Why a capped read of a file gpusnap reads back failed. The callers turn it into their own
+/// refusal, naming the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CappedReadError {
+    #[error("it does not exist")]
+    Missing,
+    #[error("it is a symlink")]
+    Symlink,
+    #[error("larger than {cap} bytes")]
+    TooLarge { cap: u64 },
+    #[error("invalid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error(transparent)]
+    Io(io::Error),
+}
+
+impl From<io::Error> for CappedReadError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::NotFound {
+            CappedReadError::Missing
+        } else if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+            // openat2 refuses a symlink at the last component with ELOOP.
+            CappedReadError::Symlink
+        } else if let Some(t) = crate::beneath::too_large(&e) {
+            CappedReadError::TooLarge { cap: t.cap }
+        } else {
+            CappedReadError::Io(e)
+        }
+    }
+}
+
+/// The bytes of the regular file `name` in the opened directory `dir` (beneath it, no symlink
+/// followed), refused unread when over `cap` bytes ([`crate::beneath::read_capped`]).
+pub fn read_capped(dir: BorrowedFd<'_>, name: &str, cap: u64) -> Result<Vec<u8>, CappedReadError> {
+    Ok(crate::beneath::read_capped(dir, Path::new(name), cap)?)
+}
+
+/// The JSON document `name` in the opened directory `dir`, read as [`read_capped`] reads it.
+/// Every JSON file gpusnap reads back from a checkpoint directory, the checkpoint root or an
+/// archive member goes through here or [`read_json_capped_from`].
+pub fn read_json_capped<T: DeserializeOwned>(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    cap: u64,
+) -> Result<T, CappedReadError> {
+    serde_json::from_slice(&read_capped(dir, name, cap)?).map_err(CappedReadError::Json)
+}
+
+/// [`read_capped`] of a reader already open (an opened file, an archive member) that declares
+/// `size` bytes: refused unread when `size` is over `cap`, and when it gives more whatever
+/// `size` said.
+pub fn read_capped_from(
+    r: impl io::Read,
+    name: &str,
+    size: u64,
+    cap: u64,
+) -> Result<Vec<u8>, CappedReadError> {
+    Ok(crate::beneath::read_file_capped_from(r, name, size, cap)?)
+}
+
+/// [`read_json_capped`] of a reader already open ([`read_capped_from`]).
+pub fn read_json_capped_from<T: DeserializeOwned>(
+    r: impl io::Read,
+    name: &str,
+    size: u64,
+    cap: u64,
+) -> Result<T, CappedReadError> {
+    serde_json::from_slice(&read_capped_from(r, name, size, cap)?).map_err(CappedReadError::Json)
 }
 
 #[cfg(test)]
@@ -273,6 +404,80 @@ mod tests {
             .gpu_files()
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn checkpoint_names() {
+        for ok in [
+            "a",
+            "job-1",
+            "job_1.v2",
+            ".hidden",
+            "a.b",
+            "A-Z_0.9",
+            ".gpusnap",
+            "gpusnap-node",
+            &"x".repeat(MAX_CHECKPOINT_NAME_LEN),
+        ] {
+            assert!(is_checkpoint_name(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a..b",
+            "../x",
+            "x/..",
+            "a/b",
+            "/abs",
+            "a/",
+            // gpusnap's own directories under the root, and anything it may add there.
+            NODE_RECORDS_DIR,
+            ".gpusnap-node",
+            ".gpusnap-volumes",
+            ".gpusnap-node-x",
+            ".gpusnap-",
+            "sp ace",
+            "tab\t",
+            "nul\0",
+            "new\nline",
+            "é",
+            "a:b",
+            "*",
+            &"x".repeat(MAX_CHECKPOINT_NAME_LEN + 1),
+        ] {
+            assert!(!is_checkpoint_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn capped_reads() {
+        use std::os::fd::AsFd;
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Doc {
+            a: u32,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("ok.json"), br#"{"a":1}"#).unwrap();
+        fs::write(dir.path().join("bad.json"), b"{").unwrap();
+        fs::write(dir.path().join("big.json"), vec![b' '; 65]).unwrap();
+        std::os::unix::fs::symlink("ok.json", dir.path().join("link.json")).unwrap();
+        let root = crate::beneath::open_root(dir.path()).unwrap();
+        let read = |name| read_json_capped::<Doc>(root.as_fd(), name, 64);
+        assert_eq!(read("ok.json").unwrap(), Doc { a: 1 });
+        assert!(matches!(read("bad.json"), Err(CappedReadError::Json(_))));
+        assert!(matches!(
+            read("big.json"),
+            Err(CappedReadError::TooLarge { cap: 64 })
+        ));
+        assert!(matches!(read("gone.json"), Err(CappedReadError::Missing)));
+        assert!(matches!(read("link.json"), Err(CappedReadError::Symlink)));
+        assert!(read("../ok.json").is_err());
+        // A reader that gives more than it declared is cut at the cap.
+        let r = read_json_capped_from::<Doc>(&br#"{"a":1}    "#[..], "m", 3, 8);
+        assert!(matches!(r, Err(CappedReadError::TooLarge { cap: 8 })));
+        let r = read_json_capped_from::<Doc>(&br#"{"a":2}"#[..], "m", 7, 8);
+        assert_eq!(r.unwrap(), Doc { a: 2 });
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The gpusnap checkpoint directory.
 //!
 //! - [`layout`]: which files a checkpoint directory holds (CRIU images, GPU extents, the
-//!   manifest) and how they are told apart; flat, because CRI unpacks archives without
-//!   creating directories.
+//!   manifest, its signature, the origin record) and how they are told apart; flat, because
+//!   CRI unpacks archives without creating directories. Also the size cap of every file read
+//!   back, the one capped (JSON) reader, and the one rule for checkpoint names under the
+//!   checkpoint root. It imports no other module but [`beneath`], so every module may use it.
 //! - [`manifest`]: `gpusnap-manifest.json`, written last and atomically; its presence is the
 //!   only completeness marker.
 //! - [`inventory`]: every file's size and BLAKE3 digests, recorded in the manifest.

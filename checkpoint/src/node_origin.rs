@@ -24,15 +24,14 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode};
 use serde::{Deserialize, Serialize};
 
+use crate::layout::{
+    is_checkpoint_name, CappedReadError, MANIFEST_FILE, MANIFEST_MAX_BYTES, NODE_RECORDS_DIR,
+    NODE_RECORD_MAX_BYTES,
+};
 use crate::origin::FileDigest;
 
-/// The records' directory, at the top of the checkpoint root. Not a checkpoint name: the
-/// pod-annotation door refuses it.
-pub const RECORDS_DIR: &str = ".gpusnap-node";
 /// The format this build writes and reads.
 pub const RECORD_FORMAT: u32 = 1;
-/// A record is a few hundred bytes.
-const RECORD_MAX_BYTES: u64 = 64 << 10;
 
 /// How the checkpoint came to be this node's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,19 +124,6 @@ impl NodeRecord {
     }
 }
 
-/// Whether `name` can be a checkpoint under the root: a single plain name (what the
-/// pod annotation accepts), not the records' directory.
-pub fn is_checkpoint_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name != "."
-        && !name.contains("..")
-        && !name.starts_with(RECORDS_DIR)
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
 /// The name `dir` has under `root` when it is a directory directly in it (compared by device
 /// and inode, so another spelling of the same path, a bind mount or a symlinked root agree);
 /// `None` when it lies elsewhere. Both paths are the node's own (its configuration, the
@@ -174,11 +160,7 @@ pub fn name_in_root(root: &Path, dir: &Path) -> io::Result<Option<String>> {
 /// SHA-256 (hex) of the manifest in the opened checkpoint directory `dir` (no symlink
 /// followed, read capped as every manifest read is).
 pub fn manifest_sha256_at(dir: BorrowedFd<'_>) -> io::Result<String> {
-    let bytes = crate::beneath::read_capped(
-        dir,
-        Path::new(crate::layout::MANIFEST_FILE),
-        crate::validate::MANIFEST_MAX_BYTES,
-    )?;
+    let bytes = crate::beneath::read_capped(dir, Path::new(MANIFEST_FILE), MANIFEST_MAX_BYTES)?;
     Ok(sha256_hex(&bytes))
 }
 
@@ -215,17 +197,17 @@ fn root_only(st: &rfs::Stat, path: &Path) -> Result<(), NodeRecordError> {
 /// replacing an earlier record of the same name: a new file created `O_EXCL | O_NOFOLLOW`,
 /// renamed over the old one inside the directory's descriptor.
 pub fn record(root: &Path, record: &NodeRecord) -> Result<PathBuf, NodeRecordError> {
-    let dir_path = root.join(RECORDS_DIR);
+    let dir_path = root.join(NODE_RECORDS_DIR);
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source: io::Error| NodeRecordError::Io { path, source }
     };
     let root_fd = crate::beneath::open_root(root).map_err(io_err(root))?;
-    match rfs::mkdirat(&root_fd, RECORDS_DIR, Mode::from_raw_mode(0o700)) {
+    match rfs::mkdirat(&root_fd, NODE_RECORDS_DIR, Mode::from_raw_mode(0o700)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
         Err(e) => return Err(io_err(&dir_path)(e.into())),
     }
-    let dir = crate::beneath::open_dir(root_fd.as_fd(), Path::new(RECORDS_DIR))
+    let dir = crate::beneath::open_dir(root_fd.as_fd(), Path::new(NODE_RECORDS_DIR))
         .map_err(io_err(&dir_path))?;
     root_only(
         &rfs::fstat(&dir).map_err(|e| io_err(&dir_path)(e.into()))?,
@@ -246,8 +228,8 @@ pub fn lookup(
     shown: &Path,
     name: &str,
 ) -> Result<Option<(NodeRecord, PathBuf)>, NodeRecordError> {
-    let dir_path = shown.join(RECORDS_DIR);
-    let dir = match crate::beneath::open_dir(root, Path::new(RECORDS_DIR)) {
+    let dir_path = shown.join(NODE_RECORDS_DIR);
+    let dir = match crate::beneath::open_dir(root, Path::new(NODE_RECORDS_DIR)) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -281,21 +263,17 @@ pub fn lookup(
     }
     let file = crate::beneath::open_file(dir.as_fd(), Path::new(&file_name)).map_err(io_err)?;
     root_only(&rfs::fstat(&file).map_err(|e| io_err(e.into()))?, &path)?;
-    let bytes =
-        crate::beneath::read_file_capped(file, &file_name, RECORD_MAX_BYTES).map_err(|e| {
-            match crate::beneath::too_large(&e) {
-                Some(_) => NodeRecordError::Invalid {
-                    path: path.clone(),
-                    reason: format!("larger than {RECORD_MAX_BYTES} bytes"),
-                },
-                None => io_err(e),
-            }
-        })?;
+    let size = file.metadata().map_err(io_err)?.len();
     let invalid = |reason: String| NodeRecordError::Invalid {
         path: path.clone(),
         reason,
     };
-    let record: NodeRecord = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let record: NodeRecord =
+        crate::layout::read_json_capped_from(file, &file_name, size, NODE_RECORD_MAX_BYTES)
+            .map_err(|e| match e {
+                CappedReadError::Io(e) => io_err(e),
+                e => invalid(e.to_string()),
+            })?;
     if record.format != RECORD_FORMAT {
         return Err(invalid(format!(
             "format {} (this gpusnap reads {RECORD_FORMAT})",
@@ -334,15 +312,19 @@ mod tests {
         std::fs::create_dir(root.path().join("ck")).unwrap();
         let r = sealed("ck");
         let path = record(root.path(), &r).unwrap();
-        assert!(path.starts_with(root.path().join(RECORDS_DIR)));
-        let meta = std::fs::metadata(root.path().join(RECORDS_DIR)).unwrap();
+        assert!(path.starts_with(root.path().join(NODE_RECORDS_DIR)));
+        let meta = std::fs::metadata(root.path().join(NODE_RECORDS_DIR)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o700);
         let fd = crate::beneath::open_root(root.path()).unwrap();
         let (found, _) = lookup(fd.as_fd(), root.path(), "ck").unwrap().unwrap();
         assert_eq!(found, r);
         assert!(lookup(fd.as_fd(), root.path(), "other").unwrap().is_none());
         // A record filed under another name's key is refused, not believed.
-        std::fs::copy(&path, root.path().join(RECORDS_DIR).join(record_file("x"))).unwrap();
+        std::fs::copy(
+            &path,
+            root.path().join(NODE_RECORDS_DIR).join(record_file("x")),
+        )
+        .unwrap();
         let err = lookup(fd.as_fd(), root.path(), "x").unwrap_err();
         assert!(err.to_string().contains("not \"x\""), "{err}");
     }
@@ -356,7 +338,7 @@ mod tests {
         let err = lookup(fd.as_fd(), root.path(), "ck").unwrap_err();
         assert!(matches!(err, NodeRecordError::NotRootOnly { .. }), "{err}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let dir = root.path().join(RECORDS_DIR);
+        let dir = root.path().join(NODE_RECORDS_DIR);
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let err = lookup(fd.as_fd(), root.path(), "ck").unwrap_err();
         assert!(err.to_string().contains("lets others write"), "{err}");
@@ -390,7 +372,7 @@ mod tests {
         assert!(name_in_root(&root, &top.path().join("ck"))
             .unwrap()
             .is_none());
-        assert!(name_in_root(&root, &root.join(RECORDS_DIR))
+        assert!(name_in_root(&root, &root.join(NODE_RECORDS_DIR))
             .unwrap()
             .is_none());
         assert!(name_in_root(&top.path().join("absent"), &root.join("ck"))

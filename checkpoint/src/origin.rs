@@ -15,12 +15,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The record's file name, at the root of an extracted checkpoint.
-pub const ORIGIN_FILE: &str = "gpusnap-origin.json";
+use crate::layout::{CappedReadError, ORIGIN_FILE, ORIGIN_MAX_BYTES};
+
 /// The format this build writes and reads.
 pub const ORIGIN_FORMAT: u32 = 1;
-/// A record is a few hundred bytes; one larger than this is not a record.
-const ORIGIN_MAX_BYTES: u64 = 64 << 10;
 
 /// Size and SHA-256 (hex) of one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,24 +87,18 @@ impl Origin {
     /// Reads the record from the opened checkpoint directory `dir` (no symlink is followed).
     pub fn read_at(dir: std::os::fd::BorrowedFd<'_>, shown: &Path) -> Result<Origin, OriginError> {
         let path = shown.join(ORIGIN_FILE);
-        let text = match crate::beneath::read_capped(dir, Path::new(ORIGIN_FILE), ORIGIN_MAX_BYTES)
-        {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(OriginError::Missing(path))
-            }
-            Err(e) if crate::beneath::too_large(&e).is_some() => {
-                return Err(OriginError::Invalid {
-                    path,
-                    reason: format!("larger than {ORIGIN_MAX_BYTES} bytes"),
-                })
-            }
-            Err(source) => return Err(OriginError::Io { path, source }),
-        };
-        let origin: Origin = serde_json::from_slice(&text).map_err(|e| OriginError::Invalid {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let origin: Origin =
+            match crate::layout::read_json_capped(dir, ORIGIN_FILE, ORIGIN_MAX_BYTES) {
+                Ok(o) => o,
+                Err(CappedReadError::Missing) => return Err(OriginError::Missing(path)),
+                Err(CappedReadError::Io(source)) => return Err(OriginError::Io { path, source }),
+                Err(e) => {
+                    return Err(OriginError::Invalid {
+                        path,
+                        reason: e.to_string(),
+                    })
+                }
+            };
         if origin.format != ORIGIN_FORMAT {
             return Err(OriginError::Invalid {
                 path,

@@ -14,7 +14,7 @@
 //! Everything here reads the directory as untrusted: the signature and the manifest are opened
 //! beneath it without following a symlink, and read up to a cap.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
@@ -22,15 +22,13 @@ use rustix::fs::{Mode, OFlags};
 use sigstore::crypto::signing_key::SigStoreKeyPair;
 use sigstore::crypto::{CosignVerificationKey, SigStoreSigner, Signature, SigningScheme};
 
-use crate::layout::{MANIFEST_FILE, MANIFEST_TMP_PREFIX};
-use crate::validate::MANIFEST_MAX_BYTES;
+use crate::layout::{CappedReadError, MANIFEST_FILE, MANIFEST_MAX_BYTES, MANIFEST_TMP_PREFIX};
+// Re-exported where they used to be defined, for callers not yet moved to `layout`
+// (transaction/src/volume.rs); new code imports them from `layout`.
+pub use crate::layout::{SIGNATURE_FILE, SIGNATURE_MAX_BYTES};
 
-/// The signature file, directly in the checkpoint directory beside the manifest.
-pub const SIGNATURE_FILE: &str = "gpusnap-manifest.json.sig";
 /// Environment variable with the password of an encrypted `cosign.key`; cosign's.
 pub const PASSWORD_ENV: &str = "COSIGN_PASSWORD";
-/// A base64 signature is at most a few hundred bytes (RSA-4096: 684); anything larger is not one.
-pub const SIGNATURE_MAX_BYTES: u64 = 4 << 10;
 /// A PEM key is a few hundred bytes.
 const KEY_MAX_BYTES: u64 = 64 << 10;
 
@@ -76,19 +74,15 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn read_capped(mut r: impl Read, cap: u64, path: &Path) -> Result<Vec<u8>, SignatureError> {
-    let mut buf = Vec::new();
-    r.by_ref()
-        .take(cap + 1)
-        .read_to_end(&mut buf)
-        .map_err(io_err("reading", path))?;
-    if buf.len() as u64 > cap {
-        return Err(SignatureError::Unusable {
+fn read_capped(file: std::fs::File, cap: u64, path: &Path) -> Result<Vec<u8>, SignatureError> {
+    let size = file.metadata().map_err(io_err("reading", path))?.len();
+    crate::layout::read_capped_from(file, &path.to_string_lossy(), size, cap).map_err(|e| match e {
+        CappedReadError::Io(e) => io_err("reading", path)(e),
+        e => SignatureError::Unusable {
             path: path.to_path_buf(),
-            reason: format!("larger than {cap} bytes"),
-        });
-    }
-    Ok(buf)
+            reason: e.to_string(),
+        },
+    })
 }
 
 /// Who may read a key file: anyone, or only its owner (the node's signing key).

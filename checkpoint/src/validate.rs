@@ -13,12 +13,11 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::FileType;
 
 use crate::inventory::{hash_open_files, VerifyFailure};
-use crate::layout::{classify, CheckpointLayout, EntryKind};
+use crate::layout::{classify, CappedReadError, CheckpointLayout, EntryKind, MANIFEST_FILE};
+// Re-exported where they used to be defined, for callers not yet moved to `layout`
+// (transaction/src/volume.rs); new code imports them from `layout`.
+pub use crate::layout::MANIFEST_MAX_BYTES;
 use crate::manifest::{Manifest, MANIFEST_FORMAT_VERSION, MANIFEST_KIND};
-
-/// The largest manifest read: one for a terabyte of images, digested in 64 MiB chunks, is
-/// about 2 MiB.
-pub const MANIFEST_MAX_BYTES: u64 = 16 << 20;
 
 /// Why a checkpoint directory is not restored. Every message names the file involved and what
 /// the operator can do about it.
@@ -221,24 +220,17 @@ pub fn read_manifest_at(dir: BorrowedFd<'_>, shown: &Path) -> Result<Manifest, R
         manifest: path.clone(),
         reason,
     };
-    let bytes = match crate::beneath::read_capped(
-        dir,
-        Path::new(crate::layout::MANIFEST_FILE),
-        MANIFEST_MAX_BYTES,
-    ) {
+    let bytes = match crate::layout::read_capped(dir, MANIFEST_FILE, MANIFEST_MAX_BYTES) {
         Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        Err(CappedReadError::Missing) => {
             return Err(RestoreRefusal::ManifestMissing { manifest: path })
         }
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-            return Err(unreadable("it is a symlink".into()))
+        Err(e @ CappedReadError::Symlink) => return Err(unreadable(e.to_string())),
+        Err(e @ CappedReadError::TooLarge { .. }) => {
+            return Err(unreadable(format!("{e}, which no gpusnap manifest is")))
         }
-        Err(e) if crate::beneath::too_large(&e).is_some() => {
-            return Err(unreadable(format!(
-                "larger than {MANIFEST_MAX_BYTES} bytes, which no gpusnap manifest is"
-            )))
-        }
-        Err(source) => return Err(RestoreRefusal::Io { path, source }),
+        Err(CappedReadError::Io(source)) => return Err(RestoreRefusal::Io { path, source }),
+        Err(e @ CappedReadError::Json(_)) => return Err(unreadable(e.to_string())),
     };
     parse_manifest(&bytes, &path)
 }

@@ -63,19 +63,15 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::beneath;
+// Re-exported where they used to be defined, for callers not yet moved to `layout`
+// (transaction/src/volume.rs); new code imports them from `layout`.
+pub use crate::layout::{LISTING_FILE, LISTING_MAX_BYTES};
 
-/// The record of the writable layer, beside the manifest (outside the inventory: its digest is
-/// in the manifest).
-pub const LISTING_FILE: &str = "gpusnap-writable-layer.jsonl";
-/// Prefix of the listing's temporary name while it is written.
-pub const LISTING_TMP_PREFIX: &str = ".gpusnap-writable-layer.jsonl.tmp";
 /// At most this many entries are described; a larger layer is not recorded (and not restored
 /// under `require`).
 pub const MAX_ENTRIES: usize = 4 << 20;
 /// Deepest directory nesting described.
 pub const MAX_DEPTH: usize = 256;
-/// The largest listing read back (4 Mi entries of a few hundred bytes).
-pub const LISTING_MAX_BYTES: u64 = 2 << 30;
 
 /// What the manifest holds about the writable layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1119,7 +1115,7 @@ pub fn read_listing(
     };
     let path = shown_dir.join(LISTING_FILE);
     let cap = (*listing_bytes).min(LISTING_MAX_BYTES);
-    let bytes = beneath::read_capped(dir, Path::new(LISTING_FILE), cap)
+    let bytes = crate::layout::read_capped(dir, LISTING_FILE, cap)
         .map_err(|e| LayerError::Listing(format!("{} cannot be read ({e})", path.display())))?;
     if bytes.len() as u64 != *listing_bytes
         || blake3::hash(&bytes).to_hex().as_str() != listing_blake3

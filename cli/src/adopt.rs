@@ -156,7 +156,8 @@ fn signature_policy(config: &Config, ck: &Path) -> Result<RecordedSignature> {
         }
         DirSignature::Missing => format!(
             "{} is missing (the checkpoint was not signed)",
-            ck.join(dirsig::SIGNATURE_FILE).display()
+            ck.join(gpusnap_checkpoint::layout::SIGNATURE_FILE)
+                .display()
         ),
         DirSignature::Invalid { reason } => reason,
     };

@@ -23,11 +23,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::{Args, Subcommand};
-use gpusnap_checkpoint::layout::MANIFEST_FILE;
-use gpusnap_checkpoint::signature::{
-    self as dirsig, DirSignature, KeyAccess, SigningKey, TrustedKey, SIGNATURE_FILE,
+use gpusnap_checkpoint::layout::{
+    self, MANIFEST_FILE, MANIFEST_MAX_BYTES, SIGNATURE_FILE, SIGNATURE_MAX_BYTES,
 };
-use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+use gpusnap_checkpoint::signature::{
+    self as dirsig, DirSignature, KeyAccess, SigningKey, TrustedKey,
+};
 use rustix::fs::{Mode, OFlags};
 
 use crate::inspect::{Compression, ARCHIVE_CHECKPOINT_DIR};
@@ -304,13 +305,11 @@ fn tar_stream(file: &File) -> io::Result<(Compression, Box<dyn Read + '_>)> {
     Ok((compression, stream))
 }
 
-fn read_capped(r: impl Read, cap: u64, what: &str) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    r.take(cap + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > cap {
-        bail!("{what} is larger than {cap} bytes: not what gpusnap writes");
-    }
-    Ok(buf)
+/// An archive member's bytes, up to `cap` ([`layout::read_capped_from`]).
+fn read_capped<R: Read>(entry: &mut tar::Entry<'_, R>, cap: u64, what: &str) -> Result<Vec<u8>> {
+    let size = entry.size();
+    layout::read_capped_from(entry, what, size, cap)
+        .with_context(|| format!("{what}: not what gpusnap writes"))
 }
 
 /// One pass: the manifest (exactly once) and the signature, if any.
@@ -320,7 +319,7 @@ fn scan(file: &File, archive: &Path) -> Result<(Compression, Found)> {
     let mut tar = tar::Archive::new(stream);
     let (mut manifest, mut signature) = (None, None);
     for entry in tar.entries()? {
-        let entry = entry.with_context(|| format!("reading {}", archive.display()))?;
+        let mut entry = entry.with_context(|| format!("reading {}", archive.display()))?;
         let path = normalise(&entry.path()?);
         let slot = if path == manifest_entry() {
             &mut manifest
@@ -346,9 +345,9 @@ fn scan(file: &File, archive: &Path) -> Result<(Compression, Found)> {
         let cap = if path == manifest_entry() {
             MANIFEST_MAX_BYTES
         } else {
-            dirsig::SIGNATURE_MAX_BYTES
+            SIGNATURE_MAX_BYTES
         };
-        *slot = Some(read_capped(entry, cap, &path.display().to_string())?);
+        *slot = Some(read_capped(&mut entry, cap, &path.display().to_string())?);
     }
     let manifest = manifest.ok_or_else(|| {
         anyhow!(

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{ArgGroup, Args, Subcommand};
+use gpusnap_checkpoint::layout;
 use gpusnap_checkpoint::origin::SignatureCheck;
 use gpusnap_oci_image::registry::{
     default_parallel_blobs, DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_MANIFEST_BYTES,
@@ -524,16 +525,6 @@ pub struct PullOutput {
     pub restore_from: Option<String>,
 }
 
-/// A checkpoint name the shim accepts in `gpusnap.io/restore-from` (same rule as the shim).
-pub fn is_checkpoint_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && !name.contains("..")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
 /// `--extract` argument → (destination, checkpoint root). A bare name resolves under the
 /// configured `restore.checkpoint_root`; anything with a '/' is a path.
 fn extract_dest(cfg: &gpusnap_config::Config, arg: &str) -> Result<(PathBuf, PathBuf)> {
@@ -542,10 +533,10 @@ fn extract_dest(cfg: &gpusnap_config::Config, arg: &str) -> Result<(PathBuf, Pat
         // The root only tells whether to print the annotation.
         return Ok((PathBuf::from(arg), root));
     }
-    if !is_checkpoint_name(arg) {
+    if !layout::is_checkpoint_name(arg) {
         bail!(
-            "--extract {arg:?}: not a checkpoint name (letters, digits, '.', '_', '-') nor a \
-             path; give a name to extract under {} or a path containing '/'",
+            "--extract {arg:?}: not a checkpoint name (letters, digits, '.', '_', '-', not \
+             .gpusnap-*) nor a path; give a name to extract under {} or a path containing '/'",
             root.display()
         );
     }
@@ -651,7 +642,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
         let restore_from = if dest.parent() == Some(root.as_path()) {
             dest.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
-                .filter(|n| is_checkpoint_name(n))
+                .filter(|n| layout::is_checkpoint_name(n))
         } else {
             None
         };
@@ -729,7 +720,7 @@ fn pull_with(cfg: &gpusnap_config::Config, a: PullArgs) -> Result<u8> {
                 out.restore_from = dest
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
-                    .filter(|n| is_checkpoint_name(n));
+                    .filter(|n| layout::is_checkpoint_name(n));
             }
             out.extracted = Some(ex);
         }

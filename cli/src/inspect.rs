@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_checkpoint::layout::MANIFEST_FILE;
-use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+use gpusnap_checkpoint::layout::MANIFEST_MAX_BYTES;
 use gpusnap_checkpoint::{self as bridge, Manifest, RestoreRefusal, ValidateOptions};
 use rustix::fs::FileType;
 use serde::Serialize;

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+use gpusnap_checkpoint::layout::MANIFEST_MAX_BYTES;
 use gpusnap_oci_image::Digest;
 use gpusnap_testkit::beneath::Unread;
 use gpusnap_testkit::{describe, paths, Registry};

@@ -25,9 +25,19 @@ pub struct LogTail {
     pub last_lines: Vec<String>,
 }
 
+/// What CRIU's restore log says last when a restore succeeded (`criu/cr-restore.c`:
+/// `Restore finished successfully. Tasks resumed.`); runc logs at level 4, where it is printed.
+const RESTORE_FINISHED: &str = "Restore finished successfully";
+
 impl LogTail {
     pub fn is_empty(&self) -> bool {
         self.error_lines.is_empty() && self.last_lines.is_empty()
+    }
+
+    /// Whether these last lines of a restore log say the restore finished: CRIU got the
+    /// tasks running, whatever runc did after.
+    pub fn says_restore_finished(&self) -> bool {
+        self.last_lines.iter().any(|l| l.contains(RESTORE_FINISHED))
     }
 }
 
@@ -184,6 +194,23 @@ mod tests {
 (00.001200) Unlock network
 (00.001300) Unfreezing tasks into 1
 ";
+
+    #[test]
+    fn restore_finished() {
+        let ok = log(b"(00.120000) Running post-resume scripts\n\
+(00.120100) Restore finished successfully. Tasks resumed.\n\
+(00.120200) Writing stats\n");
+        assert!(criu_log_tail(ok.path(), 20)
+            .unwrap()
+            .says_restore_finished());
+        let failed = log(b"(00.050000) Error (criu/cr-restore.c:2468): Restoring FAILED.\n");
+        assert!(!criu_log_tail(failed.path(), 20)
+            .unwrap()
+            .says_restore_finished());
+        assert!(!criu_log_tail(log(SAMPLE.as_bytes()).path(), 20)
+            .unwrap()
+            .says_restore_finished());
+    }
 
     #[test]
     fn picks_error_lines_and_last_lines() {

@@ -32,7 +32,7 @@ impl Listing {
 /// What the runtime or CRIU writes into the directory besides images (the `parent` link of an
 /// incremental dump is checked by `gpusnap_checkpoint::validate`: a sibling directory).
 fn not_an_image(name: &str) -> bool {
-    name == gpusnap_checkpoint::origin::ORIGIN_FILE
+    name == gpusnap_checkpoint::layout::ORIGIN_FILE
         || name == "parent"
         || matches!(
             classify(Path::new(name)),

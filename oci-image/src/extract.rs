@@ -27,8 +27,9 @@ use super::interrupt;
 use super::oci_layout::{entry_name, ImageSource, RemoveOnDrop};
 use super::source::{normalize_member, CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 use super::spec::{layer_compression, Compression, Descriptor, ImageConfig, ImageManifest};
+use gpusnap_checkpoint::layout::ORIGIN_FILE;
 use gpusnap_checkpoint::manifest::Manifest;
-use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FILE, ORIGIN_FORMAT};
+use gpusnap_checkpoint::origin::{FileDigest, Origin, SignatureCheck, ORIGIN_FORMAT};
 
 /// What [`extract`] produced.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -652,8 +653,7 @@ fn read_gpusnap_manifest(
     annotations: &std::collections::BTreeMap<String, String>,
     location: &str,
 ) -> Result<Manifest, ImageError> {
-    use gpusnap_checkpoint::layout::MANIFEST_FILE;
-    use gpusnap_checkpoint::validate::MANIFEST_MAX_BYTES;
+    use gpusnap_checkpoint::layout::{MANIFEST_FILE, MANIFEST_MAX_BYTES};
     let path = shown.join(MANIFEST_FILE);
     let bytes =
         match beneath::read_capped(checkpoint_dir, Path::new(MANIFEST_FILE), MANIFEST_MAX_BYTES) {

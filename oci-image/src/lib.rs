@@ -4,8 +4,9 @@
 //! writes) or a bare gpusnap checkpoint directory into an OCI image that both Kubernetes
 //! runtimes recognise as a checkpoint image and that still carries gpusnap's GPU state and
 //! sealed manifest. [`extract`] is its inverse, [`inspect`] describes one, [`push`] / [`pull`]
-//! move one through an OCI distribution registry. The `gpusnap image ...` subcommands are thin
-//! wrappers around these.
+//! move one through an OCI distribution registry, and [`pull_extract`] pulls and extracts in
+//! one pass (a module above both [`registry`] and extraction). The `gpusnap image ...`
+//! subcommands are thin wrappers around these.
 //!
 //! # Image layout: many layers, all of them plain filesystem layers
 //!
@@ -113,7 +114,7 @@
 //!
 //! Every blob is addressed and verified by SHA-256; [`extract`] and [`pull`] refuse any blob,
 //! manifest or diff_id that does not match. What [`pull`] verifies, in which order, and what a
-//! tag pull does *not* verify is in [`registry`]; signatures in [`registry::cosign`].
+//! tag pull does *not* verify is in `registry/pull.rs`; signatures in [`registry::cosign`].
 
 pub mod annotations;
 mod build;
@@ -128,6 +129,7 @@ pub mod interrupt;
 mod layer;
 mod oci_layout;
 mod parallel;
+mod pull_extract;
 pub mod registry;
 mod source;
 pub mod spec;
@@ -142,10 +144,10 @@ pub use extract::{
     extract, extract_as, extract_named, extract_with, ExtractOptions, Extracted, OriginSeed,
 };
 pub use inspect::{inspect, inspect_named, inspect_with, EncryptionInfo, ImageInfo, ManifestLayer};
+pub use pull_extract::pull_extract;
 pub use registry::{
-    pull, pull_extract, push, push_checkpoint, sign, Credentials, NodeStore, Progress,
-    ProgressSnapshot, PullReport, PushReport, Reference, RegistryOptions, SignReport,
-    SignatureOptions, Transfer,
+    pull, push, push_checkpoint, sign, Credentials, NodeStore, Progress, ProgressSnapshot,
+    PullReport, PushReport, Reference, RegistryOptions, SignReport, SignatureOptions, Transfer,
 };
 pub use source::{CHECKPOINT_DIR, ROOTFS_DIFF_TAR};
 

@@ -107,7 +107,7 @@ pub(crate) fn for_each_entry(
     source: &BuildSource,
     f: &mut dyn FnMut(SourceEntry<'_>) -> Result<(), ImageError>,
 ) -> Result<(), ImageError> {
-    use gpusnap_checkpoint::origin::ORIGIN_FILE;
+    use gpusnap_checkpoint::layout::ORIGIN_FILE;
     let skipped = [
         ORIGIN_FILE.to_owned(),
         format!("{CHECKPOINT_DIR}/{ORIGIN_FILE}"),

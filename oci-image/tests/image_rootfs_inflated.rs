@@ -6,7 +6,8 @@
 use std::io::Read;
 use std::path::Path;
 
-use gpusnap_checkpoint::origin::{Origin, ORIGIN_FILE};
+use gpusnap_checkpoint::layout::ORIGIN_FILE;
+use gpusnap_checkpoint::origin::Origin;
 use gpusnap_oci_image::{self as image, keys, BuildOptions, ImageError};
 use gpusnap_testkit::fixtures::fixture;
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 use gpusnap_checkpoint::origin::{FileDigest, Origin, OriginError};
-use gpusnap_checkpoint::{beneath, node_origin};
+use gpusnap_checkpoint::{beneath, layout, node_origin};
 use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION};
 use gpusnap_transaction::{RootfsDiff, SignatureEvidence};
 
@@ -51,10 +51,10 @@ pub fn pending_restore(
         None => return Ok(None),
     };
     let root = &config.restore.checkpoint_root;
-    if !node_origin::is_checkpoint_name(name) {
+    if !layout::is_checkpoint_name(name) {
         return Err(format!(
-            "annotation {key}: {name:?} is not a checkpoint name (letters, digits, '.', '_', '-'); \
-             it names a directory under {}",
+            "annotation {key}: {name:?} is not a checkpoint name (letters, digits, '.', '_', \
+             '-', not .gpusnap-*); it names a directory under {}",
             root.display()
         ));
     }
@@ -206,8 +206,8 @@ fn vouch(
                  what it holds was never verified — pull it with gpusnap, or verify and adopt it \
                  as root (`gpusnap checkpoint adopt {}`)",
                 dir.display(),
-                dir.join(gpusnap_checkpoint::origin::ORIGIN_FILE).display(),
-                root_shown.join(node_origin::RECORDS_DIR).display(),
+                dir.join(layout::ORIGIN_FILE).display(),
+                root_shown.join(layout::NODE_RECORDS_DIR).display(),
                 dir.display()
             ),
         }),

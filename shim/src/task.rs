@@ -31,6 +31,7 @@ use containerd_shim::{
     util::convert_to_timestamp,
     TtrpcContext,
 };
+use gpusnap_criu_bridge::{classify_runc_error, RuncErrorKind};
 use tokio::sync::Mutex;
 
 use crate::{
@@ -225,7 +226,7 @@ pub fn runc_log_error(bundle: &std::path::Path) -> Option<String> {
 fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path) -> Error {
     let detail = runc_log_error(bundle).unwrap_or_else(|| runc_error_text(err));
     let msg = format!("{action}: {detail}");
-    if detail.contains("does not exist") || detail.contains("not found") {
+    if classify_runc_error(&detail).is_not_found() {
         not_found(msg)
     } else {
         internal(msg)
@@ -702,7 +703,7 @@ impl TaskService {
             let opts = runc::options::DeleteOpts { force: true };
             if let Err(e) = c.runc.delete(&c.id, Some(&opts)).await {
                 let text = runc_log_error(&c.bundle).unwrap_or_else(|| runc_error_text(&e));
-                if !text.contains("does not exist") && !text.contains("not exist") {
+                if classify_runc_error(&text) != RuncErrorKind::ContainerMissing {
                     tracing::warn!(id = %c.id, error = %text, "runc delete failed");
                 }
             }

@@ -227,7 +227,8 @@ fn gpusnap_runc_checkpoint_into_the_root_is_recorded() {
         );
         let fd = gpusnap_checkpoint::beneath::open_root(&root.join("ck-runc"))?;
         ensure!(record.manifest_sha256 == node_origin::manifest_sha256_at(fd.as_fd())?);
-        let records = fs::read_dir(root.join(node_origin::RECORDS_DIR))?.count();
+        let records =
+            fs::read_dir(root.join(gpusnap_checkpoint::layout::NODE_RECORDS_DIR))?.count();
         ensure!(
             records == 1,
             "{records} records: the checkpoint outside the root was recorded"

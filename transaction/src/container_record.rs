@@ -11,29 +11,110 @@
 //! `rootfs-diff.tar` and `deleted.files`, gpusnap's own application for
 //! `gpusnap.io/restore-from`), before CRIU runs.
 
-use std::io::Read;
+use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use gpusnap_checkpoint::spec_grants::{NodeFacts, SpecGrants};
-use gpusnap_checkpoint::writable_layer::{self as layer, Overlay, WritableLayerRecord};
+use gpusnap_checkpoint::spec_grants::{NodeFacts, SpecError, SpecGrants};
+use gpusnap_checkpoint::writable_layer::{
+    self as layer, Difference, LayerError, Overlay, WritableLayerRecord,
+};
 use gpusnap_checkpoint::{ContainerRecord, SpecRecord, CONTAINER_RECORD_FORMAT};
 use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
+/// Why a part of the container could not be recorded at seal (the message becomes the
+/// manifest's reason for an unavailable part), or why the container being restored is not the
+/// one recorded (the message leads the refusal or the warning).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecordError {
+    #[error("{}: {source}", path.display())]
+    SpecUnreadable {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is larger than {cap} bytes", path.display())]
+    SpecTooLarge { path: PathBuf, cap: u64 },
+    /// The spec's grants cannot be read from it.
+    #[error("{}: {source}", path.display())]
+    SpecInvalid {
+        path: PathBuf,
+        #[source]
+        source: SpecError,
+    },
+    /// The spec is not an OCI runtime spec (the writable layer needs its root and cwd).
+    #[error("{0}")]
+    SpecNotOci(#[source] serde_json::Error),
+    #[error("the container's mount table (/proc/{pid}/mountinfo): {source}")]
+    MountTable {
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    /// The writable layer could not be described or its listing written at seal.
+    #[error("{0}")]
+    Layer(#[source] LayerError),
+    #[error("the signed checkpoint records no spec")]
+    NoSignedSpec,
+    #[error(
+        "the spec of the container being restored ({}) grants more than the spec signed with \
+         the checkpoint: {}",
+        path.display(),
+        excess.join("; ")
+    )]
+    SpecGrantsMore { path: PathBuf, excess: Vec<String> },
+    #[error("{}: {source}", path.display())]
+    CheckpointDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the signed record of the writable layer cannot be used: {0}")]
+    SignedListing(#[source] LayerError),
+    #[error(
+        "the writable layer signed with the checkpoint cannot be compared with the \
+         container's: {0}. Restore it where the container's root filesystem is an overlay \
+         (containerd's overlayfs snapshotter, CRI-O's or Podman's overlay storage driver)"
+    )]
+    NotOverlay(#[source] LayerError),
+    #[error("the writable layer of the container being restored cannot be read: {0}")]
+    LayerUnreadable(#[source] LayerError),
+    #[error(
+        "the writable layer of the container being restored ({part}) is not the one signed \
+         with the checkpoint: {difference}{}",
+        if difference.found.is_none() && difference.recorded.is_some() {
+            // What the signed layer has and the container lacks: the door may not have
+            // applied the layer at all.
+            " (a restore without the checkpoint's writable layer — `ctr containers restore` \
+             without --rw, or a checkpoint directory without its rootfs-diff.tar — lacks it: \
+             restore with the layer)"
+        } else {
+            ""
+        }
+    )]
+    LayerDiffers {
+        part: String,
+        difference: Box<Difference>,
+    },
+}
+
 /// The bundle's `config.json`, capped as the privilege check reads it.
-fn config_bytes(bundle: &Path) -> Result<Vec<u8>, String> {
+fn config_bytes(bundle: &Path) -> Result<Vec<u8>, RecordError> {
     let path = bundle.join("config.json");
-    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let unreadable = |source| RecordError::SpecUnreadable {
+        path: path.clone(),
+        source,
+    };
+    let file = std::fs::File::open(&path).map_err(unreadable)?;
     let mut bytes = Vec::new();
     file.take(crate::privilege::MAX_SPEC_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(unreadable)?;
     if bytes.len() as u64 > crate::privilege::MAX_SPEC_BYTES {
-        return Err(format!(
-            "{} is larger than {} bytes",
-            path.display(),
-            crate::privilege::MAX_SPEC_BYTES
-        ));
+        return Err(RecordError::SpecTooLarge {
+            path,
+            cap: crate::privilege::MAX_SPEC_BYTES,
+        });
     }
     Ok(bytes)
 }
@@ -54,16 +135,16 @@ pub(crate) fn record(bundle: &Path, init_pid: u32, image_dir: &Path) -> Containe
                 reason: format!("{}: {e}", bundle.join("config.json").display()),
             },
         },
-        Err(e) => SpecRecord::Unavailable { reason: e.clone() },
+        Err(e) => SpecRecord::Unavailable {
+            reason: e.to_string(),
+        },
     };
-    let writable_layer = match bytes
-        .as_ref()
-        .map_err(Clone::clone)
-        .and_then(|b| writable_layer(bundle, b, init_pid, image_dir))
-    {
-        Ok(r) => r,
-        Err(reason) => WritableLayerRecord::Unavailable { reason },
-    };
+    let writable_layer = match &bytes {
+        Ok(b) => writable_layer(bundle, b, init_pid, image_dir).map_err(|e| e.to_string()),
+        // The layer needs the spec's root: the same reason as the spec's.
+        Err(e) => Err(e.to_string()),
+    }
+    .unwrap_or_else(|reason| WritableLayerRecord::Unavailable { reason });
     if let WritableLayerRecord::Unavailable { reason } = &writable_layer {
         tracing::info!(bundle = %bundle.display(), reason, "the container's writable layer is not recorded in the checkpoint; a restore under restore.signature_policy = require will refuse it");
     }
@@ -79,21 +160,26 @@ fn writable_layer(
     config: &[u8],
     init_pid: u32,
     image_dir: &Path,
-) -> Result<WritableLayerRecord, String> {
-    let spec: Spec = serde_json::from_slice(config).map_err(|e| e.to_string())?;
+) -> Result<WritableLayerRecord, RecordError> {
+    let spec: Spec = serde_json::from_slice(config).map_err(RecordError::SpecNotOci)?;
     let rootfs = crate::open_files::rootfs_of(bundle, &spec);
-    let ov = Overlay::locate(&rootfs).map_err(|e| e.to_string())?;
+    let ov = Overlay::locate(&rootfs).map_err(RecordError::Layer)?;
     // The container's own mount table: where runc mounted, as the container sees it.
-    let table = std::fs::read_to_string(format!("/proc/{init_pid}/mountinfo"))
-        .map_err(|e| format!("the container's mount table (/proc/{init_pid}/mountinfo): {e}"))?;
+    let table =
+        std::fs::read_to_string(format!("/proc/{init_pid}/mountinfo")).map_err(|source| {
+            RecordError::MountTable {
+                pid: init_pid,
+                source,
+            }
+        })?;
     let mount_points = layer::mount_points(&table);
     let cwd = spec
         .process()
         .as_ref()
         .and_then(|p| ov.resolve_in_root(p.cwd()));
     let entries =
-        layer::describe_for_seal(&ov, &mount_points, cwd.as_deref()).map_err(|e| e.to_string())?;
-    layer::write_listing(image_dir, &entries).map_err(|e| e.to_string())
+        layer::describe_for_seal(&ov, &mount_points, cwd.as_deref()).map_err(RecordError::Layer)?;
+    layer::write_listing(image_dir, &entries).map_err(RecordError::Layer)
 }
 
 /// The node the container is restored on, as the spec comparison asks about it.
@@ -167,13 +253,17 @@ pub(crate) fn check_spec(
     record: &ContainerRecord,
     bundle: &Path,
     checkpoint_mount: Option<&(PathBuf, PathBuf)>,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let SpecRecord::Recorded { grants: signed } = &record.spec else {
-        return Err("the signed checkpoint records no spec".into());
+        return Err(RecordError::NoSignedSpec);
     };
     let path = bundle.join("config.json");
-    let mut target = config_bytes(bundle)
-        .and_then(|b| SpecGrants::from_json(&b).map_err(|e| format!("{}: {e}", path.display())))?;
+    let mut target = SpecGrants::from_json(&config_bytes(bundle)?).map_err(|source| {
+        RecordError::SpecInvalid {
+            path: path.clone(),
+            source,
+        }
+    })?;
     if let Some((destination, source)) = checkpoint_mount {
         // Exactly that mount, read-only, from exactly that source: anything else at the same
         // place is compared like every other mount.
@@ -189,13 +279,10 @@ pub(crate) fn check_spec(
     if excess.is_empty() {
         return Ok(());
     }
-    let listed: Vec<String> = excess.iter().map(ToString::to_string).collect();
-    Err(format!(
-        "the spec of the container being restored ({}) grants more than the spec signed with \
-         the checkpoint: {}",
-        path.display(),
-        listed.join("; ")
-    ))
+    Err(RecordError::SpecGrantsMore {
+        path,
+        excess: excess.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// The part of a restore that brought the writable layer, for messages: the rootfs diff
@@ -228,22 +315,18 @@ pub(crate) fn check_layer(
     checkpoint_dir: &Path,
     rootfs: &Path,
     part: &str,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let started = std::time::Instant::now();
-    let dir = gpusnap_checkpoint::beneath::open_root(checkpoint_dir)
-        .map_err(|e| format!("{}: {e}", checkpoint_dir.display()))?;
+    let dir = gpusnap_checkpoint::beneath::open_root(checkpoint_dir).map_err(|source| {
+        RecordError::CheckpointDir {
+            path: checkpoint_dir.to_path_buf(),
+            source,
+        }
+    })?;
     let signed = layer::read_listing(dir.as_fd(), checkpoint_dir, &record.writable_layer)
-        .map_err(|e| format!("the signed record of the writable layer cannot be used: {e}"))?;
-    let ov = Overlay::locate(rootfs).map_err(|e| {
-        format!(
-            "the writable layer signed with the checkpoint cannot be compared with the \
-             container's: {e}. Restore it where the container's root filesystem is an overlay \
-             (containerd's overlayfs snapshotter, CRI-O's or Podman's overlay storage driver)"
-        )
-    })?;
-    let found = layer::describe(&ov).map_err(|e| {
-        format!("the writable layer of the container being restored cannot be read: {e}")
-    })?;
+        .map_err(RecordError::SignedListing)?;
+    let ov = Overlay::locate(rootfs).map_err(RecordError::NotOverlay)?;
+    let found = layer::describe(&ov).map_err(RecordError::LayerUnreadable)?;
     let compared = layer::compare(&signed, &found);
     tracing::debug!(
         rootfs = %rootfs.display(),
@@ -254,19 +337,8 @@ pub(crate) fn check_layer(
         same = compared.is_ok(),
         "writable layer compared with the signed record"
     );
-    compared.map_err(|d| {
-        // What the signed layer has and the container lacks: the door may not have applied the
-        // layer at all.
-        let hint = if d.found.is_none() && d.recorded.is_some() {
-            " (a restore without the checkpoint's writable layer — `ctr containers restore` \
-             without --rw, or a checkpoint directory without its rootfs-diff.tar — lacks it: \
-             restore with the layer)"
-        } else {
-            ""
-        };
-        format!(
-            "the writable layer of the container being restored ({part}) is not the one signed \
-             with the checkpoint: {d}{hint}"
-        )
+    compared.map_err(|difference| RecordError::LayerDiffers {
+        part: part.to_owned(),
+        difference,
     })
 }

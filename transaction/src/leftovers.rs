@@ -24,11 +24,27 @@ use std::time::Duration;
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::criu_log::{self, TMP_YARDS, WORK_DIR_YARDS};
+use gpusnap_criu_bridge::{classify_runc_error, RuncErrorKind};
 
-use crate::runc::Runc;
+use crate::runc::{Runc, RuncFailure};
 
 /// How long the killed processes of a failed restore get to disappear.
 const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Why runc's state of a container could not be removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuncStateError {
+    /// `runc delete --force` failed, for another reason than an unknown container.
+    #[error("{0}")]
+    Delete(#[source] RuncFailure),
+    /// An entry of runc's directory of a container without `state.json` could not be removed.
+    #[error("cannot remove {}: {source}", path.display())]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// What clearing a failed restore found and did.
 #[derive(Debug, Default)]
@@ -138,7 +154,7 @@ pub fn clear_failed_restore(
     }
     cleared.remaining.sort_unstable();
     cleared.remaining.dedup();
-    cleared.runc_state_left = remove_runc_state(runc).err();
+    cleared.runc_state_left = remove_runc_state(runc).err().map(|e| e.to_string());
     // After the cgroup is empty: no CRIU is left to use them.
     (cleared.yards_removed, cleared.yards_left) = host.clear_criu_yards(criu_work_dir);
     if cleared.remaining.is_empty() {
@@ -247,7 +263,7 @@ pub fn remove_plugin_dirs_of(scratch: &Path, writer_pid: u32) {
 /// container but refuses to create another of that id, and the rootfs stays mounted. That
 /// mount is detached and the directory removed (entry by entry, never recursively: nothing
 /// below a mount is deleted).
-fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
+fn remove_runc_state(runc: &Runc<'_>) -> Result<(), RuncStateError> {
     let root = runc
         .global
         .root
@@ -269,8 +285,8 @@ fn remove_runc_state(runc: &Runc<'_>) -> Result<(), String> {
     let cmd = runc.global.helper(&["delete", "--force", runc.id.as_str()]);
     match runc.run(&cmd, None) {
         Ok(_) => {}
-        Err(f) if f.message.contains("does not exist") || f.message.contains("not exist") => {}
-        Err(f) => return Err(f.message),
+        Err(f) if classify_runc_error(&f.message) == RuncErrorKind::ContainerMissing => {}
+        Err(f) => return Err(RuncStateError::Delete(f)),
     }
     if stateless() {
         remove_stateless_dir(runc, &dir)?;
@@ -290,7 +306,7 @@ pub fn detach_criu_root(dir: &Path) {
 /// Removes runc's directory of a container that has no `state.json`: its `criu-root` bind
 /// mount detached first, then each entry with `rmdir`/`unlink` (a non-empty directory is left
 /// and named in the error).
-fn remove_stateless_dir(runc: &Runc<'_>, dir: &Path) -> Result<(), String> {
+fn remove_stateless_dir(runc: &Runc<'_>, dir: &Path) -> Result<(), RuncStateError> {
     runc.host().detach_criu_root(dir);
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
@@ -300,11 +316,14 @@ fn remove_stateless_dir(runc: &Runc<'_>, dir: &Path) -> Result<(), String> {
         } else {
             std::fs::remove_file(&p)
         };
-        if let Err(err) = removed {
-            return Err(format!("cannot remove {}: {err}", p.display()));
+        if let Err(source) = removed {
+            return Err(RuncStateError::Remove { path: p, source });
         }
     }
-    std::fs::remove_dir(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))
+    std::fs::remove_dir(dir).map_err(|source| RuncStateError::Remove {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// The container's cgroup as runc's `state.json` records it.

@@ -149,13 +149,13 @@ impl Admission {
         &self,
         enforce: bool,
         part: &str,
-        found: std::result::Result<(), String>,
+        found: std::result::Result<(), crate::container_record::RecordError>,
     ) -> Result<()> {
         let Err(why) = found else {
             return Ok(());
         };
         if !enforce {
-            tracing::warn!(dir = %self.dir.display(), part, why, "restoring a container that differs from its signed checkpoint (restore.signature_policy = warn)");
+            tracing::warn!(dir = %self.dir.display(), part, why = %why, "restoring a container that differs from its signed checkpoint (restore.signature_policy = warn)");
             return Ok(());
         }
         Err(Error::precondition(format!(
@@ -164,7 +164,8 @@ impl Admission {
              after the checkpoint was signed, or the container is not specified like the one \
              checkpointed; restore the checkpoint as it was taken",
             self.dir.display()
-        )))
+        ))
+        .caused_by(why))
     }
 }
 
@@ -313,7 +314,8 @@ fn why_unsigned(dir: &Path, dir_sig: &DirSignature, evidence: &SignatureEvidence
     let own = match dir_sig {
         DirSignature::Missing => format!(
             "{} is missing (the checkpoint was not signed)",
-            dir.join(dirsig::SIGNATURE_FILE).display()
+            dir.join(gpusnap_checkpoint::layout::SIGNATURE_FILE)
+                .display()
         ),
         DirSignature::Invalid { reason } => reason.clone(),
         DirSignature::Verified { .. } => unreachable!("a verified signature is admitted"),
@@ -381,7 +383,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
 
-    use gpusnap_checkpoint::signature::SIGNATURE_FILE;
+    use gpusnap_checkpoint::layout::SIGNATURE_FILE;
     use gpusnap_criu_bridge::CriuFlags;
 
     /// An ECDSA P-256 key pair made with openssl, as an operator would: (private, public).

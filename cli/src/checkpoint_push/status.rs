@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use gpusnap_checkpoint::beneath;
+use gpusnap_checkpoint::{beneath, layout};
 use serde::{Deserialize, Serialize};
 
 use super::archive::{Identity, PodRef};
@@ -150,10 +150,7 @@ impl StatusDir {
     /// The record of archive `name`, `None` when there is none (or it is unreadable, which
     /// only means the archive is looked at again).
     pub fn load(&self, name: &OsStr) -> Option<Record> {
-        let file = Self::file_name(name);
-        let bytes =
-            beneath::read_capped(self.fd.as_fd(), Path::new(&file), MAX_RECORD_BYTES).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        layout::read_json_capped(self.fd.as_fd(), &Self::file_name(name), MAX_RECORD_BYTES).ok()
     }
 
     /// Writes the record of archive `name` (atomically, 0600).
@@ -172,10 +169,11 @@ impl StatusDir {
         let mut out: Vec<Record> = beneath::names(self.fd.as_fd())?
             .into_iter()
             .filter(|n| n.as_bytes().ends_with(b".json"))
+            // Record names are ASCII (`file_name`); any other name is not a record.
             .filter_map(|n| {
-                beneath::read_capped(self.fd.as_fd(), Path::new(&n), MAX_RECORD_BYTES).ok()
+                let n = n.to_str()?;
+                layout::read_json_capped(self.fd.as_fd(), n, MAX_RECORD_BYTES).ok()
             })
-            .filter_map(|b| serde_json::from_slice(&b).ok())
             .collect();
         out.sort_by(|a, b| b.updated.cmp(&a.updated));
         Ok(out)

@@ -129,7 +129,7 @@ pub fn verify_directory(
         DirSignature::Missing => {
             return Err(refuse(format!(
                 "it has no {}",
-                gpusnap_checkpoint::signature::SIGNATURE_FILE
+                gpusnap_checkpoint::layout::SIGNATURE_FILE
             )))
         }
         DirSignature::Invalid { reason } => return Err(refuse(reason)),

@@ -210,11 +210,7 @@ fn runc_state_file(runc: &Runc<'_>) -> PathBuf {
 
 /// Whether CRIU's restore log says the restore finished (runc runs CRIU at log level 4).
 fn criu_finished(criu_log: &Path) -> bool {
-    gpusnap_criu_bridge::criu_log_tail(criu_log, 20).is_ok_and(|t| {
-        t.last_lines
-            .iter()
-            .any(|l| l.contains("Restore finished successfully"))
-    })
+    gpusnap_criu_bridge::criu_log_tail(criu_log, 20).is_ok_and(|t| t.says_restore_finished())
 }
 
 fn read_pid(path: &Path) -> Option<u32> {
