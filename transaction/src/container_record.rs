@@ -222,12 +222,14 @@ pub(crate) fn layer_part(checkpoint_dir: &Path, applied_here: Option<&Path>) -> 
 }
 
 /// Compares the writable layer of the container being restored (the overlay mounted at
-/// `rootfs`) with the signed record in `checkpoint_dir`. `part` names what brought it.
+/// `rootfs`) with the signed record in `checkpoint_dir`. `part` names what brought it. The walk
+/// of the layer stops once `deadline` passes (the caller ends the restore then).
 pub(crate) fn check_layer(
     record: &ContainerRecord,
     checkpoint_dir: &Path,
     rootfs: &Path,
     part: &str,
+    deadline: std::time::Instant,
 ) -> Result<(), String> {
     let started = std::time::Instant::now();
     let dir = gpusnap_checkpoint::beneath::open_root(checkpoint_dir)
@@ -241,7 +243,7 @@ pub(crate) fn check_layer(
              (containerd's overlayfs snapshotter, CRI-O's or Podman's overlay storage driver)"
         )
     })?;
-    let found = layer::describe(&ov).map_err(|e| {
+    let found = layer::describe_until(&ov, Some(deadline)).map_err(|e| {
         format!("the writable layer of the container being restored cannot be read: {e}")
     })?;
     let compared = layer::compare(&signed, &found);

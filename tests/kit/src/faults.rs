@@ -30,7 +30,8 @@ pub mod point {
     pub const AFTER_CRIU: &str = "restore-after-criu";
 
     /// The end of restore phase `phase` (`validate`, `gpu-gate`, `criu-prepare`,
-    /// `privilege-check`, `rootfs-diff`, `open-files-check`), before its deadline check.
+    /// `privilege-check`, `rootfs-diff`, `layer-check`, `open-files-check`), before its
+    /// deadline check.
     pub fn after_phase(phase: &str) -> String {
         format!("restore-after-{phase}")
     }
