@@ -341,12 +341,13 @@ fn main() -> Result<()> {
         println!("  {:<5} {:>7.2} s", arm.name(), w.restore_s);
     }
 
+    let head = ["round", "arm", "pod_s", "restore_s"];
     println!(
         "\n{:>5} {:<5} {:>7} {:>9} {}",
-        "round",
-        "arm",
-        "pod_s",
-        "restore_s",
+        head[0],
+        head[1],
+        head[2],
+        head[3],
         PHASES.join(" ")
     );
     let mut samples: Vec<(Arm, Sample)> = Vec::new();
