@@ -58,6 +58,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use serde::{Deserialize, Serialize};
@@ -209,6 +210,12 @@ pub enum LayerError {
     TooDeep { path: PathBuf },
     #[error("{LISTING_FILE}: {0}")]
     Listing(String),
+    /// The deadline given to [`describe_until`] passed: the walk stopped there.
+    #[error(
+        "the deadline passed while the writable layer was read ({looked_at} names looked at \
+         so far)"
+    )]
+    Deadline { looked_at: usize },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LayerError + 'a {
@@ -611,6 +618,9 @@ struct Walk<'a> {
     ov: &'a Overlay,
     entries: Vec<Entry>,
     files: Vec<FileJob>,
+    deadline: Option<Instant>,
+    /// Names of the upper layer and the lower view looked at, for the deadline's error.
+    looked_at: usize,
 }
 
 fn attrs(st: &rfs::Stat) -> (u32, u32, u32) {
@@ -620,7 +630,14 @@ fn attrs(st: &rfs::Stat) -> (u32, u32, u32) {
 /// The description of the overlay's writable layer (see the module docs), sorted by path,
 /// without runtime-made marks ([`mark_runtime_made`]).
 pub fn describe(ov: &Overlay) -> Result<Vec<Entry>, LayerError> {
-    let started = std::time::Instant::now();
+    describe_until(ov, None)
+}
+
+/// [`describe`], stopped with [`LayerError::Deadline`] once `deadline` passes: looked at for
+/// every name the walk reads and every 256 KiB hashed, so a layer of many entries or large
+/// files cannot hold a restore past its deadline.
+pub fn describe_until(ov: &Overlay, deadline: Option<Instant>) -> Result<Vec<Entry>, LayerError> {
+    let started = Instant::now();
     let Some((upper_path, upper)) = &ov.upper else {
         return Ok(Vec::new());
     };
@@ -628,7 +645,10 @@ pub fn describe(ov: &Overlay) -> Result<Vec<Entry>, LayerError> {
         ov,
         entries: Vec::new(),
         files: Vec::new(),
+        deadline,
+        looked_at: 0,
     };
+    w.on_time()?;
     let lower = ov
         .lower_root()
         .map_err(io_err("reading the lower layers of", &ov.rootfs))?;
@@ -652,9 +672,12 @@ pub fn describe(ov: &Overlay) -> Result<Vec<Entry>, LayerError> {
             }
         })?;
     let Walk {
-        mut entries, files, ..
+        mut entries,
+        files,
+        looked_at,
+        ..
     } = w;
-    let unchanged = hash_files(ov, &mut entries, &files)?;
+    let unchanged = hash_files(ov, &mut entries, &files, deadline, looked_at)?;
     let mut out: Vec<Entry> = entries
         .into_iter()
         .enumerate()
@@ -672,6 +695,17 @@ pub fn describe(ov: &Overlay) -> Result<Vec<Entry>, LayerError> {
 }
 
 impl Walk<'_> {
+    /// One more name looked at; an error once the deadline has passed.
+    fn on_time(&mut self) -> Result<(), LayerError> {
+        self.looked_at += 1;
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Err(LayerError::Deadline {
+                looked_at: self.looked_at,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn push(&mut self, rel: &Path, kind: Kind) -> Result<usize, LayerError> {
         if self.entries.len() >= MAX_ENTRIES {
             return Err(LayerError::TooManyEntries);
@@ -704,6 +738,7 @@ impl Walk<'_> {
             .into_iter()
             .collect();
         for gone in lower_names.difference(&merged_names) {
+            self.on_time()?;
             self.push(&rel.join(gone), Kind::Deleted)?;
         }
         Ok(())
@@ -725,6 +760,7 @@ impl Walk<'_> {
         let base = self.ov.rootfs.join(rel);
         let at = |name: &OsStr| base.join(name);
         for (name, _) in typed_names(upper).map_err(io_err("reading", &base))? {
+            self.on_time()?;
             let Some(ust) =
                 beneath::stat_at(upper, &name).map_err(io_err("reading", &at(&name)))?
             else {
@@ -866,6 +902,8 @@ fn hash_files(
     ov: &Overlay,
     entries: &mut [Entry],
     files: &[FileJob],
+    deadline: Option<Instant>,
+    looked_at: usize,
 ) -> Result<BTreeSet<usize>, LayerError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
@@ -884,14 +922,15 @@ fn hash_files(
         let file =
             beneath::open_file(ov.merged.as_fd(), &job.rel).map_err(io_err("opening", &shown))?;
         let caps = get_xattr(file.as_fd(), "security.capability");
-        let digest = hash(&file).map_err(io_err("reading", &shown))?;
+        let digest = hash(&file, deadline).map_err(io_err("reading", &shown))?;
         let unchanged = match job.lower_same_meta {
             Some(layer) => {
                 let (lp, lfd) = &ov.lowers[layer];
                 let lower = beneath::open_file(lfd.as_fd(), &job.rel)
                     .map_err(io_err("opening", &lp.join(&job.rel)))?;
                 get_xattr(lower.as_fd(), "security.capability") == caps
-                    && hash(&lower).map_err(io_err("reading", &lp.join(&job.rel)))? == digest
+                    && hash(&lower, deadline).map_err(io_err("reading", &lp.join(&job.rel)))?
+                        == digest
             }
             None => false,
         };
@@ -912,8 +951,17 @@ fn hash_files(
             });
         }
     });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    // The deadline's error before any other: a worker stopped by it may have left the files
+    // after it unread, and another worker's error is then not why the description stopped.
+    if results.iter().any(|(_, r)| {
+        matches!(r, Err(LayerError::Io { source, .. }) if source.kind() == io::ErrorKind::TimedOut)
+    }) {
+        return Err(LayerError::Deadline { looked_at });
+    }
+    results.sort_by_key(|(i, _)| *i);
     let mut unchanged = BTreeSet::new();
-    for (i, r) in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    for (i, r) in results {
         let (digest, caps, same) = r?;
         let job = &files[i];
         if same {
@@ -930,10 +978,15 @@ fn hash_files(
     Ok(unchanged)
 }
 
-fn hash(mut file: &std::fs::File) -> io::Result<String> {
+/// BLAKE3 of `file`'s content; `TimedOut` once `deadline` passes (looked at before every
+/// read).
+fn hash(mut file: &std::fs::File, deadline: Option<Instant>) -> io::Result<String> {
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; 256 << 10];
     loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
         let n = file.read(&mut buf)?;
         if n == 0 {
             break;
@@ -1472,6 +1525,34 @@ mod tests {
             panic!()
         };
         assert_eq!(mode, 0o4755);
+    }
+
+    /// A restore's deadline stops the description: one already passed stops it at the first
+    /// name, before the walk reads the layer; one far off changes nothing.
+    #[test]
+    fn a_passed_deadline_stops_the_description() {
+        let m = Mounted::new(image);
+        let r = m.merged();
+        for i in 0..50 {
+            fs::write(r.join(format!("tmp-{i}")), "new").unwrap();
+        }
+        let ov = Overlay::locate(&r).unwrap();
+        let past = Instant::now();
+        let err = describe_until(&ov, Some(past)).unwrap_err();
+        assert!(
+            matches!(err, LayerError::Deadline { looked_at: 1 }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("deadline passed"), "{err}");
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        let whole = describe(&ov).unwrap();
+        assert_eq!(whole.len(), 50);
+        assert_eq!(describe_until(&ov, Some(far)).unwrap(), whole);
+        // Hashing stops too, before its first read.
+        let file = fs::File::open(r.join("tmp-0")).unwrap();
+        let e = hash(&file, Some(past)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(hash(&file, Some(far)).unwrap().len(), 64);
     }
 
     /// The same change made two ways — removing and re-making a directory (opaque) and

@@ -285,8 +285,13 @@ pub fn bound_by_spec_host(
         net_ns: BTreeSet::new(),
         root_cg_set: None,
         criu_ns: Default::default(),
+        tree: Tree::default(),
     };
     let (tasks, threads) = check.tasks(&mut dir)?;
+    let cut = cut_short(&listing, &check.tree);
+    if !cut.is_empty() {
+        return Err(Refusal::NotModeled(cut));
+    }
     check.cgroups(&mut dir)?;
     check.files(&mut dir, &listing)?;
     check.tmpfs(&mut dir, &listing)?;
@@ -621,6 +626,44 @@ struct Check<'a> {
     /// Filters of `seccomp.img` already compared with the spec's profile, by index (threads
     /// share them): `Err` says how the filter is weaker.
     compared: std::collections::HashMap<u32, Result<(), String>>,
+    /// The tasks (pids) and threads (tids) of `pstree.img`.
+    tree: Tree,
+}
+
+/// The tasks and threads a process tree holds.
+#[derive(Debug, Default)]
+struct Tree {
+    pids: BTreeSet<u64>,
+    tids: BTreeSet<u64>,
+}
+
+/// Per-task and per-thread images of tasks and threads `tree` does not hold. A process tree
+/// cut short at an entry boundary (or with a thread left out of a task's list) is still a
+/// well-formed `pstree.img`; the images of what it lost give it away, since CRIU dumps a core
+/// image for every thread and an ids image for every task. CRIU would restore without them:
+/// not the checkpoint that was taken.
+fn cut_short(listing: &crate::allowlist::Listing, tree: &Tree) -> Vec<Finding> {
+    let mut found = Vec::new();
+    for (id, of, held) in [
+        ("CORE", "thread", &tree.tids),
+        ("IDS", "task", &tree.pids),
+        ("CREDS", "task", &tree.pids),
+    ] {
+        for (name, n) in listing.of(id) {
+            if !held.contains(&n) {
+                found.push(Finding {
+                    task: None,
+                    file: name.into(),
+                    field: of.into(),
+                    detail: format!(
+                        "{n} is not in pstree.img: the process tree was cut short, and CRIU \
+                         would restore without it"
+                    ),
+                });
+            }
+        }
+    }
+    found
 }
 
 /// Namespace types CRIU creates for the root task when its id differs from CRIU's own, with
@@ -662,6 +705,13 @@ impl Check<'_> {
         let mut seccomp: Option<SeccompEntry> = None;
         let mut threads = 0;
         let mut root_mnt_ns = None;
+        for task in &pstree {
+            self.tree.pids.insert(task.pid.into());
+            self.tree.tids.insert(task.pid.into());
+            self.tree
+                .tids
+                .extend(task.threads.iter().map(|t| u64::from(*t)));
+        }
         for (index, task) in pstree.iter().enumerate() {
             let pid = task.pid;
             let ids_file = format!("ids-{pid}.img");

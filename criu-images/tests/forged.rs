@@ -1754,6 +1754,33 @@ fn sockets_timers_terminals_and_devices_need_their_capabilities() {
     );
 }
 
+/// A process tree cut short at an entry boundary, or a thread left out of its task's list, is
+/// a well-formed `pstree.img`: the images of what it lost give it away (CRIU would restore
+/// without them), and the checkpoint is refused naming them.
+#[test]
+fn a_process_tree_cut_short_is_refused_by_the_images_it_left() {
+    let spec = spec_of(spec_json());
+    let mut f = Fixture::honest();
+    f.pstree.truncate(1);
+    refused(
+        f.check(&spec),
+        &[
+            "core-16.img: thread 16 is not in pstree.img: the process tree was cut short",
+            "ids-16.img: task 16 is not in pstree.img",
+        ],
+    );
+    let mut f = Fixture::honest();
+    f.pstree[1].threads = vec![16, 17];
+    let thread = f.cores[1].1.clone();
+    f.cores.push((17, thread));
+    f.check(&spec).unwrap();
+    f.pstree[1].threads = vec![16];
+    refused(
+        f.check(&spec),
+        &["core-17.img: thread 17 is not in pstree.img"],
+    );
+}
+
 // ----- a bounded, deterministic fuzz run --------------------------------------------------
 
 /// xorshift64*: a fixed seed gives the same run everywhere.
@@ -1844,16 +1871,22 @@ fn rich_fixture() -> Fixture {
 
 /// Mutations of the honest images (bit flips, truncations, duplicated and dropped bytes,
 /// changed lengths, inserted unknown fields) through the parser, the walk and the whole
-/// bound: no panic, and every outcome a refusal or an accepted result no larger than the
-/// honest one (a mutation of a register or a timestamp is as honest as the original).
+/// bound: no panic, and every outcome either a refusal or exactly the honest result.
+///
+/// The honest result is what the bound returns for the unmutated images: accepted, with the
+/// same [`gpusnap_criu_images::Report`] — as many tasks and threads, and the same number of
+/// image files read. A mutation the bound accepts may change only what it does not bound (a
+/// register, a timestamp: as honest as the original); one that changes what is restored — a
+/// task or thread fewer or more, an image read or left unread — must be refused. Bounded for
+/// CI: a fixed seed and a fixed number of runs (a few seconds unloaded).
 #[test]
-fn mutated_images_are_refused_or_accepted_never_a_panic() {
+fn mutated_images_are_refused_or_exactly_the_honest_result() {
     const RUNS: usize = 1500;
     let spec = spec_of(spec_json());
     let honest = rich_fixture();
     let dir = tempfile::tempdir().unwrap();
     honest.write(dir.path());
-    let report = bound_by_spec_on(dir.path(), &spec, HostLsm::None, Limits::default())
+    let honest_result = bound_by_spec_on(dir.path(), &spec, HostLsm::None, Limits::default())
         .expect("the honest fixture passes");
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -1878,11 +1911,11 @@ fn mutated_images_are_refused_or_accepted_never_a_panic() {
         match outcome {
             Err(_) => panic!("run {run}: {what} of {} panicked", names[i]),
             Ok(Ok(r)) => {
-                // Accepted: every bound held. A truncation at an entry boundary leaves a
-                // smaller, still valid process tree; nothing is ever added.
-                assert!(
-                    r.tasks <= report.tasks && r.threads <= report.threads,
-                    "run {run}: {what} of {} accepted {r:?}, more than the honest {report:?}",
+                // Accepted: exactly what the honest images give, or the bound missed a change.
+                assert_eq!(
+                    r, honest_result,
+                    "run {run}: {what} of {} was accepted with a result the honest images do \
+                     not give",
                     names[i]
                 );
                 accepted += 1;

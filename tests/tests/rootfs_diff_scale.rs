@@ -12,7 +12,6 @@
 //!   counted file content only, and the diff was applied.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -43,35 +42,9 @@ fn counter(run: &str) -> ContainerSpec {
     }
 }
 
-/// A gzip'd diff of `files` empty files under `data/`, `PER_DIR` to a directory, each
-/// directory's entry first (the shape of a writable layer that unpacked a dataset).
+/// The test's diffs: `files` empty files, `PER_DIR` to a directory.
 fn write_diff(path: &Path, files: u64) -> Result<()> {
-    let gz = flate2::write::GzEncoder::new(fs::File::create(path)?, flate2::Compression::fast());
-    let mut b = tar::Builder::new(gz);
-    let header = |kind: tar::EntryType, mode: u32| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_size(0);
-        h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_772_359_300);
-        h
-    };
-    for i in 0..files {
-        if i % PER_DIR == 0 {
-            let mut h = header(tar::EntryType::Directory, 0o755);
-            b.append_data(&mut h, format!("data/d{}/", i / PER_DIR), std::io::empty())?;
-        }
-        let mut h = header(tar::EntryType::Regular, 0o644);
-        b.append_data(
-            &mut h,
-            format!("data/d{}/f{i}", i / PER_DIR),
-            std::io::empty(),
-        )?;
-    }
-    b.into_inner()?.finish()?.flush()?;
-    Ok(())
+    gpusnap_testkit::rootfs_diff::write_empty_files(path, files, PER_DIR).map(drop)
 }
 
 #[test]

@@ -309,12 +309,14 @@ pub(crate) fn layer_part(checkpoint_dir: &Path, applied_here: Option<&Path>) -> 
 }
 
 /// Compares the writable layer of the container being restored (the overlay mounted at
-/// `rootfs`) with the signed record in `checkpoint_dir`. `part` names what brought it.
+/// `rootfs`) with the signed record in `checkpoint_dir`. `part` names what brought it. The walk
+/// of the layer stops once `deadline` passes (the caller ends the restore then).
 pub(crate) fn check_layer(
     record: &ContainerRecord,
     checkpoint_dir: &Path,
     rootfs: &Path,
     part: &str,
+    deadline: std::time::Instant,
 ) -> Result<(), RecordError> {
     let started = std::time::Instant::now();
     let dir = gpusnap_checkpoint::beneath::open_root(checkpoint_dir).map_err(|source| {
@@ -326,7 +328,8 @@ pub(crate) fn check_layer(
     let signed = layer::read_listing(dir.as_fd(), checkpoint_dir, &record.writable_layer)
         .map_err(RecordError::SignedListing)?;
     let ov = Overlay::locate(rootfs).map_err(RecordError::NotOverlay)?;
-    let found = layer::describe(&ov).map_err(RecordError::LayerUnreadable)?;
+    let found =
+        layer::describe_until(&ov, Some(deadline)).map_err(RecordError::LayerUnreadable)?;
     let compared = layer::compare(&signed, &found);
     tracing::debug!(
         rootfs = %rootfs.display(),

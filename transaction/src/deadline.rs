@@ -2,7 +2,8 @@
 //! container: copying an image volume's checkpoint onto the node (`volume.rs`, where the
 //! deadline starts for that door), assembling a chunked image, verifying every file, the GPU gate, CRIU's
 //! preparation and the privilege check, the rootfs diff (checked as it is walked and applied),
-//! the open-files check and `runc restore` itself (enforced by the watchdog, which kills runc
+//! the writable layer's comparison with a signed record (stopped mid-walk), the open-files
+//! check and `runc restore` itself (enforced by the watchdog, which kills runc
 //! and CRIU). A hostile or oversized checkpoint cannot hold a front end (and the containerd or
 //! CRI-O call behind it) in any phase longer than the node allows.
 //!
@@ -36,6 +37,8 @@ pub enum Phase {
     PrivilegeCheck,
     /// The rootfs diff checked and applied.
     RootfsDiff,
+    /// The writable layer compared with the signed record (signed checkpoints only).
+    LayerCheck,
     /// The open files found in the rootfs.
     OpenFilesCheck,
     /// `runc restore` (CRIU).
@@ -52,6 +55,7 @@ impl Phase {
             Phase::CriuPrepare => "criu-prepare",
             Phase::PrivilegeCheck => "privilege-check",
             Phase::RootfsDiff => "rootfs-diff",
+            Phase::LayerCheck => "layer-check",
             Phase::OpenFilesCheck => "open-files-check",
             Phase::CriuRestore => "criu-restore",
         }

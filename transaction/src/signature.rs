@@ -33,6 +33,7 @@ use gpusnap_checkpoint::signature::{
 use gpusnap_checkpoint::{ContainerRecord, Manifest};
 use gpusnap_config::{Config, SignaturePolicy};
 
+use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Error, Result};
 
 /// What the front door knows about a checkpoint's signature, besides its directory.
@@ -132,17 +133,26 @@ impl Admission {
 
     /// The writable layer of the container being restored (the overlay at `rootfs`, after the
     /// runtime or gpusnap applied the checkpoint's layer) is the signed one. `applied_here`:
-    /// the rootfs diff gpusnap applied, if it did.
-    pub(crate) fn check_layer(&self, rootfs: &Path, applied_here: Option<&Path>) -> Result<()> {
+    /// the rootfs diff gpusnap applied, if it did. The walk of the layer stops at the
+    /// restore's `deadline`, which then ends the restore as it ends every phase (`changed`:
+    /// what the restore has changed so far).
+    pub(crate) fn check_layer(
+        &self,
+        rootfs: &Path,
+        applied_here: Option<&Path>,
+        deadline: &Deadline,
+        changed: Changed,
+    ) -> Result<()> {
         let Some((record, enforce)) = &self.covered else {
             return Ok(());
         };
         let part = crate::container_record::layer_part(&self.dir, applied_here);
-        self.verdict(
-            *enforce,
-            "writable layer",
-            crate::container_record::check_layer(record, &self.dir, rootfs, &part),
-        )
+        let found =
+            crate::container_record::check_layer(record, &self.dir, rootfs, &part, deadline.at());
+        // A walk the deadline stopped found no difference: under `warn` it must not pass for
+        // one (logged, and the restore going on), under `require` not be refused as one.
+        deadline.check(Phase::LayerCheck, changed)?;
+        self.verdict(*enforce, "writable layer", found)
     }
 
     fn verdict(

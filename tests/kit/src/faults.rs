@@ -32,7 +32,8 @@ pub mod point {
     pub const VOLUME_COPYING: &str = "restore-volume-copying";
 
     /// The end of restore phase `phase` (`volume-copy`, `validate`, `gpu-gate`,
-    /// `criu-prepare`, `privilege-check`, `rootfs-diff`, `open-files-check`), before its
+    /// `criu-prepare`, `privilege-check`, `rootfs-diff`, `layer-check`, `open-files-check`),
+    /// before its
     /// deadline check.
     pub fn after_phase(phase: &str) -> String {
         format!("restore-after-{phase}")

@@ -11,6 +11,7 @@
 //!   `gpusnap-runc` tests;
 //! - [`fixtures`]: a sealed checkpoint directory, a CRI checkpoint archive around it, tree
 //!   snapshots and digest helpers;
+//! - [`rootfs_diff`]: rootfs diffs of a chosen number of entries;
 //! - [`cmd`], [`wait`]: running commands and polling; [`paths`]: where the rig's tools and the
 //!   workspace's binaries are ([`paths::binary`]);
 //! - [`gpu`]: the CUDA driver double at a chosen version and storage engine, the driver calls
@@ -77,6 +78,7 @@ pub mod push_agent;
 pub mod refused_restore;
 pub mod registry;
 pub mod rig;
+pub mod rootfs_diff;
 pub mod runc_gpu;
 pub mod scenario;
 pub mod seccomp;

@@ -189,9 +189,21 @@ pub(super) fn run(bounded: Bounded<'_>) -> Result<Applied<'_>, ApplyError> {
     let t = Instant::now();
     validated
         .admitted
-        .check_layer(&rootfs, req.rootfs_diff.as_ref().map(|d| d.path.as_path()))
+        .check_layer(
+            &rootfs,
+            req.rootfs_diff.as_ref().map(|d| d.path.as_path()),
+            deadline,
+            changed,
+        )
         .map_err(|source| ApplyError::Check { source, changed })?;
-    validated.timings.add("layer-check", t.elapsed());
+    end_phase(
+        deadline,
+        Phase::LayerCheck,
+        changed,
+        &mut validated.timings,
+        t,
+    )
+    .map_err(|source| ApplyError::Check { source, changed })?;
 
     // After the diff, which may bring them: CRIU reopens every open file by its path and
     // fails mid-restore on one the rootfs lacks (`open_files.rs`).

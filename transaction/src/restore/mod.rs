@@ -1,7 +1,7 @@
 //! The restore transaction, as five phases, each a function from the state the one before it
 //! left to the next, with an error of its own and its own rollback. The deadline's finer
 //! phases ([`Phase`]: assemble, validate, gpu-gate, criu-prepare, privilege-check,
-//! rootfs-diff, open-files-check, criu-restore) are checked and timed within them as before.
+//! rootfs-diff, layer-check, open-files-check, criu-restore) are checked and timed within them as before.
 //!
 //! ```text
 //! validate  record (in-flight: preparing) → one deadline starts, covering every phase below
