@@ -262,8 +262,9 @@ pub fn lookup(
         Ok(_) => {}
     }
     let file = crate::beneath::open_file(dir.as_fd(), Path::new(&file_name)).map_err(io_err)?;
-    root_only(&rfs::fstat(&file).map_err(|e| io_err(e.into()))?, &path)?;
-    let size = file.metadata().map_err(io_err)?.len();
+    let st = rfs::fstat(&file).map_err(|e| io_err(e.into()))?;
+    root_only(&st, &path)?;
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     let invalid = |reason: String| NodeRecordError::Invalid {
         path: path.clone(),
         reason,

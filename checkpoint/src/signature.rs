@@ -75,7 +75,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 fn read_capped(file: std::fs::File, cap: u64, path: &Path) -> Result<Vec<u8>, SignatureError> {
-    let size = file.metadata().map_err(io_err("reading", path))?.len();
+    // fstat of the descriptor opened beneath the directory, not a path lookup.
+    let st = rustix::fs::fstat(&file).map_err(|e| io_err("reading", path)(e.into()))?;
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     crate::layout::read_capped_from(file, &path.to_string_lossy(), size, cap).map_err(|e| match e {
         CappedReadError::Io(e) => io_err("reading", path)(e),
         e => SignatureError::Unusable {
