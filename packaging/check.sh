@@ -147,6 +147,7 @@ refuse "unknown layout preset" --set layout.preset=microk8s
 refuse "relative containerd config" --set layout.containerdConfig=etc/containerd/config.toml
 refuse "binDir over the image's binaries" --set layout.binDir=/opt/gpusnap/bin
 refuse "negative restore deadline" --set config.restore.deadline_seconds=-1
+refuse "zero rootfs diff entries" --set config.restore.max_rootfs_diff_entries=0
 refuse "destination with a tag" --set 'config.checkpoint.allowed_destinations={registry.example.com/ckpt:v1}'
 refuse "destination wildcard inside a name" --set 'config.checkpoint.allowed_destinations={registry.example.com/ck*}'
 refuse "no push attempt" --set config.checkpoint.push_attempts=0

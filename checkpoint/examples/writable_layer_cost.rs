@@ -99,7 +99,8 @@ fn main() {
         let t = Instant::now();
         let dir = gpusnap_checkpoint::beneath::open_root(&p.join("ck")).unwrap();
         let signed =
-            layer::read_listing(std::os::fd::AsFd::as_fd(&dir), &p.join("ck"), &record).unwrap();
+            layer::read_listing(std::os::fd::AsFd::as_fd(&dir), &p.join("ck"), &record, None)
+                .unwrap();
         let found = layer::describe(&ov).unwrap();
         layer::compare(&signed, &found).unwrap();
         restore.push(t.elapsed());

@@ -126,35 +126,46 @@ impl Manifest {
     /// The container record, when a signature of this manifest covers everything that shapes
     /// the restored container; otherwise why not, naming the part: no record (sealed by a
     /// gpusnap before it was recorded), another format, or a part that could not be recorded.
-    pub fn covered_container(&self) -> Result<&ContainerRecord, String> {
+    pub fn covered_container(&self) -> Result<&ContainerRecord, NotCovered> {
         let Some(r) = &self.container else {
-            return Err(
-                "its manifest records neither the container's spec nor its writable layer (it \
-                 was sealed by a gpusnap before they were recorded), so a signature of it covers \
-                 only the CRIU images; take the checkpoint again with this gpusnap, whose seal \
-                 records them"
-                    .into(),
-            );
+            return Err(NotCovered::NoRecord);
         };
         if r.format != CONTAINER_RECORD_FORMAT {
-            return Err(format!(
-                "its container record has format {} (this gpusnap reads \
-                 {CONTAINER_RECORD_FORMAT}): it was made by a newer gpusnap; update this node",
-                r.format
-            ));
+            return Err(NotCovered::NewerFormat { format: r.format });
         }
         if let SpecRecord::Unavailable { reason } = &r.spec {
-            return Err(format!(
-                "the container's spec was not recorded at the checkpoint ({reason})"
-            ));
+            return Err(NotCovered::SpecNotRecorded {
+                reason: reason.clone(),
+            });
         }
         if let WritableLayerRecord::Unavailable { reason } = &r.writable_layer {
-            return Err(format!(
-                "the container's writable layer was not recorded at the checkpoint ({reason})"
-            ));
+            return Err(NotCovered::LayerNotRecorded {
+                reason: reason.clone(),
+            });
         }
         Ok(r)
     }
+}
+
+/// Why a signature of a manifest does not cover everything that shapes the restored container
+/// ([`Manifest::covered_container`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotCovered {
+    #[error(
+        "its manifest records neither the container's spec nor its writable layer (it was \
+         sealed by a gpusnap before they were recorded), so a signature of it covers only the \
+         CRIU images; take the checkpoint again with this gpusnap, whose seal records them"
+    )]
+    NoRecord,
+    #[error(
+        "its container record has format {format} (this gpusnap reads \
+         {CONTAINER_RECORD_FORMAT}): it was made by a newer gpusnap; update this node"
+    )]
+    NewerFormat { format: u32 },
+    #[error("the container's spec was not recorded at the checkpoint ({reason})")]
+    SpecNotRecorded { reason: String },
+    #[error("the container's writable layer was not recorded at the checkpoint ({reason})")]
+    LayerNotRecorded { reason: String },
 }
 
 /// The spec part of a [`ContainerRecord`].
@@ -443,15 +454,24 @@ mod tests {
         v["container"] = serde_json::json!({"format": 2, "spec": {"kind": "future"}, "writable_layer": {"kind": "zfs"}});
         let m: Manifest = serde_json::from_value(v).unwrap();
         let why = m.covered_container().unwrap_err();
-        assert!(why.contains("format 2"), "{why}");
+        assert_eq!(why, NotCovered::NewerFormat { format: 2 });
+        assert!(why.to_string().contains("format 2"), "{why}");
         let mut v = serde_json::to_value(sample()).unwrap();
         v["container"] = serde_json::json!({"format": 1, "spec": {"kind": "recorded", "grants": {}}, "writable_layer": {"kind": "zfs"}});
         let m: Manifest = serde_json::from_value(v).unwrap();
         let why = m.covered_container().unwrap_err();
-        assert!(why.contains("cannot read the record"), "{why}");
+        assert!(
+            matches!(
+                why,
+                NotCovered::SpecNotRecorded { .. } | NotCovered::LayerNotRecorded { .. }
+            ),
+            "{why:?}"
+        );
+        assert!(why.to_string().contains("cannot read the record"), "{why}");
         assert!(sample()
             .covered_container()
             .unwrap_err()
+            .to_string()
             .contains("sealed by a gpusnap before"));
     }
 

@@ -54,6 +54,12 @@ const OPAQUE: &[u8] = b".wh..wh..opq";
 /// The longest entry name accepted (Linux's `PATH_MAX`): the name of a file a container wrote.
 pub const MAX_NAME_BYTES: usize = 4096;
 
+/// The default of [`Limits::max_entries`] (and of `restore.max_rootfs_diff_entries`).
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+/// The most entries [`content_bytes`] counts (adopt, pull): well above any restore's cap, so
+/// that only an endless stream of entries stops the count.
+pub const COUNT_MAX_ENTRIES: u64 = 1 << 20;
+
 /// Bounds on what a diff may make a restore write, and when it must be done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -63,6 +69,11 @@ pub struct Limits {
     /// (`restore.max_rootfs_diff_bytes`). Counted as the stream is read, in the check, so a
     /// diff that inflates past it is refused there, before anything is written.
     pub max_inflated_bytes: u64,
+    /// Tar entries (files, directories, links, whiteouts), counted in the check
+    /// (`restore.max_rootfs_diff_entries`): what a diff costs to apply grows with its entries
+    /// as much as with its bytes (a file system creates a few thousand to a few ten thousand
+    /// files a second), so a diff of many empty files is refused here, before anything is
+    /// written, instead of holding the restore until its deadline.
     pub max_entries: u64,
     /// When the check and the application must have ended: passed, either stops with
     /// [`DiffError::Deadline`] (the restore's deadline; `None`: no deadline).
@@ -74,7 +85,7 @@ impl Default for Limits {
         Limits {
             max_bytes: 64 << 30,
             max_inflated_bytes: 64 << 30,
-            max_entries: 1 << 20,
+            max_entries: DEFAULT_MAX_ENTRIES,
             deadline: None,
         }
     }
@@ -120,6 +131,9 @@ pub enum DiffError {
     },
     #[error("{diff}: {reason}; nothing was applied")]
     TooLarge { diff: PathBuf, reason: String },
+    /// More entries than [`Limits::max_entries`].
+    #[error("{diff}: more than {max} entries; nothing was applied")]
+    TooManyEntries { diff: PathBuf, max: u64 },
     #[error("{diff}: unreadable ({source}); nothing was applied")]
     Unreadable {
         diff: PathBuf,
@@ -148,6 +162,7 @@ impl DiffError {
         match self {
             DiffError::Refused { .. }
             | DiffError::TooLarge { .. }
+            | DiffError::TooManyEntries { .. }
             | DiffError::Unreadable { .. } => true,
             DiffError::Deadline { phase, .. } => *phase == Phase::Check,
             DiffError::Apply { .. } => false,
@@ -646,8 +661,10 @@ pub fn open_diff(path: &Path) -> io::Result<File> {
 
 /// The bytes of file content the diff in `file` (`shown` in errors) holds once decompressed,
 /// counted from its tar entries and refused as soon as they pass `cap` (or the entries pass
-/// [`Limits::default`]'s count): what a restore would write, known before it writes anything.
-/// Reading it inflates the stream (CPU only; nothing is written).
+/// [`COUNT_MAX_ENTRIES`]): what a restore would write, known before it writes anything.
+/// Reading it inflates the stream (CPU only; nothing is written). The restore's own entry cap
+/// (`restore.max_rootfs_diff_entries`) is the node's to apply when it restores, not here: root
+/// may adopt or pull a diff before raising it.
 pub fn content_bytes(mut file: File, shown: &Path, cap: u64) -> Result<u64, DiffError> {
     file.seek(SeekFrom::Start(0))
         .map_err(|source| DiffError::Unreadable {
@@ -663,7 +680,8 @@ pub fn content_bytes_in(stream: impl Read, shown: &Path, cap: u64) -> Result<u64
     let limits = Limits {
         max_bytes: cap,
         max_inflated_bytes: u64::MAX,
-        ..Limits::default()
+        max_entries: COUNT_MAX_ENTRIES,
+        deadline: None,
     };
     Ok(stream::each_entry(stream, shown, &limits, Phase::Check, &mut |_| Ok(()))?.content)
 }
@@ -949,7 +967,13 @@ mod tests {
             max_entries: 1,
             ..Limits::default()
         };
-        assert!(apply(diff.path(), &s.rootfs, few).is_err());
+        let err = apply(diff.path(), &s.rootfs, few).unwrap_err();
+        assert!(
+            matches!(err, DiffError::TooManyEntries { max: 1, .. }) && err.nothing_applied(),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("more than 1 entries"), "{err}");
+        assert!(!s.rootfs.join("a").exists());
     }
 
     /// A gzip stream of `entries` empty files: a few KiB that inflate to 512 bytes per entry

@@ -25,7 +25,7 @@ use sigstore::crypto::{CosignVerificationKey, SigStoreSigner, Signature, Signing
 use crate::layout::{CappedReadError, MANIFEST_FILE, MANIFEST_MAX_BYTES, MANIFEST_TMP_PREFIX};
 // Re-exported where they used to be defined, for callers not yet moved to `layout`
 // (transaction/src/volume.rs); new code imports them from `layout`.
-pub use crate::layout::{SIGNATURE_FILE, SIGNATURE_MAX_BYTES};
+use crate::layout::{SIGNATURE_FILE, SIGNATURE_MAX_BYTES};
 
 /// Environment variable with the password of an encrypted `cosign.key`; cosign's.
 pub const PASSWORD_ENV: &str = "COSIGN_PASSWORD";

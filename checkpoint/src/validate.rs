@@ -16,7 +16,7 @@ use crate::inventory::{hash_open_files, VerifyFailure};
 use crate::layout::{classify, CappedReadError, CheckpointLayout, EntryKind, MANIFEST_FILE};
 // Re-exported where they used to be defined, for callers not yet moved to `layout`
 // (transaction/src/volume.rs); new code imports them from `layout`.
-pub use crate::layout::MANIFEST_MAX_BYTES;
+use crate::layout::MANIFEST_MAX_BYTES;
 use crate::manifest::{Manifest, MANIFEST_FORMAT_VERSION, MANIFEST_KIND};
 
 /// Why a checkpoint directory is not restored. Every message names the file involved and what

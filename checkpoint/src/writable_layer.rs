@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 use crate::beneath;
 // Re-exported where they used to be defined, for callers not yet moved to `layout`
 // (transaction/src/volume.rs); new code imports them from `layout`.
-pub use crate::layout::{LISTING_FILE, LISTING_MAX_BYTES};
+use crate::layout::{LISTING_FILE, LISTING_MAX_BYTES};
 
 /// At most this many entries are described; a larger layer is not recorded (and not restored
 /// under `require`).
@@ -216,6 +216,13 @@ pub enum LayerError {
          so far)"
     )]
     Deadline { looked_at: usize },
+    /// The deadline given to [`read_listing`] passed while the signed listing was read or
+    /// parsed.
+    #[error(
+        "the deadline passed while the signed listing ({LISTING_FILE}) was read ({bytes} bytes \
+         read, {lines} lines parsed so far)"
+    )]
+    ListingDeadline { bytes: u64, lines: usize },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LayerError + 'a {
@@ -1152,11 +1159,15 @@ pub fn write_listing(dir: &Path, entries: &[Entry]) -> Result<WritableLayerRecor
 }
 
 /// Reads the listing of the checkpoint directory `dir` (beneath it, no symlink), refusing it
-/// unless its size and BLAKE3 are the record's.
+/// unless its size and BLAKE3 are the record's. A listing may be up to [`LISTING_MAX_BYTES`]:
+/// it is read [`LISTING_READ_CHUNK`] at a time and parsed a line at a time, and stops with
+/// [`LayerError::ListingDeadline`] once `deadline` passes (the restore's, so that a large
+/// listing cannot hold a restore past it).
 pub fn read_listing(
     dir: BorrowedFd<'_>,
     shown_dir: &Path,
     record: &WritableLayerRecord,
+    deadline: Option<Instant>,
 ) -> Result<Vec<Entry>, LayerError> {
     let WritableLayerRecord::Overlay {
         listing_bytes,
@@ -1168,10 +1179,39 @@ pub fn read_listing(
     };
     let path = shown_dir.join(LISTING_FILE);
     let cap = (*listing_bytes).min(LISTING_MAX_BYTES);
-    let bytes = crate::layout::read_capped(dir, LISTING_FILE, cap)
-        .map_err(|e| LayerError::Listing(format!("{} cannot be read ({e})", path.display())))?;
-    if bytes.len() as u64 != *listing_bytes
-        || blake3::hash(&bytes).to_hex().as_str() != listing_blake3
+    let unreadable = |e: &dyn std::fmt::Display| {
+        LayerError::Listing(format!("{} cannot be read ({e})", path.display()))
+    };
+    let passed = || deadline.is_some_and(|d| Instant::now() >= d);
+    let file = beneath::open_file(dir, Path::new(LISTING_FILE)).map_err(|e| unreadable(&e))?;
+    let size = rfs::fstat(&file).map_err(|e| unreadable(&e))?.st_size as u64;
+    if size > cap {
+        return Err(LayerError::Listing(format!(
+            "{} is {size} bytes, more than the {cap} the manifest records",
+            path.display()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    let mut hasher = blake3::Hasher::new();
+    let mut chunk = vec![0u8; LISTING_READ_CHUNK];
+    let mut limited = (&file).take(cap + 1);
+    loop {
+        if passed() {
+            return Err(LayerError::ListingDeadline {
+                bytes: bytes.len() as u64,
+                lines: 0,
+            });
+        }
+        let n = match limited.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(unreadable(&e)),
+        };
+        hasher.update(&chunk[..n]);
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    if bytes.len() as u64 != *listing_bytes || hasher.finalize().to_hex().as_str() != listing_blake3
     {
         return Err(LayerError::Listing(format!(
             "{} is not the one the manifest records (size or BLAKE3 differ)",
@@ -1180,6 +1220,12 @@ pub fn read_listing(
     }
     let mut out = Vec::new();
     for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if i % LISTING_LINES_PER_LOOK == 0 && passed() {
+            return Err(LayerError::ListingDeadline {
+                bytes: bytes.len() as u64,
+                lines: i,
+            });
+        }
         if line.is_empty() {
             continue;
         }
@@ -1191,6 +1237,11 @@ pub fn read_listing(
     }
     Ok(out)
 }
+
+/// How much of a listing one read takes: the deadline is looked at between reads.
+pub const LISTING_READ_CHUNK: usize = 8 << 20;
+/// How many listing lines are parsed between looks at the deadline (a few milliseconds).
+const LISTING_LINES_PER_LOOK: usize = 4096;
 
 // ----- comparing ----------------------------------------------------------------------------
 
@@ -1324,6 +1375,46 @@ mod tests {
             kind,
             runtime_made,
         }
+    }
+
+    /// The signed listing reads back as written, is refused when a byte changed, and stops at
+    /// a deadline that has passed instead of reading on.
+    #[test]
+    fn the_signed_listing_is_verified_and_its_read_stops_at_the_deadline() {
+        let d = tempfile::tempdir().unwrap();
+        let entries: Vec<Entry> = (0..10_000)
+            .map(|i| {
+                let dir = Kind::Dir {
+                    mode: 0o755,
+                    uid: 0,
+                    gid: 0,
+                };
+                entry(&format!("d/{i:05}"), dir, false)
+            })
+            .collect();
+        let record = write_listing(d.path(), &entries).unwrap();
+        let root = beneath::open_root(d.path()).unwrap();
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(
+            read_listing(root.as_fd(), d.path(), &record, Some(far)).unwrap(),
+            entries
+        );
+        let err = read_listing(root.as_fd(), d.path(), &record, Some(Instant::now())).unwrap_err();
+        assert!(
+            matches!(err, LayerError::ListingDeadline { bytes: 0, lines: 0 }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("deadline passed"), "{err}");
+        let listing = d.path().join(LISTING_FILE);
+        let mut bytes = fs::read(&listing).unwrap();
+        bytes[10] ^= 1;
+        fs::write(&listing, &bytes).unwrap();
+        let err = read_listing(root.as_fd(), d.path(), &record, None).unwrap_err();
+        assert!(err.to_string().contains("BLAKE3 differ"), "{err}");
+        bytes.push(b'\n');
+        fs::write(&listing, &bytes).unwrap();
+        let err = read_listing(root.as_fd(), d.path(), &record, None).unwrap_err();
+        assert!(err.to_string().contains("more than the"), "{err}");
     }
 
     #[test]

@@ -136,7 +136,7 @@ fn signature_policy(config: &Config, ck: &Path) -> Result<RecordedSignature> {
             // restored container (the spec and writable layer the seal recorded).
             let covered = serde_json::from_slice::<gpusnap_checkpoint::Manifest>(&checked.manifest)
                 .map_err(|e| format!("its manifest cannot be read ({e})"))
-                .and_then(|m| m.covered_container().map(|_| ()));
+                .and_then(|m| m.covered_container().map(|_| ()).map_err(|e| e.to_string()));
             match covered {
                 Ok(()) => {}
                 Err(why) if policy == SignaturePolicy::Require => bail!(

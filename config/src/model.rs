@@ -128,6 +128,11 @@ pub struct RestoreConfig {
     /// `"64GiB"`.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub max_rootfs_diff_bytes: u64,
+    /// The most entries (files, directories, links, whiteouts) a rootfs diff may hold; a diff
+    /// with more is refused on restore before anything is written. Applying costs about one
+    /// file creation per entry, so this bounds the diff's share of the restore's time as
+    /// `max_rootfs_diff_bytes` bounds its bytes.
+    pub max_rootfs_diff_entries: u64,
     /// The most the node's copies of image-volume checkpoints
     /// (`<checkpoint_root>/.gpusnap-volumes`, one per image that pods on the node restore from)
     /// may hold together. A restore whose copy would take them past it is refused before
@@ -170,6 +175,7 @@ impl Default for RestoreConfig {
             signature_keys: Vec::new(),
             decryption_keys: Vec::new(),
             max_rootfs_diff_bytes: 64 << 30,
+            max_rootfs_diff_entries: 100_000,
             max_volume_bytes: 256 << 30,
             deadline_seconds: 0,
         }

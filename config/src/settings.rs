@@ -374,6 +374,26 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "restore.max_rootfs_diff_entries",
+        // A pod could otherwise let a hostile diff hold the restore (and the node's disk).
+        annotation: None,
+        set: |c, v| {
+            c.restore.max_rootfs_diff_entries = v.u64()?;
+            Ok(())
+        },
+        check: |c| {
+            if c.restore.max_rootfs_diff_entries > 0 {
+                Ok(())
+            } else {
+                Err(invalid(
+                    "restore.max_rootfs_diff_entries",
+                    0,
+                    "a number of entries greater than 0",
+                ))
+            }
+        },
+    },
+    Setting {
         key: "restore.max_volume_bytes",
         // What the node gives copies of image volumes is the node's, never a pod's.
         annotation: None,

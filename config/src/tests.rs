@@ -660,3 +660,14 @@ fn storage_directory_is_not_a_setting() {
         .to_string();
     assert!(e.contains("unknown setting `storage.directory`"), "{e}");
 }
+
+#[test]
+fn rootfs_diff_entry_cap_reads_counts_and_refuses_zero() {
+    assert_eq!(Config::default().restore.max_rootfs_diff_entries, 100_000);
+    let c = Config::from_toml_str("[restore]\nmax_rootfs_diff_entries = 250000\n").unwrap();
+    assert_eq!(c.restore.max_rootfs_diff_entries, 250_000);
+    let e = Config::from_toml_str("[restore]\nmax_rootfs_diff_entries = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("restore.max_rootfs_diff_entries"), "{e}");
+}

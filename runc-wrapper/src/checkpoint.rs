@@ -3,30 +3,17 @@
 //! Like runc, a checkpoint without `--leave-running` ends with the container gone (killed and
 //! deleted), but only once the image is sealed: a failure leaves it running.
 
-use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    inflight::InFlight, lock::DirLock, runc::Runc, CheckpointRequest, Direct,
+    inflight::InFlight, lock::DirLock, runc::Runc, CheckpointRequest, Direct, PendingCudaResume,
 };
 
 use crate::args::{Parsed, CHECKPOINT_VALUE_FLAGS};
 use crate::{Context, EXIT_REFUSED, SCRATCH_DIR};
-
-/// Where a checkpoint of a container its caller froze keeps the CUDA processes it left
-/// checkpointed, for `gpusnap-runc resume` (in runc's state directory, which `runc delete`
-/// removes).
-pub const PENDING_CUDA_FILE: &str = "gpusnap-pending-cuda.json";
-
-/// The pending CUDA resume as `gpusnap-runc resume` reads it back.
-#[derive(serde::Serialize)]
-pub struct PendingRecord<'a> {
-    pub memory_restored: bool,
-    pub records: &'a [gpusnap_cuda::orchestrate::ProcessRecord],
-}
 
 /// What the caller asked runc to do, as far as gpusnap is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +108,24 @@ pub fn run(ctx: &Context) -> i32 {
         Ok(l) => l,
         Err(e) => return ctx.fail_with(&e),
     };
+    // A checkpoint before this one left the frozen container's CUDA processes checkpointed,
+    // and its caller has not resumed it since: bring them back first (the shim does the same).
+    if status == "paused" {
+        let resumed = match PendingCudaResume::take(&ctx.config, &state_dir) {
+            Ok(Some(pending)) => pending.resume_frozen(&runc).map_err(|e| e.to_string()),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = resumed {
+            ctx.fail(&format!(
+                "{} is frozen with CUDA processes an earlier checkpoint left checkpointed, and \
+                 they could not be resumed before this checkpoint: {e}; nothing was \
+                 checkpointed",
+                req.id
+            ));
+            return EXIT_REFUSED;
+        }
+    }
     let request = CheckpointRequest {
         container_id: req.id.clone(),
         bundle: bundle_of(&state_dir).unwrap_or_default(),
@@ -171,23 +176,12 @@ pub fn run(ctx: &Context) -> i32 {
         }
     }
     if let Some(pending) = report.pending_cuda {
-        let path = state_dir.join(PENDING_CUDA_FILE);
-        let saved = serde_json::to_vec(&PendingRecord {
-            memory_restored: pending.memory_restored(),
-            records: pending.records(),
-        })
-        .map_err(std::io::Error::other)
-        .and_then(|json| {
-            // Created new through a descriptor of runc's state directory, then renamed.
-            let dir = beneath::open_root(&state_dir)?;
-            beneath::write_atomically(dir.as_fd(), OsStr::new(PENDING_CUDA_FILE), &json, 0o600)
-        });
-        if let Err(e) = saved {
+        // For `gpusnap-runc resume` (or the next checkpoint), in runc's state directory.
+        if let Err(e) = pending.save(&state_dir) {
             ctx.fail(&format!(
-                "checkpoint of {} is sealed, but the CUDA processes it left checkpointed could \
-                 not be recorded in {} ({e}); they will not be resumed with the container",
+                "checkpoint of {} is sealed, but {e}; they will not be resumed with the \
+                 container",
                 req.id,
-                path.display()
             ));
             return EXIT_REFUSED;
         }

@@ -22,8 +22,8 @@ use containerd_shim::{
 };
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    inflight::InFlight, CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest,
-    RunTool,
+    inflight::InFlight, runc::Runc, CheckpointRequest, Host, PendingCudaResume, RestoreCommand,
+    RestoreRequest, RunTool,
 };
 
 use crate::{
@@ -233,7 +233,7 @@ impl TaskService {
             Some(PathBuf::from(&req.path))
         }
         .ok_or_else(|| invalid_argument("checkpoint needs a path (request path or image_path)"))?;
-        let (request, ticket, runc) = {
+        let (request, ticket) = {
             let mut state = self.state.lock().await;
             let c = state.container_mut(&req.id)?;
             if !given && opts.work_path.is_none() {
@@ -258,7 +258,7 @@ impl TaskService {
                 config: c.config.clone(),
                 scratch_dir: c.bundle.clone(),
             };
-            (request, ticket, c.runc.clone())
+            (request, ticket)
         };
         // Durable until the checkpoint has ended either way: containerd's `shim delete` reads it
         // back if this shim is killed in between.
@@ -277,7 +277,7 @@ impl TaskService {
             ))
         });
         let result = match inflight {
-            Ok(_guard) => self.run_checkpoint(request, ticket, runc).await,
+            Ok(_guard) => self.run_checkpoint(request, ticket).await,
             Err(e) => {
                 self.state
                     .lock()
@@ -319,24 +319,30 @@ impl TaskService {
         &self,
         request: CheckpointRequest,
         ticket: CheckpointTicket,
-        runc: Arc<runc::Runc>,
     ) -> Result<gpusnap_transaction::CheckpointReport> {
-        let id = request.container_id.clone();
-        // A previous checkpoint of this paused task left its CUDA processes checkpointed; bring
-        // them back (they must run for that) before taking a new one.
-        if let Some(pending) = ticket.pending_cuda {
-            runc.resume(&id)
-                .await
-                .map_err(|e| internal(format!("thaw {id}: {}", runc_error_text(&e))))?;
-            let resumed = resume_cuda(&id, pending).await;
-            let _ = runc.pause(&id).await;
-            resumed?;
-        }
         let host = ShimHost {
             handle: tokio::runtime::Handle::current(),
             pipes: None,
         };
-        Ok(blocking(move || gpusnap_transaction::checkpoint(&request, &host)).await??)
+        blocking(move || {
+            // A previous checkpoint of this paused task left its CUDA processes checkpointed;
+            // they come back (the transaction thaws the task for that and freezes it again)
+            // before a new one is taken.
+            if let Some(pending) = ticket.pending_cuda {
+                let id = &request.container_id;
+                pending
+                    .resume_frozen(&Runc::new(request.runc.clone(), id, &host))
+                    .map_err(|e| {
+                        internal(format!(
+                            "{id} is paused with CUDA processes an earlier checkpoint left \
+                             checkpointed, and they could not be resumed before this \
+                             checkpoint: {e}; nothing was checkpointed"
+                        ))
+                    })?;
+            }
+            gpusnap_transaction::checkpoint(&request, &host).map_err(Error::from)
+        })
+        .await?
     }
 
     pub async fn start_restore(&self, id: &str, restore: PendingRestore) -> Result<StartResponse> {

@@ -7,7 +7,11 @@
 //! One checkpoint of the counter, in three arms that differ only in the diff beside it:
 //!
 //! - `tiny`: 10 empty files (the baseline: everything a restore does but the diff);
-//! - `big`: FILES empty files (default 200,000), 1,000 to a directory;
+//! - `big`: FILES empty files (default 200,000), 1,000 to a directory, restored with the
+//!   node's `restore.max_rootfs_diff_entries` raised above them;
+//! - `refused`: the same `big` checkpoint under the default `restore.max_rootfs_diff_entries`
+//!   (100,000): timed from `CreateContainer` to the refusal, which must name the setting (what
+//!   a node that keeps the default spends on such a diff);
 //! - `floor`: no restore; the same FILES files created with `std::fs` in a fresh directory on
 //!   the file system that holds containerd's snapshots (where the diff is applied): what
 //!   creating those files costs there without gpusnap.
@@ -19,7 +23,7 @@
 //! and last files are in its rootfs. The shim's `restore complete` line gives each phase.
 //! Prints each round, the medians per arm and the ratios; nothing is asserted about speed.
 //!
-//! Usage: `bench_rootfs_diff [REPS=3] [FILES=200000]` (as root, with the rig of
+//! Usage: `bench_rootfs_diff [REPS=4] [FILES=200000]` (as root, with the rig of
 //! `scripts/setup-env.sh`).
 
 use std::fs;
@@ -41,6 +45,11 @@ use k8s_cri::v1::ContainerState;
 
 const PER_DIR: u64 = 1_000;
 const TINY_FILES: u64 = 10;
+/// The line that raises the node's entry cap for `big` (the `refused` arm takes it out).
+fn raised(files: u64) -> String {
+    format!("max_rootfs_diff_entries = {}\n", files + 10_000)
+}
+
 /// The shim's phase timings (`restore complete`), in the order a restore runs them.
 const PHASES: [&str; 9] = [
     "validate_ms",
@@ -58,6 +67,7 @@ const PHASES: [&str; 9] = [
 enum Arm {
     Tiny,
     Big,
+    Refused,
     Floor,
 }
 
@@ -66,6 +76,7 @@ impl Arm {
         match self {
             Arm::Tiny => "tiny",
             Arm::Big => "big",
+            Arm::Refused => "refused",
             Arm::Floor => "floor",
         }
     }
@@ -160,6 +171,9 @@ impl Bench<'_> {
         if arm == Arm::Floor {
             return self.floor();
         }
+        if arm == Arm::Refused {
+            return self.refused();
+        }
         let name = format!("{}-{}", arm.name(), self.round);
         let t = Instant::now();
         let pod = self.node.run_pod(
@@ -203,6 +217,47 @@ impl Bench<'_> {
         })
     }
 
+    /// `big` under the default entry cap: the node's config without the raised line for this
+    /// pod (the shim reads it when the pod starts), put back after.
+    fn refused(&mut self) -> Result<Sample> {
+        let config = self.node.config_path();
+        let text = fs::read_to_string(config)?;
+        let line = raised(self.files);
+        ensure!(text.contains(&line), "the node config lacks {line:?}");
+        fs::write(config, text.replace(&line, ""))?;
+        let name = format!("refused-{}", self.round);
+        let sample = (|| -> Result<Sample> {
+            let t = Instant::now();
+            let pod = self.node.run_pod(
+                &name,
+                &[("gpusnap.io/restore-from", Arm::Big.name())],
+                gpusnap_handler(),
+            )?;
+            let pod_s = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let err = match self.node.create_container(&pod, &counter(&self.tok)) {
+                Err(e) => e.to_string(),
+                Ok(id) => match self.node.cri.start_container(&id) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => anyhow::bail!("{name}: the diff restored under the default cap"),
+                },
+            };
+            let restore_s = t.elapsed().as_secs_f64();
+            ensure!(
+                err.contains("restore.max_rootfs_diff_entries"),
+                "{name}: the refusal does not name the setting: {err}"
+            );
+            self.node.remove_pod(&pod.id)?;
+            Ok(Sample {
+                pod_s,
+                restore_s,
+                phases: vec![None; PHASES.len()],
+            })
+        })();
+        fs::write(config, text)?;
+        sample
+    }
+
     fn floor(&mut self) -> Result<Sample> {
         let dir = self.floor_dir.join(format!("round-{}", self.round));
         let t = Instant::now();
@@ -226,7 +281,7 @@ impl Bench<'_> {
 fn main() -> Result<()> {
     gpusnap_testkit::require_root();
     let mut args = std::env::args().skip(1);
-    let reps: usize = args.next().map_or(Ok(3), |a| a.parse()).context("REPS")?;
+    let reps: usize = args.next().map_or(Ok(4), |a| a.parse()).context("REPS")?;
     let files: u64 = args
         .next()
         .map_or(Ok(200_000), |a| a.parse())
@@ -236,7 +291,10 @@ fn main() -> Result<()> {
     let cli = paths::locate_binary("gpusnap")?;
     println!("shim: {}\ngpusnap: {}", shim.display(), cli.display());
 
-    let node = CriNode::start(CriNodeOptions::default())?;
+    let node = CriNode::start(CriNodeOptions {
+        gpusnap_config: raised(files),
+        ..Default::default()
+    })?;
     node.import_image(&paths::busybox_archive(), BUSYBOX_IMAGE)?;
     let root = node.checkpoint_root();
     let tok = run_token();
@@ -334,7 +392,7 @@ fn main() -> Result<()> {
         floor_dir,
         round: 0,
     };
-    let arms = [Arm::Tiny, Arm::Big, Arm::Floor];
+    let arms = [Arm::Tiny, Arm::Big, Arm::Refused, Arm::Floor];
     println!("warm-up: one of each, not counted");
     for arm in arms {
         let w = bench.run(arm)?;
@@ -352,7 +410,7 @@ fn main() -> Result<()> {
     );
     let mut samples: Vec<(Arm, Sample)> = Vec::new();
     for round in 0..reps {
-        // Each arm first once in every three rounds, so drift in the machine's load falls on
+        // Each arm first once in every four rounds, so drift in the machine's load falls on
         // every arm alike.
         let mut order = arms;
         order.rotate_left(round % arms.len());
@@ -409,9 +467,10 @@ fn main() -> Result<()> {
                 .join(" ")
         );
     }
-    let (tiny, big, floor) = (
+    let (tiny, big, refused, floor) = (
         med(Arm::Tiny, &|x| Some(x.restore_s)),
         med(Arm::Big, &|x| Some(x.restore_s)),
+        med(Arm::Refused, &|x| Some(x.restore_s)),
         med(Arm::Floor, &|x| Some(x.restore_s)),
     );
     println!(
@@ -421,6 +480,13 @@ fn main() -> Result<()> {
         big - tiny,
         big / floor,
         if big <= 10.0 { "within" } else { "above" }
+    );
+    println!(
+        "refused / tiny: {:.2}x; refused / big: {:.3}x; the refusal's median ({refused:.2} s) is \
+         {} the 10 s target",
+        refused / tiny,
+        refused / big,
+        if refused <= 10.0 { "within" } else { "above" }
     );
     Ok(())
 }

@@ -472,3 +472,61 @@ fn paused_gpu_task_stays_frozen_after_checkpoint_until_it_is_resumed() -> Result
         .is_some_and(|p| p.len() == 1));
     Ok(())
 }
+
+/// Two checkpoints of a task paused once: the first leaves the CUDA process checkpointed for
+/// the caller's resume; the second brings it back first (the driver cannot lock a checkpointed
+/// process), freezing the task again before its own dump, and leaves it checkpointed in turn;
+/// the resume then brings it back once more. Both images hold the process.
+#[test]
+fn a_second_checkpoint_of_a_paused_gpu_task_resumes_the_first_ones_cuda_first() -> Result<()> {
+    let g = GpuRig::start("")?;
+    let pid = g.run_cuda_counter("fz2")?;
+    g.rig.pause("fz2")?;
+    let image = tempfile::tempdir()?;
+    let (first, second) = (image.path().join("ck1"), image.path().join("ck2"));
+    for path in [&first, &second] {
+        let out = g.task_checkpoint("fz2", path)?;
+        ensure!(
+            out.status.success(),
+            "checkpoint into {} failed: {}",
+            path.display(),
+            out.describe()
+        );
+        assert_eq!(g.rig.task_state("fz2")?, Some(TaskState::Paused));
+        assert_eq!(g.cuda_state("fz2"), "checkpointed");
+        ensure_frozen(pid, "after a checkpoint of the paused task")?;
+        assert!(manifest(path)?["gpu"]["processes"]
+            .as_array()
+            .is_some_and(|p| p.len() == 1));
+        // ctr names the checkpoint image by the second it was taken: the next one, taken in
+        // the same second, would be refused as existing.
+        let images = g.rig.ctr(&["images", "ls", "-q"])?;
+        for image in String::from_utf8_lossy(&images.stdout)
+            .lines()
+            .filter(|l| l.starts_with("containerd.io/checkpoint/fz2:"))
+        {
+            g.rig.ctr(&["images", "rm", image])?;
+        }
+    }
+    assert_eq!(
+        g.calls(pid),
+        [
+            "lock 0",
+            "checkpoint 0",
+            "restore 0",
+            "unlock 0",
+            "lock 0",
+            "checkpoint 0"
+        ],
+        "the second checkpoint resumed the first one's CUDA process before its own"
+    );
+    let frozen = parse_count(&fs::read_to_string(
+        g.rig.bundle_dir("fz2").join("rootfs/tmp/count"),
+    )?)
+    .context("counter file")?;
+    g.rig.resume("fz2")?;
+    assert_eq!(g.calls(pid).len(), 8, "{:?}", g.calls(pid));
+    assert_eq!(g.cuda_state("fz2"), "running");
+    g.keeps_counting("fz2", &frozen)?;
+    Ok(())
+}

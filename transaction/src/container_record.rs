@@ -325,8 +325,13 @@ pub(crate) fn check_layer(
             source,
         }
     })?;
-    let signed = layer::read_listing(dir.as_fd(), checkpoint_dir, &record.writable_layer)
-        .map_err(RecordError::SignedListing)?;
+    let signed = layer::read_listing(
+        dir.as_fd(),
+        checkpoint_dir,
+        &record.writable_layer,
+        Some(deadline),
+    )
+    .map_err(RecordError::SignedListing)?;
     let ov = Overlay::locate(rootfs).map_err(RecordError::NotOverlay)?;
     let found = layer::describe_until(&ov, Some(deadline)).map_err(RecordError::LayerUnreadable)?;
     let compared = layer::compare(&signed, &found);

@@ -421,14 +421,14 @@ impl PendingCudaResume {
     }
 
     /// The records, to keep across processes (gpusnap-runc exits between the checkpoint and
-    /// the caller's resume).
-    pub fn records(&self) -> &[ProcessRecord] {
+    /// the caller's resume): [`PendingCudaResume::save`].
+    pub(crate) fn records(&self) -> &[ProcessRecord] {
         &self.records
     }
 
     /// Loads the driver again for records kept by [`Self::records`]; `memory_restored` as
-    /// [`Self::memory_restored`] said.
-    pub fn from_records(
+    /// [`Self::memory_restored`] said ([`PendingCudaResume::take`]).
+    pub(crate) fn from_records(
         config: &Config,
         records: Vec<ProcessRecord>,
         memory_restored: bool,

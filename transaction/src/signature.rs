@@ -179,12 +179,20 @@ impl Admission {
     }
 }
 
+/// Why the manifest a directory signature verified yields no usable container record.
+#[derive(Debug, thiserror::Error)]
+enum Uncovered {
+    #[error("its manifest cannot be read ({0})")]
+    Unreadable(#[source] serde_json::Error),
+    #[error(transparent)]
+    NotCovered(#[from] gpusnap_checkpoint::manifest::NotCovered),
+}
+
 /// The container record in the manifest bytes a directory signature verified, if usable, or
 /// why not.
-fn covered_record(manifest: &[u8]) -> std::result::Result<ContainerRecord, String> {
-    let m: Manifest = serde_json::from_slice(manifest)
-        .map_err(|e| format!("its manifest cannot be read ({e})"))?;
-    m.covered_container().cloned()
+fn covered_record(manifest: &[u8]) -> std::result::Result<ContainerRecord, Uncovered> {
+    let m: Manifest = serde_json::from_slice(manifest).map_err(Uncovered::Unreadable)?;
+    Ok(m.covered_container()?.clone())
 }
 
 /// The node's policy on the checkpoint in `dir`, before anything of it is read for a restore.
@@ -255,7 +263,7 @@ fn decide(
                 )))
             }
             Err(why) => {
-                tracing::warn!(dir = %dir.display(), why, "the checkpoint's signature covers only its CRIU images (restore.signature_policy = warn)")
+                tracing::warn!(dir = %dir.display(), why = %why, "the checkpoint's signature covers only its CRIU images (restore.signature_policy = warn)")
             }
         }
         admission.signed_manifest = Some(checked.manifest);

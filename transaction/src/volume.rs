@@ -71,8 +71,9 @@ use std::time::Instant;
 use gpusnap_config::{Config, SignaturePolicy};
 
 use gpusnap_checkpoint::chunks::{self, DirSource, CHUNK_LIST_FILE, MAX_CHUNK_LIST_BYTES};
-use gpusnap_checkpoint::signature::{SIGNATURE_FILE, SIGNATURE_MAX_BYTES};
-use gpusnap_checkpoint::writable_layer::{LISTING_FILE, LISTING_MAX_BYTES};
+use gpusnap_checkpoint::layout::{
+    LISTING_FILE, LISTING_MAX_BYTES, MANIFEST_MAX_BYTES, SIGNATURE_FILE, SIGNATURE_MAX_BYTES,
+};
 use gpusnap_checkpoint::{beneath, layout::MANIFEST_FILE, validate};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -679,7 +680,7 @@ fn copy_volume(
         };
     let vol = vol_ckpt.as_ref().map_or(root.as_fd(), |fd| fd.as_fd());
     let manifest_bytes =
-        match beneath::read_capped(vol, Path::new(MANIFEST_FILE), validate::MANIFEST_MAX_BYTES) {
+        match beneath::read_capped(vol, Path::new(MANIFEST_FILE), MANIFEST_MAX_BYTES) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(refuse(format!(

@@ -159,9 +159,9 @@ pub(super) fn each_entry<'r>(
         };
         pass.entries += 1;
         if pass.entries > limits.max_entries {
-            return Err(DiffError::TooLarge {
+            return Err(DiffError::TooManyEntries {
                 diff: diff.to_path_buf(),
-                reason: format!("more than {} entries", limits.max_entries),
+                max: limits.max_entries,
             });
         }
         // The bytes the entry holds in the archive: a PAX `size` record overrides the header's.

@@ -250,6 +250,8 @@ pub fn config_text(found: &FoundTools) -> String {
          decryption_keys = []\n\
          # The largest a rootfs diff may be once decompressed (headers, padding, content).\n\
          max_rootfs_diff_bytes = \"64GiB\"\n\
+         # The most entries (files, directories, links, whiteouts) a rootfs diff may hold.\n\
+         max_rootfs_diff_entries = 100000\n\
          # The most the node's copies of image-volume checkpoints\n\
          # (checkpoint_root/.gpusnap-volumes) may hold together.\n\
          max_volume_bytes = \"256GiB\"\n\

@@ -141,7 +141,9 @@ pub fn verify_directory(
             "the manifest it signs is not the one checked against the image".into(),
         ));
     }
-    signed.covered_container().map_err(refuse)?;
+    signed
+        .covered_container()
+        .map_err(|e| refuse(e.to_string()))?;
     tracing::info!(reference, key = %key.display(), "no registry signature; the checkpoint directory's signature verified");
     Ok(SignatureCheck::DirectoryVerified {
         key: key.display().to_string(),

@@ -37,7 +37,7 @@ const DIFF_STAYS: &str =
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// The rootfs diff was refused or failed part way.
-    #[error("rootfs diff: {source}")]
+    #[error("rootfs diff: {source}{}", setting_of(source))]
     Diff {
         #[source]
         source: DiffError,
@@ -54,6 +54,17 @@ pub enum ApplyError {
     /// written before it.
     #[error("{source}")]
     Check { source: Error, changed: Changed },
+}
+
+/// The node setting behind a refusal by count, and what to do about it.
+fn setting_of(e: &DiffError) -> &'static str {
+    match e {
+        DiffError::TooManyEntries { .. } => {
+            " (restore.max_rootfs_diff_entries: raise it in the node's gpusnap config to restore \
+             a diff this large, and the restore's deadline with it)"
+        }
+        _ => "",
+    }
 }
 
 impl From<ApplyError> for Error {
@@ -148,8 +159,8 @@ pub(super) fn run(bounded: Bounded<'_>) -> Result<Applied<'_>, ApplyError> {
                 // The decompressed stream, headers and padding included: a small gzip file
                 // that inflates past the setting is refused as it is read.
                 max_inflated_bytes: req.config.restore.max_rootfs_diff_bytes,
+                max_entries: req.config.restore.max_rootfs_diff_entries,
                 deadline: Some(deadline.at()),
-                ..Default::default()
             },
         )
         .map_err(|source| {

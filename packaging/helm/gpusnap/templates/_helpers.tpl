@@ -119,6 +119,7 @@ signature_policy = {{ include "gpusnap.tomlString" $c.restore.signature_policy }
 {{- end }}
 signature_keys = {{ toJson $keys }}
 max_rootfs_diff_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_rootfs_diff_bytes }}
+max_rootfs_diff_entries = {{ int64 (default 100000 $c.restore.max_rootfs_diff_entries) }}
 max_volume_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_volume_bytes }}
 {{- $dkeys := list }}
 {{- range .Values.decryptionKeys.keys }}
