@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    inflight::InFlight, lock::DirLock, runc::Runc, CheckpointRequest, Direct, PendingCudaResume,
+    lock::DirLock, runc::Runc, CheckpointRequest, Direct, PendingCudaResume,
 };
 
 use crate::args::{Parsed, CHECKPOINT_VALUE_FLAGS};
@@ -142,19 +142,8 @@ pub fn run(ctx: &Context) -> i32 {
         runc: global,
         config: ctx.config.clone(),
         scratch_dir: PathBuf::from(SCRATCH_DIR),
-    };
-    // Read back by the next gpusnap-runc call for the container if this one is killed.
-    let inflight =
-        InFlight::new(&req.id, &req.image_dir, request.frozen, init_pid).write(&state_dir);
-    let _inflight = match inflight {
-        Ok(guard) => guard,
-        Err(e) => {
-            ctx.fail(&format!(
-                "cannot record the checkpoint in {}: {e}; nothing was done",
-                state_dir.display()
-            ));
-            return EXIT_REFUSED;
-        }
+        // Read back by the next gpusnap-runc call for the container if this one is killed.
+        record_dir: state_dir.clone(),
     };
     let report = match gpusnap_transaction::checkpoint(&request, &Direct) {
         Ok(r) => r,

@@ -22,8 +22,7 @@ use containerd_shim::{
 };
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    inflight::InFlight, runc::Runc, CheckpointRequest, Host, PendingCudaResume, RestoreCommand,
-    RestoreRequest, RunTool,
+    runc::Runc, CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest, RunTool,
 };
 
 use crate::{
@@ -257,37 +256,13 @@ impl TaskService {
                 runc: c.runc_global(),
                 config: c.config.clone(),
                 scratch_dir: c.bundle.clone(),
+                // containerd's `shim delete` reads the in-flight record back from the bundle
+                // if this shim is killed mid-checkpoint.
+                record_dir: c.bundle.clone(),
             };
             (request, ticket)
         };
-        // Durable until the checkpoint has ended either way: containerd's `shim delete` reads it
-        // back if this shim is killed in between.
-        let bundle = request.bundle.clone();
-        let inflight = InFlight::new(
-            &request.container_id,
-            &request.image_dir,
-            request.frozen,
-            request.init_pid,
-        )
-        .write(&bundle)
-        .map_err(|e| {
-            internal(format!(
-                "record the checkpoint in {}: {e}",
-                bundle.display()
-            ))
-        });
-        let result = match inflight {
-            Ok(_guard) => self.run_checkpoint(request, ticket).await,
-            Err(e) => {
-                self.state
-                    .lock()
-                    .await
-                    .container_mut(&req.id)?
-                    .state
-                    .end_checkpoint(ticket.pending_cuda);
-                return Err(e);
-            }
-        };
+        let result = self.run_checkpoint(request, ticket).await;
         let mut state = self.state.lock().await;
         let c = state.container_mut(&req.id)?;
         match result {

@@ -5,9 +5,10 @@
 //! restore, the orphaned `runc restore`, its CRIU and what they restored killed, CRIU's yards
 //! unmounted and removed, and runc's state of the id removed.
 //!
-//! The front end writes it (in its own directory for the container: the shim's bundle, runc's
-//! state directory for gpusnap-runc) before the transaction and removes it after, whatever the
-//! result. A record whose writer is still alive belongs to a checkpoint in progress and is left
+//! The transaction writes it in the front end's own directory for the container (the request's
+//! `record_dir` for a checkpoint: the shim's bundle, runc's state directory for gpusnap-runc;
+//! `scratch_dir` for a restore) before anything changes and removes it after, whatever the
+//! result. A record whose writer is still alive belongs to an operation in progress and is left
 //! alone.
 
 use std::io::{self, Write};

@@ -83,6 +83,11 @@ pub struct CheckpointRequest {
     pub config: Config,
     /// Where the transaction may put scratch files (CRIU's private plugin directory).
     pub scratch_dir: PathBuf,
+    /// The door's own directory for the container (the shim's bundle, runc's state directory
+    /// for gpusnap-runc), where the checkpoint keeps its in-flight record
+    /// ([`crate::inflight::InFlight`]) while it runs: the door's repair reads it back after a
+    /// runtime killed in the middle.
+    pub record_dir: PathBuf,
 }
 
 /// A sealed checkpoint.
@@ -101,6 +106,17 @@ pub struct CheckpointReport {
 /// Checkpoints the container into `req.image_dir`.
 pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
     let id = &req.container_id;
+    // Durable until the checkpoint has ended either way (the guard removes it): whoever comes
+    // after a runtime killed in between repairs from it.
+    let _inflight = crate::inflight::InFlight::new(id, &req.image_dir, req.frozen, req.init_pid)
+        .write(&req.record_dir)
+        .map_err(|e| {
+            crate::Error::precondition(format!(
+                "cannot record the checkpoint in {}: {e}; nothing was done",
+                req.record_dir.display()
+            ))
+            .of("checkpoint", id)
+        })?;
     phases(req, host).map_err(|e| {
         if e.outcome().is_some() {
             settle_freezer(

@@ -25,6 +25,7 @@ fn request(node: &Node, exit: bool, frozen: bool) -> CheckpointRequest {
         runc: node.runc(),
         config: node.config(),
         scratch_dir: node.path("scratch"),
+        record_dir: node.path("bundle"),
     }
 }
 
@@ -229,4 +230,31 @@ fn a_failed_kill_after_the_seal_keeps_the_checkpoint() {
         ],
         "thawed again: it was frozen only for its stop"
     );
+}
+
+/// The in-flight record is the transaction's: written into the request's `record_dir` before
+/// anything runs and gone after; a directory it cannot be written in refuses the checkpoint
+/// before anything is done.
+#[test]
+fn the_in_flight_record_is_written_first_and_removed_after() {
+    let node = Node::new();
+    let host = FakeHost::new(false);
+    let record = node.path("bundle").join(crate::inflight::INFLIGHT_FILE);
+    checkpoint(&request(&node, false, false), &host).unwrap();
+    assert!(sealed(&node));
+    assert!(!record.exists(), "{} is left", record.display());
+
+    let node = Node::new();
+    let host = FakeHost::new(false);
+    let mut req = request(&node, false, false);
+    req.record_dir = node.path("no-such-dir");
+    let e = checkpoint(&req, &host).unwrap_err();
+    assert_eq!(e.refusal(), Some(Refusal::Precondition), "{e}");
+    assert!(
+        e.to_string().contains("cannot record the checkpoint in")
+            && e.to_string().contains("nothing was done"),
+        "{e}"
+    );
+    assert!(host.calls().is_empty(), "{:?}", host.calls());
+    assert!(!node.path("ck").exists(), "the image directory was made");
 }

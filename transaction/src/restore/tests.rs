@@ -197,6 +197,7 @@ fn checkpoint_request(node: &Node) -> crate::CheckpointRequest {
         runc: node.runc(),
         config: node.config(),
         scratch_dir: node.path("scratch"),
+        record_dir: node.path("bundle"),
     }
 }
 
