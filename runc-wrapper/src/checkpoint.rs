@@ -126,9 +126,20 @@ pub fn run(ctx: &Context) -> i32 {
             return EXIT_REFUSED;
         }
     }
+    let bundle = bundle_of(&state_dir).unwrap_or_default();
+    let config = match ctx.config_for(&bundle) {
+        Ok(c) => c,
+        Err(e) => {
+            ctx.fail(&format!(
+                "cannot checkpoint {}: {e}; nothing was checkpointed",
+                req.id
+            ));
+            return EXIT_REFUSED;
+        }
+    };
     let request = CheckpointRequest {
         container_id: req.id.clone(),
-        bundle: bundle_of(&state_dir).unwrap_or_default(),
+        bundle,
         init_pid,
         image_dir: req.image_dir.clone(),
         work_dir: req.work_dir.clone(),
@@ -140,7 +151,7 @@ pub fn run(ctx: &Context) -> i32 {
         // container and expects it frozen afterwards.
         frozen: status == "paused",
         runc: global,
-        config: ctx.config.clone(),
+        config,
         scratch_dir: PathBuf::from(SCRATCH_DIR),
         // Read back by the next gpusnap-runc call for the container if this one is killed.
         record_dir: state_dir.clone(),

@@ -52,6 +52,9 @@ pub const EXIT_NO_RUNC: i32 = 127;
 pub struct Context {
     pub inv: Invocation,
     pub config: Config,
+    /// Where `config` was read from: a container's `gpusnap.io/` annotations layer over it
+    /// ([`Context::config_for`]).
+    pub config_path: PathBuf,
     /// The real runc.
     pub runc: PathBuf,
     /// `PATH` for runc: the caller's (or the system path when it gave none), with
@@ -60,6 +63,16 @@ pub struct Context {
 }
 
 impl Context {
+    /// The configuration for the container of `bundle`: the file, overlaid by the
+    /// `gpusnap.io/` annotations of its runtime spec as the shim overlays a pod's
+    /// (`container_config`). Refused with a message naming the setting or the spec.
+    pub fn config_for(
+        &self,
+        bundle: &Path,
+    ) -> Result<Config, gpusnap_transaction::container_config::ContainerConfigError> {
+        gpusnap_transaction::container_config::for_bundle(&self.config_path, &self.config, bundle)
+    }
+
     /// A command running the real runc with `args`.
     pub fn runc_command<I, S>(&self, args: I) -> Command
     where
@@ -245,6 +258,7 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
     let ctx = Context {
         inv,
         config,
+        config_path,
         runc,
         path_env,
     };

@@ -42,9 +42,18 @@ pub fn run(ctx: &Context) -> i32 {
     let criu_log = path(&["work-path"])
         .unwrap_or_else(|| image_dir.clone())
         .join(gpusnap_criu_bridge::RESTORE_LOG);
+    let bundle = path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone());
+    let config = match ctx.config_for(&bundle) {
+        Ok(c) => c,
+        Err(e) => {
+            return ctx.fail_with(&Error::precondition(format!(
+                "cannot restore {id}: {e}; nothing was restored"
+            )))
+        }
+    };
     let request = RestoreRequest {
         container_id: id.clone(),
-        bundle: path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone()),
+        bundle,
         checkpoint_dir: image_dir,
         rootfs_diff: None,
         // CRI-O and Podman pass only the directory: its own signature decides.
@@ -52,7 +61,7 @@ pub fn run(ctx: &Context) -> i32 {
         checkpoint_mount: None,
         began: None,
         runc: ctx.global(),
-        config: ctx.config.clone(),
+        config,
         scratch_dir: PathBuf::from(SCRATCH_DIR),
         command: RestoreCommand::Given {
             args: ctx.inv.args.clone(),

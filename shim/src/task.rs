@@ -291,16 +291,8 @@ fn load_config(
         .clone()
         .or_else(|| std::env::var_os("GPUSNAP_CONFIG").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
-    let config = gpusnap_config::Config::layered(&path, None, annotations).map_err(|e| {
-        invalid_argument(format!("gpusnap configuration ({}): {e}", path.display()))
-    })?;
-    gpusnap_transaction::gpu::check_engine_name(config.storage.engine.as_str()).map_err(|e| {
-        invalid_argument(format!(
-            "gpusnap configuration ({}): storage.engine: {e}",
-            path.display()
-        ))
-    })?;
-    Ok(config)
+    gpusnap_transaction::container_config::for_container(&path, annotations)
+        .map_err(|e| invalid_argument(e.to_string()))
 }
 
 /// The restore a container's annotations ask for: a node-local checkpoint by name, or a

@@ -913,3 +913,69 @@ fn gpu_container_checkpointed_through_cri_restores_by_annotation_with_its_cuda_s
         Ok(())
     })
 }
+
+/// A pod's `gpusnap.io/` annotations reach the shim through containerd's `pod_annotations` and
+/// layer over the node's gpusnap configuration, as a container's do through gpusnap-runc
+/// (`podman.rs`): one naming a storage engine this gpusnap lacks, or a setting pods may not
+/// change, fails the pod's sandbox (or its container's start) naming it, with nothing
+/// running; a pod without them runs.
+#[test]
+fn pod_annotations_naming_no_setting_a_pod_may_choose_fail_the_pod_naming_it() {
+    let node = CriNode::start(CriNodeOptions::default()).unwrap();
+    node.import_image(
+        &gpusnap_testkit::paths::busybox_archive(),
+        gpusnap_testkit::rig::BUSYBOX_IMAGE,
+    )
+    .unwrap();
+    let spec = ContainerSpec {
+        name: "sleeper".into(),
+        image: gpusnap_testkit::rig::BUSYBOX_IMAGE.into(),
+        command: vec!["sleep".into(), "1000".into()],
+        env: vec![],
+    };
+    let cases = [
+        (
+            "gpusnap.io/storage-engine",
+            "nvme-magic",
+            "storage.engine: storage engine `nvme-magic` does not exist",
+        ),
+        (
+            "gpusnap.io/restore-checkpoint-root",
+            "/tmp",
+            "restore.checkpoint_root",
+        ),
+    ];
+    for (i, (key, value, named)) in cases.into_iter().enumerate() {
+        // The sandbox's shim reads the pod's annotations first: RunPodSandbox fails.
+        let err = match node.run_pod(&format!("ann-{i}"), &[(key, value)], gpusnap_handler()) {
+            Err(e) => format!("{e:#}"),
+            Ok(pod) => {
+                let err = match node.create_container(&pod, &spec) {
+                    Err(e) => e.to_string(),
+                    Ok(id) => {
+                        let started = node.cri.start_container(&id);
+                        assert!(started.is_err(), "{key}={value}: the container started");
+                        assert!(node.runc_state(&id).is_none(), "runc knows {id}");
+                        started.unwrap_err().to_string()
+                    }
+                };
+                node.remove_pod(&pod.id).unwrap();
+                err
+            }
+        };
+        assert!(
+            err.contains(named),
+            "{key}={value}: the error does not name {named:?}: {err}"
+        );
+    }
+    let pod = node.run_pod("ann-none", &[], gpusnap_handler()).unwrap();
+    let id = node.run_container(&pod, &spec).unwrap();
+    wait_for_state(
+        &node,
+        &id,
+        ContainerState::ContainerRunning,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    node.remove_pod(&pod.id).unwrap();
+}

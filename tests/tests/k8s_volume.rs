@@ -13,7 +13,8 @@
 //! - the node's limits, through `crictl start`: the node store full (`restore.max_volume_bytes`)
 //!   and the restore's deadline passing during the copy are refused saying so, with nothing
 //!   left; a shim killed mid-copy leaves a half-made copy that `gpusnap store gc` removes,
-//!   while the copy a running pod holds stays;
+//!   while the copy a running pod holds stays; killed again, the next restore from a volume
+//!   on the node removes it before it copies, and restores;
 //! - under `restore.signature_policy = require`: an image signed at seal restores; the same
 //!   image without its signature (refused before anything of it is copied), a forged one (a page flipped, built without verification)
 //!   and an image that is no checkpoint are refused at `crictl start`, saying why, with
@@ -502,6 +503,39 @@ fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
             "the copy outlived its pods: {:?}",
             copies(&node_b)
         );
+
+        // Without gc: a shim killed mid-copy again, and the next volume restore on the node
+        // sweeps the half-made copy before it copies (the kubelet's retry, in a pod of its
+        // own), restores, and leaves no build behind.
+        fp.arm(point::VOLUME_COPYING)?;
+        let killed_again = std::thread::scope(|sc| -> Result<CrictlPod> {
+            let start =
+                sc.spawn(|| restore_from_volume(&node_b, "killed-2", &classic, &checkpointed));
+            let shim = fp.wait_reached(point::VOLUME_COPYING, Duration::from_secs(120))?;
+            gpusnap_testkit::faults::kill9(shim);
+            let (pod, _, r) = start
+                .join()
+                .map_err(|_| anyhow::anyhow!("the killed start panicked"))??;
+            ensure!(
+                matches!(r, Restored::Refused(_)),
+                "the start whose shim was killed runs"
+            );
+            Ok(pod)
+        })?;
+        ensure!(
+            builds(&node_b).len() == 1,
+            "the second killed copy left no half-made copy: {:?}",
+            copies(&node_b)
+        );
+        node_b.crictl.remove_pod(&killed_again)?;
+        let (retry, _, retried) = restore_from_volume(&node_b, "retry", &classic, &checkpointed)?;
+        retried.running()?;
+        ensure!(
+            builds(&node_b).is_empty(),
+            "the next restore left the killed copy's build: {:?}",
+            copies(&node_b)
+        );
+        node_b.crictl.remove_pod(&retry)?;
         Ok(())
     })
 }

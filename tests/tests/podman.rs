@@ -347,3 +347,85 @@ fn layout_refname_and_roles(layout: &Path, index: &str) -> Result<(String, Vec<S
         .collect();
     Ok((ref_name, roles))
 }
+
+/// A container's `gpusnap.io/` annotations (`podman run --annotation`) layer over the node's
+/// gpusnap configuration at checkpoint, as a pod's annotations do through the shim: one that
+/// names a storage engine this gpusnap lacks refuses the checkpoint, naming it, and the
+/// container runs on untouched; one that names a setting pods may not change is refused the
+/// same way; a valid one is used and the checkpoint restores. Before, gpusnap-runc read the
+/// configuration file alone and ignored them.
+#[test]
+fn podman_annotations_layer_gpusnap_settings_as_pod_annotations_do() {
+    let p = podman();
+    run(|| {
+        for (annotation, named) in [
+            ("gpusnap.io/storage-engine=nvme-magic", "nvme-magic"),
+            (
+                "gpusnap.io/restore-checkpoint-root=/tmp",
+                "restore.checkpoint_root",
+            ),
+        ] {
+            let marker = unique("gpp-ann");
+            let a = unique("gpp-ann");
+            p.ok(&[
+                "run",
+                "-d",
+                "--runtime",
+                RUNTIME,
+                "--annotation",
+                annotation,
+                "--name",
+                &a,
+                gpusnap_testkit::podman::BUSYBOX_IMAGE,
+                "sh",
+                "-c",
+                gpusnap_testkit::podman::COUNTER,
+                &marker,
+            ])?;
+            let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
+            let out = p.run(&["container", "checkpoint", &a])?;
+            ensure!(
+                !out.status.success(),
+                "checkpointed with {annotation}: {}",
+                describe(&out)
+            );
+            let err = text(&out.stderr);
+            ensure!(
+                err.contains(named) && err.contains("nothing was checkpointed"),
+                "the refusal of {annotation} does not name {named}: {err}"
+            );
+            ensure!(
+                p.inspect(&a, "{{.State.Status}}")? == "running",
+                "after the refused checkpoint {a} is {}",
+                p.inspect(&a, "{{.State.Status}}")?
+            );
+            check_continues(&a, &before, || p.count(&a))?;
+            p.ok(&["rm", "-f", &a])?;
+        }
+
+        // A setting pods may choose: used, and the checkpoint restores.
+        let marker = unique("gpp-ann");
+        let a = unique("gpp-ann");
+        p.ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--annotation",
+            "gpusnap.io/cuda-lock-timeout-ms=3000",
+            "--name",
+            &a,
+            gpusnap_testkit::podman::BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            gpusnap_testkit::podman::COUNTER,
+            &marker,
+        ])?;
+        let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
+        p.ok(&["container", "checkpoint", &a])?;
+        p.ok(&["container", "restore", &a])?;
+        check_continues(&a, &before, || p.count(&a))?;
+        p.ok(&["rm", "-f", &a])?;
+        check_nothing_running(Path::new(RUNC_ROOT), &[&a], &marker)
+    });
+}

@@ -11,6 +11,7 @@
 
 pub mod cgroup;
 pub mod checkpoint;
+pub mod container_config;
 mod container_record;
 pub mod criu;
 pub mod deadline;
