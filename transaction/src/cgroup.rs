@@ -64,7 +64,7 @@ fn unified() -> bool {
 /// process of the container (a restore whose CRIU failed before any was left to ask).
 pub fn of_spec(bundle: &Path, id: &str, systemd: bool) -> Option<PathBuf> {
     let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+        serde_json::from_slice(&crate::bundle_spec::read_bytes(bundle).ok()?).ok()?;
     let given = spec
         .pointer("/linux/cgroupsPath")
         .and_then(|v| v.as_str())

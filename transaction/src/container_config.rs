@@ -6,7 +6,6 @@
 //! CRI runtimes put them ([`bundle_annotations`]).
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use gpusnap_config::{Config, ConfigError, ANNOTATION_PREFIX};
@@ -72,25 +71,14 @@ pub fn for_bundle(
     for_container(path, &annotations)
 }
 
-/// The annotations of the runtime spec in `bundle` (`config.json`), read capped at
-/// [`crate::privilege::MAX_SPEC_BYTES`]; none when the spec has none.
+/// The annotations of the runtime spec in `bundle` (`config.json`, read as every reader of it
+/// is: [`crate::bundle_spec`]); none when the spec has none.
 pub fn bundle_annotations(bundle: &Path) -> Result<HashMap<String, String>, ContainerConfigError> {
-    let path = bundle.join("config.json");
     let unreadable = |why: String| ContainerConfigError::Spec {
-        path: path.clone(),
+        path: crate::bundle_spec::path(bundle),
         why,
     };
-    let file = std::fs::File::open(&path).map_err(|e| unreadable(e.to_string()))?;
-    let mut bytes = Vec::new();
-    file.take(crate::privilege::MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(e.to_string()))?;
-    if bytes.len() as u64 > crate::privilege::MAX_SPEC_BYTES {
-        return Err(unreadable(format!(
-            "larger than {} bytes",
-            crate::privilege::MAX_SPEC_BYTES
-        )));
-    }
+    let bytes = crate::bundle_spec::read_bytes(bundle).map_err(|e| unreadable(e.to_string()))?;
     /// Only what this reads of a spec; the rest of it is the runtime's to check.
     #[derive(serde::Deserialize)]
     struct Annotated {

@@ -11,7 +11,7 @@
 //! `rootfs-diff.tar` and `deleted.files`, gpusnap's own application for
 //! `gpusnap.io/restore-from`), before CRIU runs.
 
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -98,25 +98,18 @@ pub(crate) enum RecordError {
     },
 }
 
-/// The bundle's `config.json`, capped as the privilege check reads it.
+/// The bundle's `config.json`, capped as every reader of it is ([`crate::bundle_spec`]).
 fn config_bytes(bundle: &Path) -> Result<Vec<u8>, RecordError> {
-    let path = bundle.join("config.json");
-    let unreadable = |source| RecordError::SpecUnreadable {
-        path: path.clone(),
-        source,
-    };
-    let file = std::fs::File::open(&path).map_err(unreadable)?;
-    let mut bytes = Vec::new();
-    file.take(crate::privilege::MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() as u64 > crate::privilege::MAX_SPEC_BYTES {
-        return Err(RecordError::SpecTooLarge {
+    let path = crate::bundle_spec::path(bundle);
+    crate::bundle_spec::read_bytes(bundle).map_err(|e| match e {
+        crate::bundle_spec::SpecReadError::Unreadable(source) => {
+            RecordError::SpecUnreadable { path, source }
+        }
+        crate::bundle_spec::SpecReadError::TooLarge => RecordError::SpecTooLarge {
             path,
-            cap: crate::privilege::MAX_SPEC_BYTES,
-        });
-    }
-    Ok(bytes)
+            cap: crate::bundle_spec::MAX_SPEC_BYTES,
+        },
+    })
 }
 
 /// The record of the container `bundle` (its init `init_pid`, frozen or stopped by now) for a

@@ -94,13 +94,8 @@ fn config_refusal(e: criu_config::ConfigRefusal) -> Error {
 
 /// One annotation of the container's runtime spec (`<bundle>/config.json`).
 pub fn spec_annotation(bundle: &Path, key: &str) -> Option<String> {
-    // A runtime spec is small; one that is not is not read.
-    const SPEC_MAX: u64 = 16 << 20;
-    let path = bundle.join("config.json");
-    if std::fs::metadata(&path).ok()?.len() > SPEC_MAX {
-        return None;
-    }
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let spec: serde_json::Value =
+        serde_json::from_slice(&crate::bundle_spec::read_bytes(bundle).ok()?).ok()?;
     spec.get("annotations")?
         .get(key)?
         .as_str()

@@ -9,6 +9,7 @@
 //!
 //! Nothing here knows ttrpc, protobuf or runc's command-line syntax.
 
+mod bundle_spec;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod container_config;

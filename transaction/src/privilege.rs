@@ -12,17 +12,12 @@
 //! spec (`gpusnap_criu_images::bound`). The restore runs this before the rootfs diff and
 //! runc, on every door, and logs its time as `privilege_check_ms`.
 
-use std::io::Read;
 use std::path::Path;
 
 use gpusnap_criu_images::{bound_by_spec, Report};
 use oci_spec::runtime::Spec;
 
 use crate::error::{Error, Result};
-
-/// The largest `config.json` read. Real specs are a few KiB (a CRI spec with many mounts
-/// and a seccomp profile stays under 100 KiB).
-pub const MAX_SPEC_BYTES: u64 = 4 << 20;
 
 /// Refuses (nothing changed) a checkpoint whose CRIU images give any task more than `spec`
 /// (the bundle's, [`read_spec`]) allows.
@@ -43,20 +38,12 @@ pub fn check(spec: &Spec, checkpoint_dir: &Path) -> Result<Report> {
 /// The spec of the container being created: `<bundle>/config.json`, read once per restore
 /// for the privilege bound and the root filesystem's path.
 pub(crate) fn read_spec(bundle: &Path) -> Result<Spec> {
-    let path = &bundle.join("config.json");
     let unreadable = |why: String| {
         Error::precondition(format!(
             "cannot read the spec of the container being restored ({}): {why}",
-            path.display()
+            crate::bundle_spec::path(bundle).display()
         ))
     };
-    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(e.to_string()))?;
-    if bytes.len() as u64 > MAX_SPEC_BYTES {
-        return Err(unreadable(format!("larger than {MAX_SPEC_BYTES} bytes")));
-    }
+    let bytes = crate::bundle_spec::read_bytes(bundle).map_err(|e| unreadable(e.to_string()))?;
     serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))
 }
