@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
-use gpusnap_transaction::{
-    lock::DirLock, runc::Runc, CheckpointRequest, Direct, PendingCudaResume,
-};
+use gpusnap_transaction::{lock::DirLock, runc::Runc, CheckpointRequest, Direct};
 
 use crate::args::{Parsed, CHECKPOINT_VALUE_FLAGS};
 use crate::{Context, EXIT_REFUSED, SCRATCH_DIR};
@@ -108,25 +106,15 @@ pub fn run(ctx: &Context) -> i32 {
         Ok(l) => l,
         Err(e) => return ctx.fail_with(&e),
     };
-    // A checkpoint before this one left the frozen container's CUDA processes checkpointed,
-    // and its caller has not resumed it since: bring them back first (the shim does the same).
-    if status == "paused" {
-        let resumed = match PendingCudaResume::take(&ctx.config, &state_dir) {
-            Ok(Some(pending)) => pending.resume_frozen(&runc).map_err(|e| e.to_string()),
-            Ok(None) => Ok(()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = resumed {
-            ctx.fail(&format!(
-                "{} is frozen with CUDA processes an earlier checkpoint left checkpointed, and \
-                 they could not be resumed before this checkpoint: {e}; nothing was \
-                 checkpointed",
-                req.id
-            ));
-            return EXIT_REFUSED;
-        }
-    }
-    let bundle = bundle_of(&state_dir).unwrap_or_default();
+    let Some(bundle) = bundle_of(&state_dir) else {
+        ctx.fail(&format!(
+            "cannot checkpoint {}: runc's state in {} names no bundle, so its runtime spec \
+             cannot be checked; nothing was checkpointed",
+            req.id,
+            state_dir.display()
+        ));
+        return EXIT_REFUSED;
+    };
     let config = match ctx.config_for(&bundle) {
         Ok(c) => c,
         Err(e) => {

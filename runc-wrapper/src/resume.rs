@@ -25,12 +25,16 @@ pub fn run(ctx: &Context) -> i32 {
     if !status.success() {
         return exit_code(status);
     }
-    let resumed = match PendingCudaResume::take(&ctx.config, &state_dir) {
+    let resumed = match PendingCudaResume::load(&ctx.config, &state_dir) {
         Ok(Some(pending)) => pending.resume().map_err(|e| e.to_string()),
-        // Taken by a checkpoint that ran in between (it resumed them first).
+        // Resumed by a checkpoint that ran in between (it brings them back first).
         Ok(None) => Ok(()),
         Err(e) => Err(e.to_string()),
     };
+    // Kept when the resume failed: the processes it names are still to be brought back.
+    if resumed.is_ok() {
+        PendingCudaResume::clear(&state_dir);
+    }
     match resumed {
         Ok(()) => 0,
         Err(e) => {

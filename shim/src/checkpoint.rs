@@ -22,7 +22,7 @@ use containerd_shim::{
 };
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    runc::Runc, CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest, RunTool,
+    CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest, RunTool,
 };
 
 use crate::{
@@ -299,23 +299,12 @@ impl TaskService {
             handle: tokio::runtime::Handle::current(),
             pipes: None,
         };
+        // A previous checkpoint of this paused task may have left its CUDA processes
+        // checkpointed: the transaction brings them back first, once its in-flight record is
+        // written.
+        let pending = ticket.pending_cuda;
         blocking(move || {
-            // A previous checkpoint of this paused task left its CUDA processes checkpointed;
-            // they come back (the transaction thaws the task for that and freezes it again)
-            // before a new one is taken.
-            if let Some(pending) = ticket.pending_cuda {
-                let id = &request.container_id;
-                pending
-                    .resume_frozen(&Runc::new(request.runc.clone(), id, &host))
-                    .map_err(|e| {
-                        internal(format!(
-                            "{id} is paused with CUDA processes an earlier checkpoint left \
-                             checkpointed, and they could not be resumed before this \
-                             checkpoint: {e}; nothing was checkpointed"
-                        ))
-                    })?;
-            }
-            gpusnap_transaction::checkpoint(&request, &host).map_err(Error::from)
+            gpusnap_transaction::checkpoint_resuming(&request, &host, pending).map_err(Error::from)
         })
         .await?
     }

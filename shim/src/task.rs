@@ -233,9 +233,10 @@ fn runc_failure(action: &str, err: &runc::error::Error, bundle: &std::path::Path
     }
 }
 
-/// The container's runtime spec (`<bundle>/config.json`), when readable.
+/// The container's runtime spec (`<bundle>/config.json`), when readable: read as the
+/// transaction reads it (capped, `bundle_spec`).
 fn read_spec(bundle: &std::path::Path) -> Option<serde_json::Value> {
-    std::fs::read(bundle.join("config.json"))
+    gpusnap_transaction::bundle_spec::read_bytes(bundle)
         .ok()
         .and_then(|d| serde_json::from_slice(&d).ok())
 }

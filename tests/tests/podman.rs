@@ -352,7 +352,7 @@ fn layout_refname_and_roles(layout: &Path, index: &str) -> Result<(String, Vec<S
 /// gpusnap configuration at checkpoint, as a pod's annotations do through the shim: one that
 /// names a storage engine this gpusnap lacks refuses the checkpoint, naming it, and the
 /// container runs on untouched; one that names a setting pods may not change is refused the
-/// same way; a valid one is used and the checkpoint restores. Before, gpusnap-runc read the
+/// same way; a valid one is accepted and the checkpoint restores. Before, gpusnap-runc read the
 /// configuration file alone and ignored them.
 #[test]
 fn podman_annotations_layer_gpusnap_settings_as_pod_annotations_do() {

@@ -1,9 +1,10 @@
 //! gpusnap's configuration for one container, the same on every door: the node's file overlaid
 //! by the container's `gpusnap.io/` annotations (the settings a pod may choose: those
 //! `gpusnap_config` gives an annotation; any other `gpusnap.io/` name is refused), with the
-//! storage engine checked by name. The shim takes the annotations from containerd's create
-//! request; gpusnap-runc from the bundle's runtime spec, where Podman's `--annotation` and the
-//! CRI runtimes put them ([`bundle_annotations`]).
+//! storage engine checked by name. Both doors take the annotations from the bundle's runtime
+//! spec, read capped ([`crate::bundle_spec`]): the shim at create (containerd's CRI puts the
+//! pod's `pod_annotations` there), gpusnap-runc at checkpoint and restore
+//! ([`bundle_annotations`]; Podman's `--annotation` puts them there).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,12 @@ pub fn for_bundle(
 ) -> Result<Config, ContainerConfigError> {
     let annotations = bundle_annotations(bundle)?;
     if !annotations.keys().any(|k| k.starts_with(ANNOTATION_PREFIX)) {
+        check_engine_name(loaded.storage.engine.as_str()).map_err(|source| {
+            ContainerConfigError::Engine {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
         return Ok(loaded.clone());
     }
     for_container(path, &annotations)

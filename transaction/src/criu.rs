@@ -51,7 +51,7 @@ pub fn prepare(
     // runc hands CRIU its config file (the spec's `org.criu.config`, else the node's
     // runc.conf), which CRIU applies over every setting of runc's request; CRIU's default
     // files are read by every CRIU run. Each may set only what the model allows.
-    let annotation = spec_annotation(bundle, CRIU_CONFIG_ANNOTATION);
+    let annotation = spec_annotation(bundle, CRIU_CONFIG_ANNOTATION)?;
     let runc_conf =
         criu_config::check_runc_config(annotation.as_deref(), Path::new(RUNC_CRIU_CONFIG))
             .map_err(config_refusal)?;
@@ -92,12 +92,23 @@ fn config_refusal(e: criu_config::ConfigRefusal) -> Error {
     ))
 }
 
-/// One annotation of the container's runtime spec (`<bundle>/config.json`).
-pub fn spec_annotation(bundle: &Path, key: &str) -> Option<String> {
+/// One annotation of the container's runtime spec (`<bundle>/config.json`): `None` when the
+/// spec has none by that name. A spec that cannot be read is refused, never taken for one
+/// without the annotation: runc still hands CRIU the file the container was created with.
+fn spec_annotation(bundle: &Path, key: &str) -> Result<Option<String>> {
+    let refused = |why: String| {
+        Error::precondition(format!(
+            "cannot read the container's runtime spec ({}) to check the CRIU config file it \
+             may name ({key}): {why}",
+            crate::bundle_spec::path(bundle).display()
+        ))
+    };
+    let bytes = crate::bundle_spec::read_bytes(bundle).map_err(|e| refused(e.to_string()))?;
     let spec: serde_json::Value =
-        serde_json::from_slice(&crate::bundle_spec::read_bytes(bundle).ok()?).ok()?;
-    spec.get("annotations")?
-        .get(key)?
-        .as_str()
-        .map(str::to_string)
+        serde_json::from_slice(&bytes).map_err(|e| refused(e.to_string()))?;
+    Ok(spec
+        .get("annotations")
+        .and_then(|a| a.get(key))
+        .and_then(|v| v.as_str())
+        .map(str::to_string))
 }

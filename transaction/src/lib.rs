@@ -9,7 +9,7 @@
 //!
 //! Nothing here knows ttrpc, protobuf or runc's command-line syntax.
 
-mod bundle_spec;
+pub mod bundle_spec;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod container_config;
@@ -36,7 +36,7 @@ mod timings;
 pub mod volume;
 pub mod watchdog;
 
-pub use checkpoint::{checkpoint, CheckpointReport, CheckpointRequest};
+pub use checkpoint::{checkpoint, checkpoint_resuming, CheckpointReport, CheckpointRequest};
 pub use error::{Error, Outcome, Refusal, Result};
 pub use gpu::{GpuRestoreError, PendingCudaResume, ResumeError, UnknownEngine};
 pub use host::{Direct, Host, RunTool};

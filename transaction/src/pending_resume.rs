@@ -3,9 +3,11 @@
 //! A checkpoint of a container its caller froze leaves the container's CUDA processes
 //! checkpointed ([`PendingCudaResume`]) until the caller thaws it. A door whose process lives
 //! until then (the shim) keeps the value; one that exits in between (gpusnap-runc) saves it in
-//! its record directory ([`PendingCudaResume::save`]) and its resume takes it back
-//! ([`PendingCudaResume::take`]). A new checkpoint of the still-frozen container brings the
-//! processes back first, on every door ([`PendingCudaResume::resume_frozen`]): the driver
+//! its record directory ([`PendingCudaResume::save`]) and its resume loads it back
+//! ([`PendingCudaResume::load`]), removing it ([`PendingCudaResume::clear`]) once the processes
+//! were resumed. A new checkpoint of the still-frozen container brings the
+//! processes back first, on every door ([`crate::checkpoint::checkpoint_resuming`], once its
+//! in-flight record is written): the driver
 //! cannot lock a process that is checkpointed already, and a second record would replace the
 //! first, leaving its processes checkpointed for good.
 
@@ -84,25 +86,32 @@ impl PendingCudaResume {
         })
     }
 
-    /// The record saved in `dir`, removed from it, with the driver loaded again; `None` when
-    /// there is none. The record goes whatever follows: a resume is tried once.
-    pub fn take(config: &Config, dir: &Path) -> Result<Option<Self>, PendingError> {
+    /// The record saved in `dir`, with the driver loaded again; `None` when there is none. The
+    /// record stays until [`Self::clear`]: a resume that fails (a thaw refused, a driver that
+    /// cannot load) leaves it for the next try rather than losing the processes it names.
+    pub fn load(config: &Config, dir: &Path) -> Result<Option<Self>, PendingError> {
         let path = dir.join(PENDING_CUDA_FILE);
         let Ok(root) = beneath::open_root(dir) else {
             return Ok(None);
         };
-        let read =
-            layout::read_json_capped::<Saved>(root.as_fd(), PENDING_CUDA_FILE, PENDING_MAX_BYTES);
-        let saved = match read {
+        let saved = match layout::read_json_capped::<Saved>(
+            root.as_fd(),
+            PENDING_CUDA_FILE,
+            PENDING_MAX_BYTES,
+        ) {
             Err(layout::CappedReadError::Missing) => return Ok(None),
-            other => {
-                let _ = beneath::unlink_at(root.as_fd(), OsStr::new(PENDING_CUDA_FILE));
-                other.map_err(|source| PendingError::Read { path, source })?
-            }
+            other => other.map_err(|source| PendingError::Read { path, source })?,
         };
         Self::from_records(config, saved.records, saved.memory_restored)
             .map(Some)
             .map_err(PendingError::Driver)
+    }
+
+    /// Removes the record saved in `dir` (beneath it), once its processes were resumed.
+    pub fn clear(dir: &Path) {
+        if let Ok(root) = beneath::open_root(dir) {
+            let _ = beneath::unlink_at(root.as_fd(), OsStr::new(PENDING_CUDA_FILE));
+        }
     }
 
     /// Before a new checkpoint of the container, still frozen since the checkpoint that left

@@ -45,8 +45,8 @@ use gpusnap_checkpoint::{self as dir, Manifest};
 use gpusnap_config::Config;
 use gpusnap_criu_bridge::{runc_version_with, CriuFlags, RuncGlobal};
 
-use crate::error::Result;
-use crate::gpu::PendingCudaResume;
+use crate::error::{Error, Outcome, Result};
+use crate::gpu::{PendingCudaResume, ResumeError};
 use crate::host::Host;
 use crate::runc::Runc;
 
@@ -105,18 +105,39 @@ pub struct CheckpointReport {
 
 /// Checkpoints the container into `req.image_dir`.
 pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<CheckpointReport> {
+    checkpoint_resuming(req, host, None)
+}
+
+/// [`checkpoint`] of a container its caller froze, whose CUDA processes an earlier checkpoint
+/// left checkpointed: `pending` (kept by the door), else the record saved in `req.record_dir`
+/// ([`PendingCudaResume::save`]). Once the in-flight record is written, they are brought back
+/// first ([`PendingCudaResume::resume_frozen`]), so that a door killed meanwhile is repaired
+/// from the record like any checkpoint; a saved record is removed only once they were.
+pub fn checkpoint_resuming(
+    req: &CheckpointRequest,
+    host: &dyn Host,
+    pending: Option<PendingCudaResume>,
+) -> Result<CheckpointReport> {
     let id = &req.container_id;
     // Durable until the checkpoint has ended either way (the guard removes it): whoever comes
     // after a runtime killed in between repairs from it.
     let _inflight = crate::inflight::InFlight::new(id, &req.image_dir, req.frozen, req.init_pid)
         .write(&req.record_dir)
         .map_err(|e| {
-            crate::Error::precondition(format!(
+            Error::precondition(format!(
                 "cannot record the checkpoint in {}: {e}; nothing was done",
                 req.record_dir.display()
             ))
             .of("checkpoint", id)
         })?;
+    resume_pending(req, host, pending).map_err(|e| {
+        settle_freezer(
+            &Runc::new(req.runc.clone(), id, host),
+            req.init_pid,
+            req.frozen,
+        );
+        e.of("checkpoint", id)
+    })?;
     phases(req, host).map_err(|e| {
         if e.outcome().is_some() {
             settle_freezer(
@@ -127,6 +148,54 @@ pub fn checkpoint(req: &CheckpointRequest, host: &dyn Host) -> Result<Checkpoint
         }
         e.of("checkpoint", id)
     })
+}
+
+/// The CUDA processes an earlier checkpoint of the still-frozen container left checkpointed,
+/// brought back before this one locks them (the driver cannot lock a checkpointed process).
+fn resume_pending(
+    req: &CheckpointRequest,
+    host: &dyn Host,
+    pending: Option<PendingCudaResume>,
+) -> Result<()> {
+    if !req.frozen {
+        return Ok(());
+    }
+    let (pending, saved) = match pending {
+        Some(p) => (p, false),
+        None => match PendingCudaResume::load(&req.config, &req.record_dir) {
+            Ok(Some(p)) => (p, true),
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                return Err(Error::precondition(format!(
+                    "{e}; nothing was checkpointed (resume the container, or delete it, first)"
+                )))
+            }
+        },
+    };
+    let runc = Runc::new(req.runc.clone(), &req.container_id, host);
+    pending.resume_frozen(&runc).map_err(|e| match e {
+        // Resumed, but left running: the caller's freeze is put back (`settle_freezer`).
+        ResumeError::Refreeze(f) => Error::failed(
+            Outcome::ContainerUnchanged,
+            format!(
+                "the CUDA processes an earlier checkpoint left checkpointed were resumed, but \
+                 the container could not be frozen again before this checkpoint: {f}; nothing \
+                 was checkpointed"
+            ),
+        ),
+        e => Error::failed(
+            Outcome::CudaStateUnknown,
+            format!(
+                "the container is frozen with CUDA processes an earlier checkpoint left \
+                 checkpointed, and bringing them back before this checkpoint failed: {e}; \
+                 nothing was checkpointed"
+            ),
+        ),
+    })?;
+    if saved {
+        PendingCudaResume::clear(&req.record_dir);
+    }
+    Ok(())
 }
 
 /// The phases, in order; each one's error says (by its conversion) whether anything was
