@@ -345,6 +345,31 @@ fn builds(node: &CriSigNode) -> Vec<String> {
         .collect()
 }
 
+/// A pod restoring from the volume `reference` whose shim is killed (SIGKILL) mid-copy (at the
+/// armed failpoint): its start must fail; the pod is returned for removal.
+fn killed_mid_copy(
+    node: &CriSigNode,
+    fp: &Failpoints,
+    name: &str,
+    reference: &str,
+    checkpointed: &Count,
+) -> Result<CrictlPod> {
+    fp.arm(point::VOLUME_COPYING)?;
+    std::thread::scope(|sc| -> Result<CrictlPod> {
+        let start = sc.spawn(|| restore_from_volume(node, name, reference, checkpointed));
+        let shim = fp.wait_reached(point::VOLUME_COPYING, Duration::from_secs(120))?;
+        gpusnap_testkit::faults::kill9(shim);
+        let (pod, _, r) = start
+            .join()
+            .map_err(|_| anyhow::anyhow!("the killed start panicked"))??;
+        ensure!(
+            matches!(r, Restored::Refused(_)),
+            "the start whose shim was killed runs"
+        );
+        Ok(pod)
+    })
+}
+
 #[test]
 fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
     check(|| {
@@ -421,21 +446,7 @@ fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
         let kept = kept.running()?;
         let held = copy_dirs(&node_b);
         ensure!(held.len() == 1, "one copy expected: {:?}", copies(&node_b));
-        fp.arm(point::VOLUME_COPYING)?;
-        let killed_pod = std::thread::scope(|sc| -> Result<CrictlPod> {
-            let start =
-                sc.spawn(|| restore_from_volume(&node_b, "killed", &classic, &checkpointed));
-            let shim = fp.wait_reached(point::VOLUME_COPYING, Duration::from_secs(120))?;
-            gpusnap_testkit::faults::kill9(shim);
-            let (pod, _, r) = start
-                .join()
-                .map_err(|_| anyhow::anyhow!("the killed start panicked"))??;
-            ensure!(
-                matches!(r, Restored::Refused(_)),
-                "the start whose shim was killed runs"
-            );
-            Ok(pod)
-        })?;
+        let killed_pod = killed_mid_copy(&node_b, &fp, "killed", &classic, &checkpointed)?;
         ensure!(
             builds(&node_b).len() == 1,
             "the killed copy left no half-made copy to sweep (the test shows nothing): {:?}",
@@ -507,27 +518,20 @@ fn image_volume_node_limits_say_why_and_a_killed_copy_is_swept() {
         // Without gc: a shim killed mid-copy again, and the next volume restore on the node
         // sweeps the half-made copy before it copies (the kubelet's retry, in a pod of its
         // own), restores, and leaves no build behind.
-        fp.arm(point::VOLUME_COPYING)?;
-        let killed_again = std::thread::scope(|sc| -> Result<CrictlPod> {
-            let start =
-                sc.spawn(|| restore_from_volume(&node_b, "killed-2", &classic, &checkpointed));
-            let shim = fp.wait_reached(point::VOLUME_COPYING, Duration::from_secs(120))?;
-            gpusnap_testkit::faults::kill9(shim);
-            let (pod, _, r) = start
-                .join()
-                .map_err(|_| anyhow::anyhow!("the killed start panicked"))??;
-            ensure!(
-                matches!(r, Restored::Refused(_)),
-                "the start whose shim was killed runs"
-            );
-            Ok(pod)
-        })?;
+        let killed_again = killed_mid_copy(&node_b, &fp, "killed-2", &classic, &checkpointed)?;
         ensure!(
             builds(&node_b).len() == 1,
             "the second killed copy left no half-made copy: {:?}",
             copies(&node_b)
         );
-        node_b.crictl.remove_pod(&killed_again)?;
+        // containerd cleans up after the killed shim on its own time: until then the sandbox's
+        // removal fails with "ttrpc: closed".
+        let mut removed = Err(anyhow::anyhow!("not tried"));
+        gpusnap_testkit::wait_until(Duration::from_secs(30), || {
+            removed = node_b.crictl.remove_pod(&killed_again);
+            removed.is_ok()
+        });
+        removed?;
         let (retry, _, retried) = restore_from_volume(&node_b, "retry", &classic, &checkpointed)?;
         retried.running()?;
         ensure!(

@@ -348,6 +348,25 @@ fn layout_refname_and_roles(layout: &Path, index: &str) -> Result<(String, Vec<S
     Ok((ref_name, roles))
 }
 
+/// `podman run -d --runtime gpusnap --annotation ANNOTATION --name NAME` of the counter.
+fn run_annotated(p: &Podman, name: &str, annotation: &str, marker: &str) -> Result<String> {
+    p.ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--annotation",
+        annotation,
+        "--name",
+        name,
+        gpusnap_testkit::podman::BUSYBOX_IMAGE,
+        "sh",
+        "-c",
+        gpusnap_testkit::podman::COUNTER,
+        marker,
+    ])
+}
+
 /// A container's `gpusnap.io/` annotations (`podman run --annotation`) layer over the node's
 /// gpusnap configuration at checkpoint, as a pod's annotations do through the shim: one that
 /// names a storage engine this gpusnap lacks refuses the checkpoint, naming it, and the
@@ -367,21 +386,7 @@ fn podman_annotations_layer_gpusnap_settings_as_pod_annotations_do() {
         ] {
             let marker = unique("gpp-ann");
             let a = unique("gpp-ann");
-            p.ok(&[
-                "run",
-                "-d",
-                "--runtime",
-                RUNTIME,
-                "--annotation",
-                annotation,
-                "--name",
-                &a,
-                gpusnap_testkit::podman::BUSYBOX_IMAGE,
-                "sh",
-                "-c",
-                gpusnap_testkit::podman::COUNTER,
-                &marker,
-            ])?;
+            run_annotated(&p, &a, annotation, &marker)?;
             let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
             let out = p.run(&["container", "checkpoint", &a])?;
             ensure!(
@@ -406,21 +411,7 @@ fn podman_annotations_layer_gpusnap_settings_as_pod_annotations_do() {
         // A setting pods may choose: used, and the checkpoint restores.
         let marker = unique("gpp-ann");
         let a = unique("gpp-ann");
-        p.ok(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--annotation",
-            "gpusnap.io/cuda-lock-timeout-ms=3000",
-            "--name",
-            &a,
-            gpusnap_testkit::podman::BUSYBOX_IMAGE,
-            "sh",
-            "-c",
-            gpusnap_testkit::podman::COUNTER,
-            &marker,
-        ])?;
+        run_annotated(&p, &a, "gpusnap.io/cuda-lock-timeout-ms=3000", &marker)?;
         let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
         p.ok(&["container", "checkpoint", &a])?;
         p.ok(&["container", "restore", &a])?;

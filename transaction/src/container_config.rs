@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use gpusnap_config::{Config, ConfigError, ANNOTATION_PREFIX};
+use gpusnap_config::{Config, ConfigError};
 
 use crate::gpu::{check_engine_name, UnknownEngine};
 
@@ -42,12 +42,36 @@ pub fn for_container(
     path: &Path,
     annotations: &HashMap<String, String>,
 ) -> Result<Config, ContainerConfigError> {
-    let config = Config::layered(path, None, annotations).map_err(|source| {
-        ContainerConfigError::Invalid {
+    let config = Config::load(path).map_err(|source| ContainerConfigError::Invalid {
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    })?;
+    layered(path, config, annotations)
+}
+
+/// [`for_container`] for a container whose annotations are in its bundle's runtime spec, over
+/// the configuration already `loaded` from `path` (not read again).
+pub fn for_bundle(
+    path: &Path,
+    loaded: &Config,
+    bundle: &Path,
+) -> Result<Config, ContainerConfigError> {
+    layered(path, loaded.clone(), &bundle_annotations(bundle)?)
+}
+
+/// `config` (read from `path`, named in errors) with the annotations' settings, the storage
+/// engine checked by name.
+fn layered(
+    path: &Path,
+    mut config: Config,
+    annotations: &HashMap<String, String>,
+) -> Result<Config, ContainerConfigError> {
+    config
+        .apply_annotations(annotations)
+        .map_err(|source| ContainerConfigError::Invalid {
             path: path.to_path_buf(),
             source: Box::new(source),
-        }
-    })?;
+        })?;
     check_engine_name(config.storage.engine.as_str()).map_err(|source| {
         ContainerConfigError::Engine {
             path: path.to_path_buf(),
@@ -55,27 +79,6 @@ pub fn for_container(
         }
     })?;
     Ok(config)
-}
-
-/// [`for_container`] for a container whose annotations are in its bundle's runtime spec; the
-/// configuration `loaded` from `path` already as it is when the spec names no `gpusnap.io/`
-/// annotation.
-pub fn for_bundle(
-    path: &Path,
-    loaded: &Config,
-    bundle: &Path,
-) -> Result<Config, ContainerConfigError> {
-    let annotations = bundle_annotations(bundle)?;
-    if !annotations.keys().any(|k| k.starts_with(ANNOTATION_PREFIX)) {
-        check_engine_name(loaded.storage.engine.as_str()).map_err(|source| {
-            ContainerConfigError::Engine {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-        return Ok(loaded.clone());
-    }
-    for_container(path, &annotations)
 }
 
 /// The annotations of the runtime spec in `bundle` (`config.json`, read as every reader of it

@@ -118,10 +118,20 @@ impl PendingCudaResume {
     /// these processes checkpointed: thaws it (the driver needs them running), restores and
     /// unlocks them, and freezes it again, as the new checkpoint's caller handed it over.
     pub fn resume_frozen(self, runc: &Runc<'_>) -> Result<(), ResumeError> {
-        runc.resume().map_err(ResumeError::Thaw)?;
-        let resumed = self.resume();
-        let refrozen = runc.pause().map_err(ResumeError::Refreeze);
-        resumed?;
-        refrozen
+        thawed(runc, || self.resume())
     }
+}
+
+/// Runs `work` on the frozen container's processes with the container thawed (the driver works
+/// inside them), freezing it again whether or not `work` succeeded.
+pub(crate) fn thawed<T>(
+    runc: &Runc<'_>,
+    work: impl FnOnce() -> Result<T, ResumeError>,
+) -> Result<T, ResumeError> {
+    runc.resume().map_err(ResumeError::Thaw)?;
+    let done = work();
+    let refrozen = runc.pause().map_err(ResumeError::Refreeze);
+    let value = done?;
+    refrozen?;
+    Ok(value)
 }

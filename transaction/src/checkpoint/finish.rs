@@ -116,10 +116,5 @@ fn restore_memory_now(
     runc: &Runc<'_>,
     pending: PendingCudaResume,
 ) -> Result<PendingCudaResume, ResumeError> {
-    runc.resume().map_err(ResumeError::Thaw)?;
-    let restored = pending.restore_memory_now();
-    let refrozen = runc.pause().map_err(ResumeError::Refreeze);
-    let pending = restored?;
-    refrozen?;
-    Ok(pending)
+    crate::pending_resume::thawed(runc, || pending.restore_memory_now())
 }
