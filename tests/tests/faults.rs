@@ -736,8 +736,12 @@ fn gpusnap_runc_killed_mid_restore() -> Result<()> {
         !faults::alive(criu),
         "the restore's CRIU (pid {criu}) is left"
     );
+    // runc exits once its CRIU is killed, on its own time.
     ensure!(
-        faults::runc_of("restore", &c.id).is_none(),
+        wait_until(Duration::from_secs(10), || faults::runc_of(
+            "restore", &c.id
+        )
+        .is_none()),
         "the orphaned runc restore is left"
     );
     ensure!(c.status().is_none(), "runc still knows the container");
