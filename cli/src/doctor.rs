@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gpusnap_config::Config;
 use gpusnap_criu_bridge::{self as bridge, MIN_CRIU_CPU, MIN_CRIU_GPU};
-use gpusnap_cuda::engine::engine_by_name;
+use gpusnap_cuda::engines::engine_by_name;
 use gpusnap_cuda::{Driver, DriverConfig, LoadError};
 use serde::Serialize;
 

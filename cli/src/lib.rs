@@ -19,6 +19,7 @@ pub mod host;
 pub mod image_cmd;
 pub mod inspect;
 pub mod install;
+pub mod kube;
 pub mod logging;
 pub mod progress;
 pub mod store_cmd;

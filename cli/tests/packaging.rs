@@ -69,10 +69,7 @@ fn runtimeclass_handler_matches_install() {
     );
     // Pods of the class land only on nodes the installer found ready (the label it sets).
     assert!(
-        rc.contains(&format!(
-            "{}: \"true\"",
-            gpusnap_cli::install::kube::READY_LABEL
-        )),
+        rc.contains(&format!("{}: \"true\"", gpusnap_cli::kube::READY_LABEL)),
         "{rc}"
     );
 }

@@ -227,7 +227,7 @@ impl fmt::Display for SignaturePolicy {
 
 /// The storage engine that moves device memory (`driver-managed`, `posix`, ...), by name.
 ///
-/// Which engines exist is the cuda crate's registry (`gpusnap_cuda::engine::ENGINES`); this
+/// Which engines exist is the cuda crate's registry (`gpusnap_cuda::engines::ENGINES`); this
 /// type only checks the spelling, and whoever builds the engine refuses a name it does not know
 /// (the shim at container create, `gpusnap config check`, a checkpoint before anything is
 /// locked).

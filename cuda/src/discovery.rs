@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::driver::{code, CallError, DeviceInfo, Driver, GpuUuid};
-use crate::orchestrate::ProcessRecord;
 use crate::watchdog::{self, Finished, Job};
 
 /// The character-device major of `/dev/nvidia*`.
@@ -341,12 +340,20 @@ fn gpus_for_minors(
         .collect()
 }
 
+/// Where a checkpointed process was: its host pid then and, when known, its pid inside the
+/// container (what the orchestrator's record keeps of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedPid {
+    pub host_pid: i32,
+    pub container_pid: Option<i32>,
+}
+
 /// Pairs checkpoint records with the processes CRIU restored, by container pid
 /// (CRIU restores the pids inside the container's namespace; host pids
 /// change). Returns one host pid per record, in record order. A record without
 /// a container pid keeps its host pid, which must then be among `candidates`.
 pub fn map_restored_pids(
-    records: &[ProcessRecord],
+    records: &[RecordedPid],
     candidates: &[i32],
     proc_root: &Path,
 ) -> Result<Vec<i32>, DiscoveryError> {

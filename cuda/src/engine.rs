@@ -7,7 +7,7 @@
 //!
 //! - [`DriverManaged`]: the driver copies device memory into host memory inside
 //!   the target, and CRIU dumps it with the target's other pages.
-//! - [`Posix`] (CUDA 13.4 CustomStorage, module [`crate::posix`]) calls
+//! - [`crate::posix::Posix`] (CUDA 13.4 CustomStorage) calls
 //!   [`Driver::checkpoint_process_with`] with `customStorageInfo_out`, copies
 //!   the mapped regions to files under [`EngineOp::storage_dir`] while checking
 //!   [`EngineOp::deadline`] in its copy loop (driver calls cannot be
@@ -20,39 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpusnap_config::StorageConfig;
-
 use crate::driver::{CallError, Capabilities, DeviceInfo, Driver, GpuRemap};
-pub use crate::posix::Posix;
-
-/// Every storage engine this build has, by the name the configuration and the manifest use.
-/// Adding an engine is its module plus one line here.
-pub const ENGINES: &[(&str, EngineFactory)] = &[
-    (DriverManaged::NAME, |_| Ok(Arc::new(DriverManaged))),
-    (Posix::NAME, |storage| {
-        Ok(Arc::new(Posix::from_config(storage)?) as Arc<dyn StorageEngine>)
-    }),
-];
-
-/// Builds an engine from the node's storage settings.
-pub type EngineFactory = fn(&StorageConfig) -> Result<Arc<dyn StorageEngine>, EngineError>;
-
-/// The names of [`ENGINES`].
-pub fn engine_names() -> Vec<&'static str> {
-    ENGINES.iter().map(|(name, _)| *name).collect()
-}
-
-/// The engine called `name`, built from `storage`; `None` when this build has no such engine.
-pub fn engine_by_name(
-    name: &str,
-    storage: &StorageConfig,
-) -> Option<Result<Arc<dyn StorageEngine>, EngineError>> {
-    ENGINES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, build)| build(storage))
-}
-
 /// One engine call for one process.
 #[derive(Debug, Clone)]
 pub struct EngineOp {

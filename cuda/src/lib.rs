@@ -15,6 +15,7 @@
 pub mod discovery;
 pub mod driver;
 pub mod engine;
+pub mod engines;
 pub mod orchestrate;
 pub mod posix;
 mod watchdog;

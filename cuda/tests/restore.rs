@@ -335,10 +335,11 @@ fn restored_processes_are_found_by_container_pid_and_a_missing_one_is_named() {
     let proc_dir = tempfile::tempdir().unwrap();
     // Checkpointed as host pids 101/102 (container pids 1/7); CRIU restored them as 5001/5002.
     fake_proc(proc_dir.path(), &[(5001, 1), (5002, 7), (5003, 9)]);
-    let records = vec![
+    let records = [
         record(&env, 101, Some(1), &[H200_A]),
         record(&env, 102, Some(7), &[H200_A]),
-    ];
+    ]
+    .map(|r| r.recorded_pid());
     assert_eq!(
         discovery::map_restored_pids(&records, &[5001, 5002, 5003], proc_dir.path()).unwrap(),
         vec![5001, 5002]

@@ -16,7 +16,8 @@ use gpusnap_config::Config;
 use gpusnap_cuda::{
     discovery::{self, CudaProcess, DiscoveryOptions},
     driver::{Capabilities, DeviceInfo},
-    engine::{engine_by_name, engine_names, StorageEngine},
+    engine::StorageEngine,
+    engines::{engine_by_name, engine_names},
     orchestrate::{CheckpointReport, GpuMap, ProcessRecord, RestoreReport, RestoreTarget},
     Driver, DriverConfig, LoadError, OrchestrateError, Orchestrator, OrchestratorOptions,
     PendingDriver,
@@ -361,7 +362,14 @@ impl GpuRestore {
             .iter()
             .filter_map(|&p| i32::try_from(p).ok())
             .collect();
-        let host_pids = discovery::map_restored_pids(&self.records, &restored, Path::new("/proc"))?;
+        let host_pids = {
+            let recorded: Vec<_> = self
+                .records
+                .iter()
+                .map(ProcessRecord::recorded_pid)
+                .collect();
+            discovery::map_restored_pids(&recorded, &restored, Path::new("/proc"))?
+        };
         let targets: Vec<RestoreTarget> = self
             .records
             .into_iter()
@@ -561,7 +569,8 @@ fn describe(devices: &[DeviceInfo]) -> String {
 mod tests {
     use super::*;
     use gpusnap_cuda::driver::{DriverVersion, GpuUuid};
-    use gpusnap_cuda::engine::{DriverManaged, Posix};
+    use gpusnap_cuda::engine::DriverManaged;
+    use gpusnap_cuda::posix::Posix;
 
     fn dev(uuid: &str, name: &str) -> DeviceInfo {
         DeviceInfo {

@@ -12,7 +12,7 @@ use gpusnap_cli::inspect::{self, Verify};
 use gpusnap_cli::install::{
     self, ContainerdMode, ContainerdTarget, CriuTarget, InstallOptions, NetworkLock,
 };
-use gpusnap_cli::{doctor, fsutil, host, term};
+use gpusnap_cli::{doctor, fsutil, host, kube, term};
 
 #[derive(Parser)]
 #[command(
@@ -200,7 +200,7 @@ struct AgentRunArgs {
     #[arg(long, value_name = "NS/NAME")]
     daemonset: Option<String>,
     /// The service account's token and CA (for the node label and the pods' events).
-    #[arg(long, value_name = "DIR", default_value = install::kube::SERVICE_ACCOUNT_DIR)]
+    #[arg(long, value_name = "DIR", default_value = kube::SERVICE_ACCOUNT_DIR)]
     service_account_dir: PathBuf,
     /// Watch this directory for the kubelet's checkpoint archives (its <root-dir>/checkpoints,
     /// e.g. /var/lib/kubelet/checkpoints) and push those of pods annotated
@@ -233,7 +233,7 @@ struct UninstallReleaseArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     timeout_seconds: u64,
     /// The service account's token and CA.
-    #[arg(long, value_name = "DIR", default_value = install::kube::SERVICE_ACCOUNT_DIR)]
+    #[arg(long, value_name = "DIR", default_value = kube::SERVICE_ACCOUNT_DIR)]
     service_account_dir: PathBuf,
 }
 
@@ -676,7 +676,7 @@ fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
         }
         AgentCommand::UninstallRelease(a) => {
             let (ns, name) = split_daemonset(&a.daemonset)?;
-            let kube = install::kube::Kube::in_cluster(&a.service_account_dir)?;
+            let kube = kube::Kube::in_cluster(&a.service_account_dir)?;
             Ok(install::agent::uninstall_release(
                 &kube,
                 &ns,
@@ -703,7 +703,7 @@ fn cmd_agent(config: &Path, c: AgentCommand) -> Result<u8> {
                     .transpose()
                     .map_err(anyhow::Error::msg)
             };
-            let kube = match install::kube::Kube::in_cluster(&a.service_account_dir) {
+            let kube = match kube::Kube::in_cluster(&a.service_account_dir) {
                 Ok(k) => Some(k),
                 Err(e) => {
                     println!("gpusnap agent: {e}: no node label, and SIGTERM keeps the config");

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use gpusnap_checkpoint::beneath;
 
-use crate::install::kube::{Kube, PodEvent};
+use crate::kube::{Kube, PodEvent};
 use archive::{Archive, ArchiveError, Metadata};
 use publish::Failure;
 use status::{Record, State, StatusDir};

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::kube::{Kube, READY_LABEL};
 use super::{Component, InstallOptions};
 use crate::fsutil;
+use crate::kube::{Kube, READY_LABEL};
 
 /// The standard system path, for commands run on the host.
 const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

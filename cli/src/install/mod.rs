@@ -11,7 +11,6 @@ pub mod containerd;
 pub mod crio;
 pub mod criu_conf;
 pub mod diff;
-pub mod kube;
 pub mod podman;
 pub mod state;
 

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::discovery::RecordedPid;
 use crate::driver::{DeviceInfo, DriverVersion, GpuRemap};
 
 /// Per-process phase durations in milliseconds; absent when the phase did not run.
@@ -37,6 +38,16 @@ pub struct ProcessRecord {
     /// Engine-specific data needed at restore (extents, digests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_details: Option<serde_json::Value>,
+}
+
+impl ProcessRecord {
+    /// The pids restore pairs this record by ([`crate::discovery::map_restored_pids`]).
+    pub fn recorded_pid(&self) -> RecordedPid {
+        RecordedPid {
+            host_pid: self.host_pid,
+            container_pid: self.container_pid,
+        }
+    }
 }
 
 /// Wall-clock durations of a whole checkpoint, in milliseconds.
