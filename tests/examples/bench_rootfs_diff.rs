@@ -32,12 +32,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use gpusnap_testkit::counter::{
-    check_continues, count_of, counter_command, pause_holding_no, run_token, wait_count, Count,
-    WARM,
-};
+use gpusnap_testkit::counter::{check_continues, count_of, run_token, wait_count, Count, WARM};
 use gpusnap_testkit::cri::{
-    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions,
+    counter_container, gpusnap_handler, wait_for_state, CriNode, CriNodeOptions,
 };
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths};
@@ -94,15 +91,6 @@ struct Sample {
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
-}
-
-fn counter(run: &str) -> ContainerSpec {
-    ContainerSpec {
-        name: "counter".into(),
-        image: BUSYBOX_IMAGE.into(),
-        command: counter_command(run),
-        env: vec![],
-    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -185,7 +173,7 @@ impl Bench<'_> {
         let t = Instant::now();
         let id = self
             .node
-            .run_container(&pod, &counter(&self.tok))
+            .run_container(&pod, &counter_container(&self.tok))
             .with_context(|| format!("restore-from {}", arm.name()))?;
         let restore_s = t.elapsed().as_secs_f64();
         wait_for_state(
@@ -235,7 +223,10 @@ impl Bench<'_> {
             )?;
             let pod_s = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            let err = match self.node.create_container(&pod, &counter(&self.tok)) {
+            let err = match self
+                .node
+                .create_container(&pod, &counter_container(&self.tok))
+            {
                 Err(e) => e.to_string(),
                 Ok(id) => match self.node.cri.start_container(&id) {
                     Err(e) => e.to_string(),
@@ -301,7 +292,7 @@ fn main() -> Result<()> {
 
     // One checkpoint of the counter (paused where it holds no file open, as the scale test).
     let pod = node.run_pod("origin", &[], gpusnap_handler())?;
-    let id = node.run_container(&pod, &counter(&tok))?;
+    let id = node.run_container(&pod, &counter_container(&tok))?;
     wait_for_state(
         &node,
         &id,
@@ -310,23 +301,9 @@ fn main() -> Result<()> {
     )?;
     let pid = node.pid(&id)?;
     wait_count(&tok, "the counter", WARM, || count_of(pid))?;
-    pause_holding_no(
-        "/tmp/count",
-        &|| node.ctr_k8s(&["tasks", "pause", &id]).map(drop),
-        &|| node.ctr_k8s(&["tasks", "resume", &id]).map(drop),
-        &|| Ok((pid, node.cgroup_procs(&id))),
-    )?;
     let taken = root.join("taken");
     fs::create_dir(&taken)?;
-    node.ctr_k8s(&[
-        "tasks",
-        "checkpoint",
-        "--image-path",
-        s(&taken.join("checkpoint")),
-        &id,
-    ])?;
-    node.ctr_k8s(&["tasks", "resume", &id])?;
-    let checkpointed = wait_count(&tok, "the counter", 0, || count_of(pid))?;
+    let checkpointed = node.checkpoint_counter_to(&id, pid, &tok, &taken.join("checkpoint"))?;
     node.remove_pod(&pod.id)?;
 
     // The arms' checkpoints: the same images, each with its diff, adopted by root.

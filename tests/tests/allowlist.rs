@@ -36,7 +36,8 @@ use gpusnap_testkit::counter::{
     check_continues, count_in_file, count_of, counter_script, run_token, wait_count, COUNTER, WARM,
 };
 use gpusnap_testkit::cri::{
-    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions, RunAs,
+    counter_container, gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions,
+    RunAs,
 };
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths, BusyboxContainer, Runtime};
@@ -149,15 +150,6 @@ fn no_restore_log(dir: &Path) -> Result<()> {
 
 // ----- door: gpusnap.io/restore-from ---------------------------------------------------------
 
-fn counter(run: &str) -> ContainerSpec {
-    ContainerSpec {
-        name: "counter".into(),
-        image: BUSYBOX_IMAGE.into(),
-        command: gpusnap_testkit::counter::counter_command(run),
-        env: vec![],
-    }
-}
-
 /// A restore-from pod that must be refused: the CRI error, after checking nothing runs.
 fn refused_from(node: &CriNode, pod: &str, run_tok: &str, name: &str) -> Result<String> {
     refused_from_as(node, pod, run_tok, name, None)
@@ -172,7 +164,7 @@ fn refused_from_as(
     run_as: Option<RunAs>,
 ) -> Result<String> {
     let pod = node.run_pod(pod, &[("gpusnap.io/restore-from", name)], gpusnap_handler())?;
-    let err = match node.create_container_as(&pod, &counter(run_tok), run_as) {
+    let err = match node.create_container_as(&pod, &counter_container(run_tok), run_as) {
         Err(e) => e.to_string(),
         Ok(id) => {
             let started = node.cri.start_container(&id);
@@ -203,7 +195,7 @@ fn restore_from_refuses_forged_mounts_cgroups_limits_and_tarballs() {
         let root = node.checkpoint_root();
         let tok = run_token();
         let pod = node.run_pod("allow-src", &[], gpusnap_handler())?;
-        let id = node.run_container(&pod, &counter(&tok))?;
+        let id = node.run_container(&pod, &counter_container(&tok))?;
         wait_for_state(
             &node,
             &id,
@@ -213,15 +205,7 @@ fn restore_from_refuses_forged_mounts_cgroups_limits_and_tarballs() {
         let pid = node.pid(&id)?;
         wait_count(&tok, "the counter", WARM, || count_of(pid))?;
         let honest = root.join("ck-honest");
-        gpusnap_testkit::counter::pause_holding_no(
-            "/tmp/count",
-            &|| node.ctr_k8s(&["tasks", "pause", &id]).map(drop),
-            &|| node.ctr_k8s(&["tasks", "resume", &id]).map(drop),
-            &|| Ok((pid, node.cgroup_procs(&id))),
-        )?;
-        node.ctr_k8s(&["tasks", "checkpoint", "--image-path", s(&honest), &id])?;
-        node.ctr_k8s(&["tasks", "resume", &id])?;
-        let before = wait_count(&tok, "the counter", 0, || count_of(pid))?;
+        let before = node.checkpoint_counter_to(&id, pid, &tok, &honest)?;
         node.remove_pod(&pod.id)?;
 
         let mut cases = mount_cases(&sentinel);
@@ -284,7 +268,7 @@ fn restore_from_refuses_forged_mounts_cgroups_limits_and_tarballs() {
             &[("gpusnap.io/restore-from", "ck-honest")],
             gpusnap_handler(),
         )?;
-        let id = node.run_container(&pod, &counter(&tok))?;
+        let id = node.run_container(&pod, &counter_container(&tok))?;
         wait_for_state(
             &node,
             &id,

@@ -23,7 +23,7 @@ use gpusnap_checkpoint::node_origin::{self, How};
 use gpusnap_testkit::cmd::check;
 use gpusnap_testkit::counter::{check_continues, count_of, run_token, wait_count, Count, WARM};
 use gpusnap_testkit::cri::{
-    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions, Pod,
+    counter_container, gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions, Pod,
 };
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths, text, BusyboxContainer};
@@ -39,15 +39,6 @@ fn node() -> Result<CriNode> {
     Ok(node)
 }
 
-fn counter(run: &str) -> ContainerSpec {
-    ContainerSpec {
-        name: "counter".into(),
-        image: BUSYBOX_IMAGE.into(),
-        command: gpusnap_testkit::counter::counter_command(run),
-        env: vec![],
-    }
-}
-
 /// A pod (annotated with `restore_from` when given) running the counter; its id and pid.
 fn run(
     node: &CriNode,
@@ -60,7 +51,7 @@ fn run(
         .into_iter()
         .collect();
     let pod = node.run_pod(pod, &annotations, gpusnap_handler())?;
-    let id = node.run_container(&pod, &counter(run))?;
+    let id = node.run_container(&pod, &counter_container(run))?;
     wait_for_state(
         node,
         &id,
@@ -74,7 +65,7 @@ fn run(
 /// A restore-from pod whose start is refused: the CRI error, after checking nothing runs.
 fn refused(node: &CriNode, pod: &str, run_tok: &str, name: &str) -> Result<String> {
     let pod = node.run_pod(pod, &[("gpusnap.io/restore-from", name)], gpusnap_handler())?;
-    let err = match node.create_container(&pod, &counter(run_tok)) {
+    let err = match node.create_container(&pod, &counter_container(run_tok)) {
         Err(e) => e.to_string(),
         Ok(id) => {
             let started = node.cri.start_container(&id);
@@ -119,15 +110,7 @@ fn ctr_checkpoint_into_the_root_restores_by_annotation_and_adopt_is_for_root() {
         wait_count(&tok, "the counter", WARM, || count_of(pid))?;
         let dir = root.join("ck-local");
         // The new pod gets the image's rootfs afresh: no write of the counter may be caught.
-        gpusnap_testkit::counter::pause_holding_no(
-            "/tmp/count",
-            &|| node.ctr_k8s(&["tasks", "pause", &id]).map(drop),
-            &|| node.ctr_k8s(&["tasks", "resume", &id]).map(drop),
-            &|| Ok((pid, node.cgroup_procs(&id))),
-        )?;
-        node.ctr_k8s(&["tasks", "checkpoint", "--image-path", s(&dir), &id])?;
-        node.ctr_k8s(&["tasks", "resume", &id])?;
-        let before = wait_count(&tok, "the counter", 0, || count_of(pid))?;
+        let before = node.checkpoint_counter_to(&id, pid, &tok, &dir)?;
         node.remove_pod(&pod.id)?;
 
         let record = record_of(&root, "ck-local")?;

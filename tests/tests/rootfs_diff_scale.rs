@@ -24,7 +24,7 @@ use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::cmd::check;
 use gpusnap_testkit::counter::{check_continues, count_of, run_token, wait_count, WARM};
 use gpusnap_testkit::cri::{
-    gpusnap_handler, wait_for_state, ContainerSpec, CriNode, CriNodeOptions,
+    counter_container, gpusnap_handler, wait_for_state, CriNode, CriNodeOptions,
 };
 use gpusnap_testkit::rig::BUSYBOX_IMAGE;
 use gpusnap_testkit::{describe, gpusnap, paths};
@@ -36,15 +36,6 @@ const PER_DIR: u64 = 1_000;
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test path")
-}
-
-fn counter(run: &str) -> ContainerSpec {
-    ContainerSpec {
-        name: "counter".into(),
-        image: BUSYBOX_IMAGE.into(),
-        command: gpusnap_testkit::counter::counter_command(run),
-        env: vec![],
-    }
 }
 
 /// The test's diffs: `files` empty files, `PER_DIR` to a directory.
@@ -65,7 +56,7 @@ fn a_200k_entry_rootfs_diff_is_refused_by_count_restores_when_allowed_and_a_bomb
         let tok = run_token();
 
         let pod = node.run_pod("diff-a", &[], gpusnap_handler())?;
-        let id = node.run_container(&pod, &counter(&tok))?;
+        let id = node.run_container(&pod, &counter_container(&tok))?;
         wait_for_state(
             &node,
             &id,
@@ -74,23 +65,9 @@ fn a_200k_entry_rootfs_diff_is_refused_by_count_restores_when_allowed_and_a_bomb
         )?;
         let pid = node.pid(&id)?;
         wait_count(&tok, "the counter", WARM, || count_of(pid))?;
-        gpusnap_testkit::counter::pause_holding_no(
-            "/tmp/count",
-            &|| node.ctr_k8s(&["tasks", "pause", &id]).map(drop),
-            &|| node.ctr_k8s(&["tasks", "resume", &id]).map(drop),
-            &|| Ok((pid, node.cgroup_procs(&id))),
-        )?;
         let big = root.join("big");
         fs::create_dir(&big)?;
-        node.ctr_k8s(&[
-            "tasks",
-            "checkpoint",
-            "--image-path",
-            s(&big.join("checkpoint")),
-            &id,
-        ])?;
-        node.ctr_k8s(&["tasks", "resume", &id])?;
-        let before = wait_count(&tok, "the counter", 0, || count_of(pid))?;
+        let before = node.checkpoint_counter_to(&id, pid, &tok, &big.join("checkpoint"))?;
         node.remove_pod(&pod.id)?;
 
         // The same checkpoint twice, in the CRI archive layout: with the honest diff, and with
@@ -166,7 +143,7 @@ fn a_200k_entry_rootfs_diff_is_refused_by_count_restores_when_allowed_and_a_bomb
             gpusnap_handler(),
         )?;
         let id = node
-            .run_container(&pod, &counter(&tok))
+            .run_container(&pod, &counter_container(&tok))
             .context("restore-from big")?;
         let restored_in = t.elapsed();
         wait_for_state(
@@ -251,7 +228,7 @@ fn a_200k_entry_rootfs_diff_is_refused_by_count_restores_when_allowed_and_a_bomb
 fn refused(node: &CriNode, pod: &str, name: &str, tok: &str) -> Result<(String, Duration)> {
     let pod = node.run_pod(pod, &[("gpusnap.io/restore-from", name)], gpusnap_handler())?;
     let t = Instant::now();
-    let err = match node.create_container(&pod, &counter(tok)) {
+    let err = match node.create_container(&pod, &counter_container(tok)) {
         Err(e) => e.to_string(),
         Ok(id) => {
             let started = node.cri.start_container(&id);

@@ -17,6 +17,9 @@ use anyhow::{bail, ensure, Context, Result};
 /// changes (CRIU refuses to restore an open file whose size differs from the dump's).
 pub const COUNTER: &str = "tok=\"$0:$(cat /proc/sys/kernel/random/uuid)\"; i=0; \
      while true; do i=$((i+1)); printf '%s %010d\\n' \"$tok\" $i 1<>/tmp/count; sleep 0.1; done";
+/// The file the counter writes, inside its container.
+pub const COUNT_FILE: &str = "/tmp/count";
+
 /// How far the counter gets before a checkpoint: a restart could not pass for a continuation.
 pub const WARM: u64 = 10;
 

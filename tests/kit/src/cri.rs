@@ -377,6 +377,16 @@ pub struct ContainerSpec {
     pub env: Vec<(String, String)>,
 }
 
+/// The busybox counter ([`crate::counter::counter_command`]) as CRI container `counter`.
+pub fn counter_container(run: &str) -> ContainerSpec {
+    ContainerSpec {
+        name: "counter".into(),
+        image: crate::rig::BUSYBOX_IMAGE.into(),
+        command: crate::counter::counter_command(run),
+        env: vec![],
+    }
+}
+
 /// A container's user, as a pod's `securityContext` gives it (`runAsUser`, `runAsGroup`,
 /// `allowPrivilegeEscalation: false`, which the kubelet sends as `no_new_privs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -673,6 +683,29 @@ impl CriNode {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|p| p != id);
         Ok(())
+    }
+
+    /// Checkpoints the running counter `id` (init `pid`, run token `run`) into `dir` with `ctr
+    /// tasks checkpoint --image-path`, paused where it holds no file open (a restore on another
+    /// pod gets the image's rootfs afresh), then lets it go on: the count it reached after.
+    pub fn checkpoint_counter_to(
+        &self,
+        id: &str,
+        pid: u32,
+        run: &str,
+        dir: &Path,
+    ) -> Result<crate::counter::Count> {
+        use crate::counter::{count_of, pause_holding_no, wait_count, COUNT_FILE};
+        pause_holding_no(
+            COUNT_FILE,
+            &|| self.ctr_k8s(&["tasks", "pause", id]).map(drop),
+            &|| self.ctr_k8s(&["tasks", "resume", id]).map(drop),
+            &|| Ok((pid, self.cgroup_procs(id))),
+        )?;
+        let path = dir.to_str().context("checkpoint dir is not UTF-8")?;
+        self.ctr_k8s(&["tasks", "checkpoint", "--image-path", path, id])?;
+        self.ctr_k8s(&["tasks", "resume", id])?;
+        wait_count(run, "the counter", 0, || count_of(pid))
     }
 
     /// Processes in the cgroup CRI gave container `id` (any hierarchy): none means nothing of
