@@ -280,7 +280,7 @@ POSIX_BENCH_BIN=${POSIX_BENCH_BIN:-$TARGET/release/examples/posix_bench}
 for b in "$SHIM_BIN" "$RUNC_WRAPPER_BIN" "$CLI_BIN"; do
     # A binary older than the newest source file means a stale build (--no-build).
     newer=$(find "$ROOT"/{shim,runc-wrapper,cli,transaction,checkpoint,criu-bridge,cuda/src,config,oci-image} \
-        -name '*.rs' -newer "$b" 2>/dev/null | head -n 1)
+        -name '*.rs' -newer "$b" -print -quit 2>/dev/null || true)
     [[ -z $newer ]] || log "warning: $b is older than $newer"
 done
 CRICTL_XZ=${CRICTL_XZ:-$(cd "$ROOT/.." && pwd)/shared/tools/cri-tools/crictl.xz}

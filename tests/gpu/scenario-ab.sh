@@ -23,8 +23,11 @@
 #
 # Options: --ab-mib N (default 4096), --ab-reps R (default 3), --ab-warmup-mib N (default 1024),
 # --ab-prefault G (GiB of RAM touched once before, default auto: 2 x the size + 4).
-# Time: about 40 s of setup, plus per side and repetition 20 + 6 s per GiB (4096 MiB: ~45 s;
-# three repetitions ~4.5 min, with the warm-ups ~5.5 min).
+# Time: a repetition starts only when both its sides fit before --deadline, reckoning 20 s + 6 s
+# per GiB a side. On the H200 (bench2, 2026-12-04) 8 GiB took ~32 s for `ctr c checkpoint --task`
+# and ~11 s to restore, so 4 GiB is about 30 s a side with the start and stop: with ~40 s of
+# setup and the 1 GiB warm-ups, 3 repetitions take about 4-4.5 min, 5 about 6 min. --cpu at
+# 64 MiB, 2 repetitions: 2 min.
 
 AB_MIB=${AB_MIB:-4096}
 AB_REPS=${AB_REPS:-3}

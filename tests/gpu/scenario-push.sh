@@ -344,6 +344,9 @@ if has push; then
                         ((arc == 0)) && ok "push: the agent exited 0 on SIGTERM" || fail "push: the agent exited $arc on SIGTERM"
                         PUSH_AGENT_PID=""
                     fi
+                    # The agent only read the archive; with the agent gone it goes, and the
+                    # agent's store with it (RAM on the tmpfs for the restore).
+                    rm -rf "$archive" "$WORK/ramtmp/push-agent-store"
                     # Restore from the pushed image on a fresh node state, by the image-volume path.
                     if [[ $st == pushed ]] && time_left $((60 + PUSH_MIB / 64)); then
                         ref=$repo:latest
