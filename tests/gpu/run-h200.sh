@@ -99,7 +99,8 @@
 #   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
 #                        --crypt-warmup 0|1 (default 0); --crypt-dir DIR (default: the tmpfs)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
-#   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz).
+#   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz), GPU_TEST_BASELINE
+#   (ab's baseline; default gpusnap-baseline.tar.xz beside the bundle).
 # Exit status: 0 when every verification passed, 1 otherwise, 2 on a setup failure.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
