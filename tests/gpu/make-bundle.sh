@@ -43,8 +43,22 @@
 #                                    workload its glibc/libstdc++ (see README.md)
 #   VERSIONS                         what went in, with sha256s
 #
+# With BASELINE_BIN_DIR=DIR (DIR holds a release `containerd-shim-gpusnap-v2` and `gpusnap-runc`
+# built from an earlier commit, BASELINE_COMMIT), also .bundle/gpusnap-baseline.tar.xz (+ .sha256):
+#   gpusnap-baseline/bin/containerd-shim-gpusnap-v2, gpusnap-baseline/bin/gpusnap-runc  stripped
+#   gpusnap-baseline/COMMIT          $BASELINE_COMMIT
+#   gpusnap-baseline/VERSIONS        where they came from, with sha256s
+# run-h200.sh's scenario `ab` swaps the shim between the bundle's and these (before/after
+# timings in one call; the bundle is too large to carry twice). `--baseline-only` writes only
+# that tarball: no cargo, no plugin, the bundle left as it is. Both tarballs and the working
+# tree travel together under the device's 64 MiB limit; the script refuses a .bundle over 58 MiB.
+#   e.g. git worktree add /tmp/base <commit>; (cd /tmp/base && cargo build --release -p gpusnap-shim
+#        -p gpusnap-runc); BASELINE_BIN_DIR=/tmp/base/target/release BASELINE_COMMIT=<commit> \
+#        tests/gpu/make-bundle.sh --baseline-only
+#
 # Usage: tests/gpu/make-bundle.sh [--no-build] [--no-runc-shim] [--no-cuda-plugin]
-#                                 [--no-crictl] [--cuda-plugin-only] [--xz-level N]
+#                                 [--no-crictl] [--cuda-plugin-only] [--baseline-only]
+#                                 [--xz-level N]
 #   --no-build          do not run cargo; use the binaries already built (target dir from
 #                       `cargo metadata`, or SHIM_BIN / RUNC_WRAPPER_BIN / CLI_BIN /
 #                       POSIX_BENCH_BIN from the environment)
@@ -53,12 +67,14 @@
 #   --no-cuda-plugin    do not build/ship CRIU's cuda plugin
 #   --no-crictl         leave crictl out (~7 MB; the k8s scenario needs it)
 #   --cuda-plugin-only  build (or find in the cache) the cuda plugin, check it, and stop
+#   --baseline-only     write .bundle/gpusnap-baseline.tar.xz from BASELINE_BIN_DIR and stop
 # Environment: GPUSNAP_RIG_PREFIX (default /opt/gpusnap-rig), SHIM_BIN, RUNC_WRAPPER_BIN,
 #   CLI_BIN, POSIX_BENCH_BIN, CUDA_CHECKPOINT_BIN (NVIDIA's cuda-checkpoint binary:
 #   bin/x86_64_Linux/cuda-checkpoint of github.com/NVIDIA/cuda-checkpoint, never committed), CRICTL_XZ (default
 #   ../shared/tools/cri-tools/crictl.xz), CRIU_SRC_TARBALL (default
 #   $RIG/src/criu_<version>.orig.tar.xz), CUDA_PLUGIN_CACHE (default
-#   /var/tmp/gpusnap-cuda-plugin-cache), CUDA_PLUGIN_SO (use this plugin as is).
+#   /var/tmp/gpusnap-cuda-plugin-cache), CUDA_PLUGIN_SO (use this plugin as is),
+#   BASELINE_BIN_DIR and BASELINE_COMMIT (the baseline tarball, above).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
@@ -69,6 +85,7 @@ RUNC_SHIM=1
 CUDA_PLUGIN=1
 CRICTL=1
 PLUGIN_ONLY=0
+BASELINE_ONLY=0
 XZ_LEVEL=9
 while (($#)); do
     case $1 in
@@ -77,6 +94,7 @@ while (($#)); do
     --no-cuda-plugin) CUDA_PLUGIN=0 ;;
     --no-crictl) CRICTL=0 ;;
     --cuda-plugin-only) PLUGIN_ONLY=1 ;;
+    --baseline-only) BASELINE_ONLY=1 ;;
     --xz-level) XZ_LEVEL=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//; /^set -euo/d'; exit 0 ;;
     *) echo "make-bundle: unknown argument $1" >&2; exit 2 ;;
@@ -86,6 +104,67 @@ done
 
 log() { printf '[make-bundle] %s\n' "$*"; }
 die() { printf '[make-bundle] ERROR: %s\n' "$*" >&2; exit 1; }
+
+OUTDIR=$ROOT/.bundle
+# bundle_dir: .bundle, made and kept out of git.
+bundle_dir() {
+    local ex
+    mkdir -p "$OUTDIR"
+    # In a worktree, .git is a file: ask git where the exclude file is.
+    ex=$(git -C "$ROOT" rev-parse --path-format=absolute --git-path info/exclude 2>/dev/null || echo "$ROOT/.git/info/exclude")
+    grep -qxE '/\.bundle/?' "$ex" 2>/dev/null || echo '/.bundle/' >>"$ex"
+}
+# check_carry_size: everything in .bundle travels with the working tree (64 MiB together).
+check_carry_size() {
+    local total
+    total=$(find "$OUTDIR" -maxdepth 1 -type f -name '*.tar.xz' -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+    log ".bundle tarballs: $((total >> 20)) MiB together ($(cd "$OUTDIR" && ls *.tar.xz | tr '\n' ' '))"
+    ((total < 58 * 1024 * 1024)) || die ".bundle holds $((total >> 20)) MiB: with the working tree, too close to the device tool's 64 MiB carry limit (leave the baseline out, or make the bundle with --no-crictl)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The baseline's binaries (scenario ab): BASELINE_BIN_DIR, BASELINE_COMMIT
+# ---------------------------------------------------------------------------------------------
+if [[ -n ${BASELINE_BIN_DIR:-} ]] || ((BASELINE_ONLY)); then
+    [[ -n ${BASELINE_BIN_DIR:-} ]] || die "--baseline-only needs BASELINE_BIN_DIR (a directory with the baseline's release containerd-shim-gpusnap-v2 and gpusnap-runc)"
+    for b in containerd-shim-gpusnap-v2 gpusnap-runc; do
+        [[ -x $BASELINE_BIN_DIR/$b ]] || die "BASELINE_BIN_DIR=$BASELINE_BIN_DIR has no executable $b"
+    done
+    [[ -n ${BASELINE_COMMIT:-} ]] || die "BASELINE_BIN_DIR is set but BASELINE_COMMIT is not: say which commit the baseline binaries were built from"
+    for t in xz strip sha256sum tar; do command -v $t >/dev/null || die "$t not found"; done
+fi
+# write_baseline: .bundle/gpusnap-baseline.tar.xz (+ .sha256) from BASELINE_BIN_DIR.
+write_baseline() {
+    local stage bb b out=$OUTDIR/gpusnap-baseline.tar.xz size
+    bundle_dir
+    stage=$(mktemp -d /tmp/gpusnap-baseline.XXXXXX)
+    bb=$stage/gpusnap-baseline
+    mkdir -p "$bb/bin"
+    for b in containerd-shim-gpusnap-v2 gpusnap-runc; do
+        strip -o "$bb/bin/$b" "$BASELINE_BIN_DIR/$b" || { rm -rf "$stage"; die "strip $BASELINE_BIN_DIR/$b failed"; }
+        chmod 0755 "$bb/bin/$b"
+    done
+    printf '%s\n' "$BASELINE_COMMIT" >"$bb/COMMIT"
+    {
+        echo "made: $(date -u +%FT%TZ) on $(hostname)"
+        echo "commit: $BASELINE_COMMIT"
+        for b in containerd-shim-gpusnap-v2 gpusnap-runc; do
+            echo "$b: $BASELINE_BIN_DIR/$b (mtime $(date -u -r "$BASELINE_BIN_DIR/$b" +%FT%TZ)), stripped sha256 $(sha256sum "$bb/bin/$b" | cut -c1-16)"
+        done
+    } >"$bb/VERSIONS"
+    log "baseline: compressing (xz -$XZ_LEVEL) $(du -sh "$bb" | cut -f1) of commit $BASELINE_COMMIT -> $out"
+    tar -C "$stage" -cf - gpusnap-baseline | xz -T0 -"$XZ_LEVEL" >"$out.new"
+    rm -rf "$stage"
+    mv -f "$out.new" "$out"
+    (cd "$OUTDIR" && sha256sum gpusnap-baseline.tar.xz >gpusnap-baseline.tar.xz.sha256)
+    size=$(stat -c %s "$out")
+    log "baseline: $out ($((size / 1024 / 1024)) MiB, $size bytes)"
+}
+if ((BASELINE_ONLY)); then
+    write_baseline
+    check_carry_size
+    exit 0
+fi
 
 for t in jq xz strip sha256sum tar ldd; do command -v $t >/dev/null || die "$t not found"; done
 [[ -x $RIG/bin/containerd && -x $RIG/bin/criu ]] || die "$RIG not set up: run scripts/setup-env.sh"
@@ -201,7 +280,7 @@ POSIX_BENCH_BIN=${POSIX_BENCH_BIN:-$TARGET/release/examples/posix_bench}
 for b in "$SHIM_BIN" "$RUNC_WRAPPER_BIN" "$CLI_BIN"; do
     # A binary older than the newest source file means a stale build (--no-build).
     newer=$(find "$ROOT"/{shim,runc-wrapper,cli,transaction,checkpoint,criu-bridge,cuda/src,config,oci-image} \
-        -name '*.rs' -newer "$b" 2>/dev/null | head -n 1)
+        -name '*.rs' -newer "$b" -print -quit 2>/dev/null || true)
     [[ -z $newer ]] || log "warning: $b is older than $newer"
 done
 CRICTL_XZ=${CRICTL_XZ:-$(cd "$ROOT/.." && pwd)/shared/tools/cri-tools/crictl.xz}
@@ -216,10 +295,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 # Stage
 # ---------------------------------------------------------------------------------------------
-OUTDIR=$ROOT/.bundle
-mkdir -p "$OUTDIR"
-grep -qxF '/.bundle/' "$ROOT/.git/info/exclude" 2>/dev/null || grep -qxF '/.bundle' "$ROOT/.git/info/exclude" 2>/dev/null ||
-    echo '/.bundle/' >>"$ROOT/.git/info/exclude"
+bundle_dir
 STAGE=$(mktemp -d /tmp/gpusnap-bundle.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
 B=$STAGE/gpusnap-gpu
@@ -381,3 +457,9 @@ mv -f "$OUT.new" "$OUT"
 size=$(stat -c %s "$OUT")
 log "bundle: $OUT ($((size / 1024 / 1024)) MiB, $size bytes)"
 ((size < 56 * 1024 * 1024)) || die "bundle is $((size >> 20)) MiB: too close to the device tool's 64 MiB carry limit"
+if [[ -n ${BASELINE_BIN_DIR:-} ]]; then
+    write_baseline
+elif [[ -f $OUTDIR/gpusnap-baseline.tar.xz ]]; then
+    log "baseline: kept the existing $OUTDIR/gpusnap-baseline.tar.xz (commit $(tar -xJOf "$OUTDIR/gpusnap-baseline.tar.xz" gpusnap-baseline/COMMIT 2>/dev/null || echo '?')); delete it to carry less"
+fi
+check_carry_size

@@ -32,6 +32,18 @@
 #                          (gpusnap.io/restore-from-volume) vs containerd's CRI restore under
 #                          runc.v2 + CRIU's cuda plugin, fresh node, alternating; bytes fetched
 #                          beside another replica's chunks (tests/gpu/scenario-volume.sh)
+#                        ab = before/after timings of the shim: the bundle's (new) against
+#                          .bundle/gpusnap-baseline.tar.xz (base; make-bundle.sh with
+#                          BASELINE_BIN_DIR + BASELINE_COMMIT, or --baseline-only), swapped
+#                          on containerd's PATH between containers; a warm-up per side, then
+#                          --ab-reps alternating repetitions of scenario b's cycle (ctr c
+#                          checkpoint --task, kill, ctr c restore --live, first verified step);
+#                          table in ab.txt, rows in ab.jsonl (tests/gpu/scenario-ab.sh)
+#                        push = gpusnap.io/checkpoint-to: a GPU pod's crictl checkpoint --export
+#                          into the directory `gpusnap agent run --checkpoint-dir` watches, the
+#                          agent pushes it to the bundle's docker-registry (HTTPS, htpasswd),
+#                          then an image-volume restore from the pushed image on a fresh node
+#                          state (tests/gpu/scenario-push.sh; push.txt, push.jsonl)
 #   --bench LIST         benchmark sizes in MiB, e.g. 8192,32768 (default: none)
 #   --no-raw             benchmark gpusnap only (skip the by-hand driver API + criu baseline)
 #   --raw-mib N          smoke mode's raw cycle size (default 256)
@@ -78,11 +90,17 @@
 #                        --fleet-slow-rounds N times (default: --fleet-rounds)
 #   --vol-mib N          volume: device memory per replica (default 8192); --vol-reps N: alternating
 #                        repetitions per side (default 2)
+#   --ab-mib N           ab: workload size (default 4096); --ab-reps R: alternating repetitions
+#                        (default 3); --ab-warmup-mib N: the throw-away cycle per side first
+#                        (default 1024); --ab-prefault G: GiB of RAM touched once first (default
+#                        auto: 2 x the size + 4). GPU_TEST_BASELINE: another baseline tarball
+#   --push-mib N         push: device memory of the pod (default 8192)
 #   --crypt-mib N        crypt: device memory of the checkpoint (default 8192)
 #   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
 #                        --crypt-warmup 0|1 (default 0); --crypt-dir DIR (default: the tmpfs)
 # Environment: OUT (results folder; default /tmp/gpusnap-gpu-out), GPU_TEST_WORK (work dir, default
-#   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz).
+#   /var/tmp/gpusnap-gpu), GPU_TEST_BUNDLE (default .bundle/gpusnap-gpu.tar.xz), GPU_TEST_BASELINE
+#   (ab's baseline; default gpusnap-baseline.tar.xz beside the bundle).
 # Exit status: 0 when every verification passed, 1 otherwise, 2 on a setup failure.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -133,6 +151,11 @@ while (($#)); do
     --crypt-dir) CRYPT_DIR=$2; shift ;;
     --vol-mib) VOL_MIB=$2; shift ;;
     --vol-reps) VOL_REPS=$2; shift ;;
+    --ab-mib) AB_MIB=$2; shift ;;
+    --ab-reps) AB_REPS=$2; shift ;;
+    --ab-warmup-mib) AB_WARMUP=$2; shift ;;
+    --ab-prefault) AB_PREFAULT=$2; shift ;;
+    --push-mib) PUSH_MIB=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -444,7 +467,7 @@ case $(stat -f -c %T "$WORK/containerd") in overlayfs | overlay) SNAP=native ;; 
 export CONTAINERD_SNAPSHOTTER=$SNAP
 # CRI only when a scenario uses it (k8s, bench2's restore-from): it adds startup work.
 CRI=0
-if has k8s || has volume || { has bench2 && [[ $BENCH2_ANNOT != off || $BENCH2_OWN != off ]]; }; then CRI=1; fi
+if has k8s || has volume || has push || { has bench2 && [[ $BENCH2_ANNOT != off || $BENCH2_OWN != off ]]; }; then CRI=1; fi
 REG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 {
     echo "version = 3"
@@ -1111,6 +1134,10 @@ source "$REPO/tests/gpu/scenario-fleet.sh"
 source "$REPO/tests/gpu/scenario-crypt.sh"
 # shellcheck source=tests/gpu/scenario-volume.sh
 source "$REPO/tests/gpu/scenario-volume.sh"
+# shellcheck source=tests/gpu/scenario-push.sh
+source "$REPO/tests/gpu/scenario-push.sh"
+# shellcheck source=tests/gpu/scenario-ab.sh
+source "$REPO/tests/gpu/scenario-ab.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 7. Benchmark

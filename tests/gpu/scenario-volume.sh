@@ -6,9 +6,11 @@
 # - gpusnap: two replicas (pods va and vb, `gpu_verify --fleet`: 5/8 of the device memory the
 #   same weights in both) under the gpusnap handler, checkpointed by `crictl checkpoint
 #   --export` (the kubelet checkpoint API's CRI call), built as chunked images (`gpusnap image
-#   build --layout`) and served by tests/gpu/ocireg.py. The node agent's push
-#   (`gpusnap.io/checkpoint-to`) needs a registry that takes pushes, which the device lacks; it
-#   is tested through CRI on the CPU (tests/tests/k8s_push.rs).
+#   build --layout`) and served by tests/gpu/ocireg.py (read-only: it counts the bytes a node
+#   fetches). The node agent's push (`gpusnap.io/checkpoint-to`) of such an archive to a
+#   registry that takes pushes (the bundle's docker-registry over HTTPS), and the restore from
+#   the pushed image by this scenario's image-volume path, is the scenario push
+#   (tests/gpu/scenario-push.sh); tests/tests/k8s_push.rs tests the same flow on the CPU.
 # - reference: the same workload in a pod under containerd's runc.v2 handler with CRIU's
 #   cuda_plugin.so installed (cuda-checkpoint on PATH), checkpointed by `crictl checkpoint
 #   --export`; its archive becomes the checkpoint image containerd's own CRI restore takes
@@ -85,7 +87,8 @@ vol_fresh() {
 }
 
 # vol_restore SIDE NAME REF REP ORDER: one measured restore of NAME's checkpoint (pull, runp,
-# create, start, first verified step), verified, the pod removed afterwards.
+# create, start, first verified step), verified, the pod removed afterwards. VOL_PULL_CREDS
+# (USER:PASSWORD): crictl pull --creds (scenario push's registry).
 vol_restore() {
     local side=$1 name=$2 ref=$3 rep=$4 order=$5 log=$WORK/gpu/log/$2.log
     local m0_var=VOL_M0_$name mk_var=VOL_MK_$name
@@ -93,7 +96,7 @@ vol_restore() {
     say "volume $side, rep $rep ($order in its rep): $name from $ref"
     f0=$(vol_fetched)
     t0=$(now_ms)
-    if ! crictl pull "$ref" >"$WORK/logs/$pod-pull.out" 2>&1; then
+    if ! crictl pull ${VOL_PULL_CREDS:+--creds "$VOL_PULL_CREDS"} "$ref" >"$WORK/logs/$pod-pull.out" 2>&1; then
         fail "volume $pod: crictl pull $ref failed: $(tail -n 2 "$WORK/logs/$pod-pull.out" | tr '\n' ' ')"
         return 1
     fi

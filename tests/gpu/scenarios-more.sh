@@ -109,12 +109,16 @@ plugin_missing() {
 # ---------------------------------------------------------------------------------------------
 # cycle_ckr PHASE ID LOG EXPECT: ctr c checkpoint --task (the workload must keep running),
 # kill + rm, ctr c restore --live, continuity of every process (GPU_PROCS, default 1).
-# Leaves the restored container running; CK_MS/RS_MS from the ops; CYCLE_REF is the image.
+# Leaves the restored container running; CK_MS/RS_MS from the ops; CYCLE_REF is the image;
+# CYCLE_CK_SHIM: the shim's checkpoint fields (shim_fields); CYCLE_FIRST_MS: restore start ->
+# first verified step of every process.
 cycle_ckr() {
     local phase=$1 id=$2 log=$3 expect=${4:-} procs=${GPU_PROCS:-1} m0 m1 mk
     CYCLE_REF=localhost/gpusnap-gpu/$phase:ck
+    CYCLE_CK_SHIM="" CYCLE_FIRST_MS=""
     m0=$(WL mark "$log")
     checkpoint_op "$phase" "$id" "$CYCLE_REF" "$expect" || return 1
+    CYCLE_CK_SHIM=$(shim_fields 'checkpoint sealed')
     m1=$(WL mark "$log")
     if WL wait "$log" "$m1" 2 "$procs" 30 >/dev/null; then
         wl_report < <(WL alive "$log" "$phase: after the checkpoint" "$m0" "$procs")
@@ -133,7 +137,10 @@ cycle_ckr() {
     if WL wait "$log" "$mk" 3 "$procs" $((60 + ${CYCLE_MIB:-0} / 256)); then
         local first
         first=$(WL firstts "$log" "$mk" "$procs")
-        [[ $first =~ ^[0-9]+$ ]] && row "$phase" "restore start -> first verified step" $((first - t0)) - "all $procs process(es)"
+        if [[ $first =~ ^[0-9]+$ ]]; then
+            CYCLE_FIRST_MS=$((first - t0))
+            row "$phase" "restore start -> first verified step" "$CYCLE_FIRST_MS" - "all $procs process(es)"
+        fi
         wl_report < <(WL continuity "$log" "$phase" "$m0" "$mk" "$procs")
     else
         fail "$phase: no steps from the restored workload: $(tail -n 2 "$log" | tr '\n' ' ')"
@@ -145,6 +152,8 @@ cycle_ckr() {
 # Hooks for run-h200.sh's finish()
 # ---------------------------------------------------------------------------------------------
 extra_cleanup() {
+    # scenario push's agent and registry (scenario-push.sh), by their pids
+    declare -F push_cleanup >/dev/null && push_cleanup
     if ((KEEP == 0)); then
         if ((${CRI:-0})) && [[ -n $CONTAINERD_PID && -f $WORK/crictl.yaml ]]; then
             crictl rmp -a -f >/dev/null 2>&1
