@@ -1,7 +1,9 @@
-//! Checkpoint and restore at the shim's edge: containerd's request becomes a
-//! `gpusnap_transaction` request, the container's state moves around it (one checkpoint or
-//! restore at a time), and the result goes back to containerd. The transaction itself —
-//! GPU plan and gate, CRIU through runc, seal, rollback — is the transaction crate's.
+//! Checkpoint and restore as the shim runs them: containerd's checkpoint options in the
+//! transaction's terms, where CRIU's work files go, and the `gpusnap_transaction` sequences
+//! run from the shim (under its subreaper, on blocking threads). The container
+//! (`container/checkpoint.rs`, `container/restore.rs`) builds the requests and moves its state
+//! around them; the transaction itself — GPU plan and gate, CRIU through runc, seal,
+//! rollback — is the transaction crate's.
 
 use std::{
     io,
@@ -10,31 +12,23 @@ use std::{
     sync::Arc,
 };
 
-use containerd_shim::{
-    api::StartResponse,
-    protos::{
-        api::CheckpointTaskRequest,
-        events::task::TaskStart,
-        protobuf::{well_known_types::any::Any, Message},
-        shim::oci::CheckpointOptions as CheckpointOptionsProto,
-        topics::TASK_START_EVENT_TOPIC,
-    },
+use containerd_shim::protos::{
+    protobuf::{well_known_types::any::Any, Message},
+    shim::oci::CheckpointOptions as CheckpointOptionsProto,
 };
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{
-    CheckpointRequest, Host, PendingCudaResume, RestoreCommand, RestoreRequest, RunTool,
+    bundle_spec::BundleSpec, volume::VolumeSource, CheckpointReport, CheckpointRequest, Host,
+    PendingCudaResume, RestoreReport, RestoreRequest, RunTool,
 };
 
 use crate::{
-    container::StdioSetup,
     errors::*,
     reaper::{run_reaped, run_reaped_with},
-    state::{CheckpointTicket, PendingRestore},
     stdio::ProcessPipes,
-    task::TaskService,
 };
 
-const CHECKPOINT_OPTIONS: &str = "containerd.runc.v1.CheckpointOptions";
+pub const CHECKPOINT_OPTIONS: &str = "containerd.runc.v1.CheckpointOptions";
 /// Where runc restore's CRIU work files (restore.log, and CRIU's cgroup yard while it runs)
 /// go: the shim's own directory (below), so the checkpoint directory is never written to by a
 /// restore and can be restored again.
@@ -45,13 +39,13 @@ const RESTORE_WORK_DIR: &str = "criu-restore";
 /// `delete` once it died, before it removes that directory. A restore's in-flight record and
 /// CRIU's work directory (its cgroup yard is mounted there) live here so that the `delete`
 /// finds them: containerd may already have removed a pod container's own bundle by then.
-fn own_dir(bundle: &std::path::Path) -> PathBuf {
+pub fn own_dir(bundle: &std::path::Path) -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| bundle.to_path_buf())
 }
 
 /// CRIU's work directory for a restore of `id` whose bundle is `bundle`: `criu-restore` in
 /// the container's own bundle, `criu-restore.<id>` in the sandbox's.
-fn restore_work_dir(own: &std::path::Path, bundle: &std::path::Path, id: &str) -> PathBuf {
+pub fn restore_work_dir(own: &std::path::Path, bundle: &std::path::Path, id: &str) -> PathBuf {
     if own == bundle {
         own.join(RESTORE_WORK_DIR)
     } else {
@@ -68,9 +62,29 @@ pub struct CheckpointOptions {
     pub work_path: Option<PathBuf>,
 }
 
+/// Why containerd's checkpoint options were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointOptionsError {
+    #[error("checkpoint options ({name}) could not be decoded: {source}")]
+    Decode {
+        name: String,
+        source: containerd_shim::protos::protobuf::Error,
+    },
+    #[error("{0}")]
+    CgroupsMode(String),
+}
+
+impl From<CheckpointOptionsError> for Error {
+    fn from(e: CheckpointOptionsError) -> Self {
+        invalid_argument(e.to_string())
+    }
+}
+
 /// Decodes containerd's checkpoint options. No options, or options of another type (CRI
 /// sends none for runtimes not named runc.v2), mean "leave running, no extra permissions".
-pub fn checkpoint_options(any: Option<&Any>) -> std::result::Result<CheckpointOptions, String> {
+pub fn checkpoint_options(
+    any: Option<&Any>,
+) -> std::result::Result<CheckpointOptions, CheckpointOptionsError> {
     let Some(any) = any.filter(|a| !a.type_url.is_empty()) else {
         return Ok(CheckpointOptions::default());
     };
@@ -79,8 +93,12 @@ pub fn checkpoint_options(any: Option<&Any>) -> std::result::Result<CheckpointOp
         tracing::info!(type_url = %any.type_url, "checkpoint options of another type ignored; leaving the task running");
         return Ok(CheckpointOptions::default());
     }
-    let o = CheckpointOptionsProto::parse_from_bytes(&any.value)
-        .map_err(|e| format!("checkpoint options ({name}) could not be decoded: {e}"))?;
+    let o = CheckpointOptionsProto::parse_from_bytes(&any.value).map_err(|source| {
+        CheckpointOptionsError::Decode {
+            name: name.to_string(),
+            source,
+        }
+    })?;
     let path = |p: &str| (!p.is_empty()).then(|| PathBuf::from(p));
     Ok(CheckpointOptions {
         exit: o.exit,
@@ -91,7 +109,7 @@ pub fn checkpoint_options(any: Option<&Any>) -> std::result::Result<CheckpointOp
             file_locks: o.file_locks,
             empty_ns: o.empty_namespaces.clone(),
             manage_cgroups_mode: CgroupsMode::parse_optional(&o.cgroups_mode)
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| CheckpointOptionsError::CgroupsMode(e.to_string()))?,
         },
         image_path: path(&o.image_path),
         work_path: path(&o.work_path),
@@ -102,7 +120,7 @@ pub fn checkpoint_options(any: Option<&Any>) -> std::result::Result<CheckpointOp
 /// of the checkpoint archive, beside `checkpoint/`, where CRI tooling (checkpointctl) reads
 /// them; other runtimes get no options. So a checkpoint into a directory named `checkpoint`
 /// without options (CRI) puts them in its parent, as runc.v2's does.
-fn cri_work_dir(image_dir: &std::path::Path) -> Option<PathBuf> {
+pub fn cri_work_dir(image_dir: &std::path::Path) -> Option<PathBuf> {
     (image_dir.file_name()? == "checkpoint")
         .then(|| image_dir.parent().map(std::path::Path::to_path_buf))
         .flatten()
@@ -119,7 +137,7 @@ fn cri_work_dir(image_dir: &std::path::Path) -> Option<PathBuf> {
 /// `<that>/ctrd-checkpoint/`, which it creates just before the checkpoint and passes as the
 /// work path; earlier 2.x releases passed the container directory itself and copied the two
 /// files from there.
-fn cri_work_path(spec: &serde_json::Value, id: &str) -> Option<PathBuf> {
+pub fn cri_work_path(spec: &BundleSpec, id: &str) -> Option<PathBuf> {
     let dir = cri_container_dir(spec, id)?;
     let archived = dir.join("ctrd-checkpoint");
     if std::fs::symlink_metadata(&archived).is_ok_and(|m| m.is_dir()) {
@@ -130,25 +148,17 @@ fn cri_work_path(spec: &serde_json::Value, id: &str) -> Option<PathBuf> {
 }
 
 /// CRI's directory of container `id` (see [`cri_work_path`]).
-fn cri_container_dir(spec: &serde_json::Value, id: &str) -> Option<PathBuf> {
-    let annotations = spec.get("annotations")?;
-    if annotations
-        .get("io.kubernetes.cri.container-type")?
-        .as_str()?
-        != "container"
-        || id.is_empty()
-        || id.contains('/')
-        || id.starts_with('.')
-    {
+fn cri_container_dir(spec: &BundleSpec, id: &str) -> Option<PathBuf> {
+    if !spec.is_cri_container() || id.is_empty() || id.contains('/') || id.starts_with('.') {
         return None;
     }
-    let sandbox = annotations.get("io.kubernetes.cri.sandbox-id")?.as_str()?;
-    spec.get("mounts")?.as_array()?.iter().find_map(|m| {
-        let dest = m.get("destination")?.as_str()?;
+    let sandbox = spec.cri_sandbox_id()?;
+    spec.mounts().iter().find_map(|m| {
+        let dest = m.destination().to_str()?;
         if !matches!(dest, "/etc/hosts" | "/etc/hostname" | "/etc/resolv.conf") {
             return None;
         }
-        let sandbox_dir = std::path::Path::new(m.get("source")?.as_str()?).parent()?;
+        let sandbox_dir = m.source().as_deref()?.parent()?;
         let sandboxes = sandbox_dir.parent()?;
         if sandbox_dir.file_name()? != sandbox || sandboxes.file_name()? != "sandboxes" {
             return None;
@@ -219,207 +229,51 @@ pub async fn resume_cuda(id: &str, pending: PendingCudaResume) -> Result<()> {
     Ok(())
 }
 
-impl TaskService {
-    pub async fn checkpoint_task(&self, req: CheckpointTaskRequest) -> Result<()> {
-        let given = req
-            .options
-            .as_ref()
-            .is_some_and(|a| a.type_url.ends_with(CHECKPOINT_OPTIONS));
-        let mut opts = checkpoint_options(req.options.as_ref()).map_err(invalid_argument)?;
-        let image_dir = if req.path.is_empty() {
-            opts.image_path.clone()
-        } else {
-            Some(PathBuf::from(&req.path))
-        }
-        .ok_or_else(|| invalid_argument("checkpoint needs a path (request path or image_path)"))?;
-        let (request, ticket) = {
-            let mut state = self.state.lock().await;
-            let c = state.container_mut(&req.id)?;
-            if !given && opts.work_path.is_none() {
-                opts.work_path = cri_work_dir(&image_dir).or_else(|| {
-                    let spec = std::fs::read(c.bundle.join("config.json")).ok()?;
-                    cri_work_path(&serde_json::from_slice(&spec).ok()?, &req.id)
-                });
-            }
-            let ticket = c.state.begin_checkpoint(&req.id)?;
-            let request = CheckpointRequest {
-                container_id: req.id.clone(),
-                bundle: c.bundle.clone(),
-                init_pid: c.init.pid as u32,
-                image_dir,
-                work_dir: opts.work_path.clone(),
-                parent: None,
-                auto_dedup: false,
-                criu: opts.criu.clone(),
-                exit: opts.exit,
-                frozen: ticket.frozen,
-                runc: c.runc_global(),
-                config: c.config.clone(),
-                scratch_dir: c.bundle.clone(),
-                // containerd's `shim delete` reads the in-flight record back from the bundle
-                // if this shim is killed mid-checkpoint.
-                record_dir: c.bundle.clone(),
-            };
-            (request, ticket)
-        };
-        let result = self.run_checkpoint(request, ticket).await;
-        let mut state = self.state.lock().await;
-        let c = state.container_mut(&req.id)?;
-        match result {
-            Ok(report) => {
-                if report.stopped {
-                    // Killed after the seal, thawed first: the exit event ends it.
-                    c.state.end_checkpoint(None);
-                    c.state.resumed();
-                } else {
-                    c.state.end_checkpoint(report.pending_cuda);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                // The transaction put the cgroup back as the caller had it where it could;
-                // containerd is told what it is (its client resumes a task it paused for the
-                // checkpoint, and must not be told PAUSED about a thawed one, or vice versa).
-                let frozen_now = gpusnap_transaction::cgroup::frozen(c.init.pid as u32);
-                match frozen_now {
-                    Some(frozen) => c.state.checkpoint_failed(frozen),
-                    None => c.state.end_checkpoint(None),
-                }
-                Err(e)
-            }
-        }
-    }
+/// Runs the checkpoint transaction. A previous checkpoint of this paused task may have left
+/// its CUDA processes checkpointed (`pending`): the transaction brings them back first, once
+/// its in-flight record is written.
+pub async fn checkpoint(
+    request: CheckpointRequest,
+    pending: Option<PendingCudaResume>,
+) -> Result<CheckpointReport> {
+    let host = ShimHost {
+        handle: tokio::runtime::Handle::current(),
+        pipes: None,
+    };
+    blocking(move || {
+        gpusnap_transaction::checkpoint_resuming(&request, &host, pending).map_err(Error::from)
+    })
+    .await?
+}
 
-    async fn run_checkpoint(
-        &self,
-        request: CheckpointRequest,
-        ticket: CheckpointTicket,
-    ) -> Result<gpusnap_transaction::CheckpointReport> {
-        let host = ShimHost {
-            handle: tokio::runtime::Handle::current(),
-            pipes: None,
-        };
-        // A previous checkpoint of this paused task may have left its CUDA processes
-        // checkpointed: the transaction brings them back first, once its in-flight record is
-        // written.
-        let pending = ticket.pending_cuda;
-        blocking(move || {
-            gpusnap_transaction::checkpoint_resuming(&request, &host, pending).map_err(Error::from)
-        })
-        .await?
-    }
-
-    pub async fn start_restore(&self, id: &str, restore: PendingRestore) -> Result<StartResponse> {
-        let result = self.restore_init(id, &restore).await;
-        let mut state = self.state.lock().await;
-        let c = state
-            .containers
-            .get_mut(id)
-            .ok_or_else(|| not_found(format!("container {id} was deleted while restoring")))?;
-        let init = match result {
-            Ok(init) => init,
-            Err(e) => {
-                c.state.restore_failed(restore);
-                return Err(e);
-            }
-        };
-        let pid = init.pid;
-        c.init.pid = pid;
-        c.init.io = init.io;
-        c.init.pty = init.pty;
-        c.init.stdin = init.stdin;
-        c.state.started();
-        self.watch_oom(c);
-        self.events.send(
-            TASK_START_EVENT_TOPIC,
-            TaskStart {
-                container_id: id.to_string(),
-                pid: pid as u32,
-                ..Default::default()
-            },
-        );
-        if let Some(parent) = &restore.parent {
-            tracing::info!(id, pid, parent = %parent.display(), "restored (parent checkpoint given)");
-        }
-        Ok(StartResponse {
-            pid: pid as u32,
-            ..Default::default()
-        })
-    }
-
-    /// Runs the restore transaction with the container's stdio; returns the restored init.
-    async fn restore_init(
-        &self,
-        id: &str,
-        restore: &PendingRestore,
-    ) -> Result<crate::process::Process> {
-        let (request, stdio) = {
-            let state = self.state.lock().await;
-            let c = state.container(id)?;
-            let own = own_dir(&c.bundle);
-            let request = RestoreRequest {
-                container_id: id.to_string(),
-                bundle: c.bundle.clone(),
-                checkpoint_dir: restore.image.clone(),
-                rootfs_diff: restore.rootfs_diff.clone(),
-                signature_evidence: restore.signature_evidence.clone(),
-                checkpoint_mount: None,
-                began: None,
-                runc: c.runc_global(),
-                config: c.config.clone(),
-                scratch_dir: own.clone(),
-                command: RestoreCommand::Build {
-                    work_dir: restore_work_dir(&own, &c.bundle, id),
-                    pid_file: c.bundle.join("init.pid"),
-                    console_socket: None,
-                    no_pivot: c.settings.no_pivot_root,
-                    terminal: c.init.stdio.terminal,
-                },
-            };
-            (request, c.init.stdio.clone())
-        };
-        let setup = StdioSetup::new(&stdio).map_err(|e| internal(format!("set up stdio: {e}")))?;
-        let mut request = request;
-        if let RestoreCommand::Build { console_socket, .. } = &mut request.command {
-            *console_socket = setup.console_path();
-        }
-        let mut init = crate::process::Process::new("", stdio.clone());
-        init.stdin = setup
-            .pipes
-            .start_copy(&stdio, &init.io)
-            .map_err(|e| internal(format!("open stdio fifos: {e}")))?;
-        let host = ShimHost {
-            handle: tokio::runtime::Handle::current(),
-            pipes: Some(setup.pipes.clone()),
-        };
-        let volume = restore.volume.clone();
-        let report = match blocking(move || match volume {
-            // The node's copy of the image volume's checkpoint is found or made, then restored
-            // by the same transaction.
-            Some(v) => gpusnap_transaction::volume::restore(&v, request, &host).map(|(r, m)| {
-                tracing::info!(
-                    id = %r.manifest.container_id,
-                    dir = %m.checkpoint_dir.display(),
-                    made = m.made,
-                    materialize_ms = m.elapsed_ms,
-                    "restored from the image volume"
-                );
-                r
-            }),
-            None => gpusnap_transaction::restore(&request, &host),
-        })
-        .await?
-        {
-            Ok(r) => r,
-            Err(e) => {
-                setup.abandon(&init).await;
-                return Err(e.into());
-            }
-        };
-        init.pid = report.init_pid as i32;
-        setup.finish(&mut init).await.map_err(internal)?;
-        Ok(init)
-    }
+/// Runs the restore transaction with the restored container's stdio on `pipes`; from the
+/// node's copy of an image volume's checkpoint when `volume` names one.
+pub async fn restore(
+    request: RestoreRequest,
+    volume: Option<Box<VolumeSource>>,
+    pipes: Arc<ProcessPipes>,
+) -> Result<RestoreReport> {
+    let host = ShimHost {
+        handle: tokio::runtime::Handle::current(),
+        pipes: Some(pipes),
+    };
+    blocking(move || match volume {
+        // The node's copy of the image volume's checkpoint is found or made, then restored
+        // by the same transaction.
+        Some(v) => gpusnap_transaction::volume::restore(&v, request, &host).map(|(r, m)| {
+            tracing::info!(
+                id = %r.manifest.container_id,
+                dir = %m.checkpoint_dir.display(),
+                made = m.made,
+                materialize_ms = m.elapsed_ms,
+                "restored from the image volume"
+            );
+            r
+        }),
+        None => gpusnap_transaction::restore(&request, &host),
+    })
+    .await?
+    .map_err(Error::from)
 }
 
 #[cfg(test)]
@@ -468,7 +322,7 @@ mod tests {
         let dir = cri.join("containers/c1");
         std::fs::create_dir_all(&dir).unwrap();
         let spec = |kind: &str, sandbox: &str, source: &std::path::Path| {
-            serde_json::json!({
+            let json = serde_json::json!({
                 "annotations": {
                     "io.kubernetes.cri.container-type": kind,
                     "io.kubernetes.cri.sandbox-id": sandbox,
@@ -477,7 +331,8 @@ mod tests {
                     {"destination": "/dev/shm", "source": "/run/x/sandboxes/s1/shm"},
                     {"destination": "/etc/hosts", "source": source},
                 ]
-            })
+            });
+            BundleSpec::from_bytes(&serde_json::to_vec(&json).unwrap()).unwrap()
         };
         let hosts = cri.join("sandboxes/s1/hosts");
         // Without CRI's status file it is not CRI's container directory.
@@ -508,7 +363,8 @@ mod tests {
             cri_container_dir(&spec("container", "s1", &hosts), "../c1"),
             None
         );
-        assert_eq!(cri_container_dir(&serde_json::json!({}), "c1"), None);
+        let empty = BundleSpec::from_bytes(b"{}").unwrap();
+        assert_eq!(cri_container_dir(&empty, "c1"), None);
         // containerd 2.1.9 archives a fresh ctrd-checkpoint/ inside; older ones the directory.
         let s = spec("container", "s1", &hosts);
         assert_eq!(cri_work_path(&s, "c1"), Some(dir.clone()));
@@ -524,7 +380,7 @@ mod tests {
             "containerd.runc.v1.CheckpointOptions",
             o.write_to_bytes().unwrap(),
         );
-        let err = checkpoint_options(Some(&a)).unwrap_err();
+        let err = checkpoint_options(Some(&a)).unwrap_err().to_string();
         assert!(err.contains("sideways"), "{err}");
     }
 }

@@ -4,6 +4,7 @@
 mod checkpoint;
 mod console;
 mod container;
+mod containers;
 mod errors;
 mod events;
 mod oom;

@@ -53,7 +53,7 @@ impl RuntimeSettings {
     }
 
     /// Builds settings from the options `Any`; `None` or an empty value means defaults.
-    pub fn from_any(namespace: &str, any: Option<&Any>) -> Result<Self, String> {
+    pub fn from_any(namespace: &str, any: Option<&Any>) -> Result<Self, OptionsError> {
         let mut s = Self::defaults(namespace);
         let Some(any) = any.filter(|a| !a.type_url.is_empty()) else {
             return Ok(s);
@@ -62,7 +62,10 @@ impl RuntimeSettings {
         match name {
             RUNC_OPTIONS => {
                 let o = RuncOptions::parse_from_bytes(&any.value).map_err(|e| {
-                    format!("runtime options of type {name} could not be decoded: {e}")
+                    OptionsError::Decode {
+                        name: name.to_string(),
+                        detail: e.to_string(),
+                    }
                 })?;
                 if !o.binary_name.is_empty() {
                     s.runc_binary = o.binary_name;
@@ -79,18 +82,14 @@ impl RuntimeSettings {
                 s.criu_work_path = non_empty(o.criu_work_path);
             }
             CRI_RUNTIME_OPTIONS => {
-                let (_type_url, config_path) = decode_cri_options(&any.value).map_err(|e| {
-                    format!("runtime options of type {name} could not be decoded: {e}")
-                })?;
+                let (_type_url, config_path) =
+                    decode_cri_options(&any.value).map_err(|e| OptionsError::Decode {
+                        name: name.to_string(),
+                        detail: e.to_string(),
+                    })?;
                 s.config_path = non_empty(config_path);
             }
-            other => {
-                return Err(format!(
-                    "unsupported runtime options type {other:?}: gpusnap accepts {RUNC_OPTIONS} \
-                     (runc binary, root, systemd cgroup) or {CRI_RUNTIME_OPTIONS} (ConfigPath); \
-                     fix the runtime's `options` in containerd's config"
-                ))
-            }
+            other => return Err(OptionsError::Unsupported(other.to_string())),
         }
         Ok(s)
     }
@@ -124,25 +123,51 @@ impl RuntimeSettings {
     }
 }
 
+/// Why containerd's runtime options were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("runtime options of type {name} could not be decoded: {detail}")]
+    Decode { name: String, detail: String },
+    #[error(
+        "unsupported runtime options type {0:?}: gpusnap accepts {RUNC_OPTIONS} (runc binary, \
+         root, systemd cgroup) or {CRI_RUNTIME_OPTIONS} (ConfigPath); fix the runtime's \
+         `options` in containerd's config"
+    )]
+    Unsupported(String),
+}
+
+impl From<OptionsError> for crate::errors::Error {
+    fn from(e: OptionsError) -> Self {
+        crate::errors::invalid_argument(e.to_string())
+    }
+}
+
+/// Why CRI's runtime options message could not be decoded.
+#[derive(Debug, thiserror::Error)]
+enum CriOptionsError {
+    #[error(transparent)]
+    Protobuf(#[from] containerd_shim::protos::protobuf::Error),
+    #[error("bad wire type {0}")]
+    WireType(u32),
+}
+
 fn non_empty(s: String) -> Option<PathBuf> {
     (!s.is_empty()).then(|| PathBuf::from(s))
 }
 
 /// Decodes `runtimeoptions.v1.Options { string type_url = 1; string config_path = 2; }`
 /// without generated code: the message is two strings.
-fn decode_cri_options(bytes: &[u8]) -> Result<(String, String), String> {
+fn decode_cri_options(bytes: &[u8]) -> Result<(String, String), CriOptionsError> {
     let mut input = CodedInputStream::from_bytes(bytes);
     let (mut type_url, mut config_path) = (String::new(), String::new());
-    while let Some(tag) = input.read_raw_tag_or_eof().map_err(|e| e.to_string())? {
+    while let Some(tag) = input.read_raw_tag_or_eof()? {
         match tag {
-            10 => type_url = input.read_string().map_err(|e| e.to_string())?,
-            18 => config_path = input.read_string().map_err(|e| e.to_string())?,
-            t => input
-                .skip_field(
-                    containerd_shim::protos::protobuf::rt::WireType::new(t & 7)
-                        .ok_or("bad wire type")?,
-                )
-                .map_err(|e| e.to_string())?,
+            10 => type_url = input.read_string()?,
+            18 => config_path = input.read_string()?,
+            t => input.skip_field(
+                containerd_shim::protos::protobuf::rt::WireType::new(t & 7)
+                    .ok_or(CriOptionsError::WireType(t & 7))?,
+            )?,
         }
     }
     Ok((type_url, config_path))
@@ -197,7 +222,9 @@ mod tests {
 
     #[test]
     fn unknown_and_malformed_options_are_refused_clearly() {
-        let err = RuntimeSettings::from_any("d", Some(&any("example.Other", vec![]))).unwrap_err();
+        let err = RuntimeSettings::from_any("d", Some(&any("example.Other", vec![])))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("unsupported runtime options type \"example.Other\""),
             "{err}"
@@ -206,7 +233,8 @@ mod tests {
             "d",
             Some(&any("containerd.runc.v1.Options", vec![0xff, 0xff])),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("could not be decoded"), "{err}");
     }
 }

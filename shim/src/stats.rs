@@ -14,19 +14,46 @@ use containerd_shim::{
 };
 use gpusnap_transaction::cgroup::v1_controller_dir;
 
-pub fn collect(pid: u32) -> Result<Any, String> {
-    let cgroup = get_cgroup(pid).map_err(|e| format!("find cgroup of pid {pid}: {e}"))?;
+/// Why a container's metrics could not be collected.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error("find cgroup of pid {pid}: {source}")]
+    Cgroup {
+        pid: u32,
+        source: containerd_shim::Error,
+    },
+    #[error("collect cgroup {version} metrics: {source}")]
+    Collect {
+        version: &'static str,
+        source: containerd_shim::Error,
+    },
+    #[error("encode metrics: {0}")]
+    Encode(#[source] containerd_shim::Error),
+}
+
+impl From<StatsError> for crate::errors::Error {
+    fn from(e: StatsError) -> Self {
+        crate::errors::internal(e.to_string())
+    }
+}
+
+pub fn collect(pid: u32) -> Result<Any, StatsError> {
+    let cgroup = get_cgroup(pid).map_err(|source| StatsError::Cgroup { pid, source })?;
     let any = if cgroup.v2() {
-        let m =
-            collect_metrics_v2(&cgroup).map_err(|e| format!("collect cgroup v2 metrics: {e}"))?;
+        let m = collect_metrics_v2(&cgroup).map_err(|source| StatsError::Collect {
+            version: "v2",
+            source,
+        })?;
         convert_to_any(Box::new(m))
     } else {
-        let mut m =
-            collect_metrics(&cgroup).map_err(|e| format!("collect cgroup v1 metrics: {e}"))?;
+        let mut m = collect_metrics(&cgroup).map_err(|source| StatsError::Collect {
+            version: "v1",
+            source,
+        })?;
         fill_v1(pid, &mut m);
         convert_to_any(Box::new(m))
     };
-    any.map_err(|e| format!("encode metrics: {e}"))
+    any.map_err(StatsError::Encode)
 }
 
 fn read_u64(dir: &std::path::Path, file: &str) -> Option<u64> {

@@ -154,7 +154,9 @@ fn writable_layer(
     init_pid: u32,
     image_dir: &Path,
 ) -> Result<WritableLayerRecord, RecordError> {
-    let spec: Spec = serde_json::from_slice(config).map_err(RecordError::SpecNotOci)?;
+    let spec: Spec = crate::bundle_spec::BundleSpec::from_bytes(config)
+        .map_err(RecordError::SpecNotOci)?
+        .into_spec();
     let rootfs = crate::open_files::rootfs_of(bundle, &spec);
     let ov = Overlay::locate(&rootfs).map_err(RecordError::Layer)?;
     // The container's own mount table: where runc mounted, as the container sees it.

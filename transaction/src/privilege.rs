@@ -44,6 +44,7 @@ pub(crate) fn read_spec(bundle: &Path) -> Result<Spec> {
             crate::bundle_spec::path(bundle).display()
         ))
     };
-    let bytes = crate::bundle_spec::read_bytes(bundle).map_err(|e| unreadable(e.to_string()))?;
-    serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))
+    crate::bundle_spec::BundleSpec::read(bundle)
+        .map(crate::bundle_spec::BundleSpec::into_spec)
+        .map_err(|e| unreadable(e.to_string()))
 }
