@@ -145,6 +145,22 @@ impl BundleSpec {
     }
 }
 
+/// The annotations of a spec's bytes, read leniently: only the `annotations` object, whatever
+/// the rest holds. For a spec [`BundleSpec`] cannot type but runc may still run (a capability
+/// name newer than oci-spec's list): the annotations choose the pod's settings and its restore,
+/// and must not be lost with the rest. `None` when the bytes are not JSON or the member is not
+/// a map of strings.
+pub fn annotations_of(bytes: &[u8]) -> Option<HashMap<String, String>> {
+    #[derive(serde::Deserialize)]
+    struct AnnotationsOnly {
+        #[serde(default)]
+        annotations: HashMap<String, String>,
+    }
+    serde_json::from_slice::<AnnotationsOnly>(bytes)
+        .ok()
+        .map(|a| a.annotations)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +226,23 @@ mod tests {
             BundleSpec::read(d.path()),
             Err(BundleSpecError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn a_spec_the_types_refuse_still_gives_its_annotations() {
+        let bytes = serde_json::to_vec(&serde_json::json!({
+            "annotations": {"gpusnap.io/restore-from": "ck"},
+            "process": {"capabilities": {"bounding": ["CAP_NOT_YET_KNOWN"]}},
+        }))
+        .unwrap();
+        assert!(BundleSpec::from_bytes(&bytes).is_err());
+        let a = annotations_of(&bytes).unwrap();
+        assert_eq!(
+            a.get("gpusnap.io/restore-from").map(String::as_str),
+            Some("ck")
+        );
+        assert!(annotations_of(b"{\"annotations\": 1}").is_none());
+        assert!(annotations_of(b"{}").is_some_and(|a| a.is_empty()));
     }
 
     /// What `runc spec` writes, as containerd and Podman build on it: accepted whole.
