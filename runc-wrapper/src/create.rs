@@ -26,6 +26,28 @@ use crate::{held, Context, SCRATCH_DIR};
 /// Where the restores of `create` keep CRIU's work directory (`restore.log`), by container.
 const WORK_DIR: &str = "create-restore";
 
+/// The work directory of the restore at `create` of container `id`.
+fn work_dir(id: &str) -> Option<PathBuf> {
+    // runc's ids are plain names; any other would not name a directory of ours.
+    let plain = !id.is_empty()
+        && id != "."
+        && id != ".."
+        && !id.contains('/')
+        && !id.chars().any(char::is_control);
+    plain.then(|| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
+}
+
+/// Removes the work directory of the restore at `create` of container `id`, if any.
+pub fn remove_work_dir(id: &str) {
+    if let Some(dir) = work_dir(id) {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot remove the restore's work directory");
+            }
+        }
+    }
+}
+
 pub fn run(ctx: &Context) -> i32 {
     let parsed = ctx.inv.command_parsed(CREATE_VALUE_FLAGS);
     if ctx.inv.wants_help(&parsed) {
@@ -78,7 +100,9 @@ pub fn run(ctx: &Context) -> i32 {
         Err(e) => return refuse(&e),
     };
     let scratch = PathBuf::from(SCRATCH_DIR);
-    let work_dir = scratch.join(WORK_DIR).join(id);
+    let Some(work_dir) = work_dir(id) else {
+        return ctx.exec_runc();
+    };
     let terminal = spec
         .pointer("/process/terminal")
         .and_then(|t| t.as_bool())

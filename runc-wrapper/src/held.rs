@@ -114,11 +114,21 @@ pub fn start(ctx: &Context) -> i32 {
 }
 
 /// `kill [--all] ID [SIGNAL]`: runc's kill, then a held container is thawed, so that the
-/// signal acts as on a created container's init (a frozen task never handles it).
+/// signal acts as on a created container's init (a frozen task never handles it). Signal 0
+/// only asks whether it exists: it stays held.
 pub fn kill(ctx: &Context) -> i32 {
     let Some(id) = held_id(ctx, &[]) else {
         return ctx.exec_runc();
     };
+    let probe = ctx
+        .inv
+        .command_parsed(&[])
+        .positionals
+        .get(1)
+        .is_some_and(|s| s == "0");
+    if probe {
+        return ctx.exec_runc();
+    }
     let status = match ctx.runc_command(&ctx.inv.args).status() {
         Ok(s) => s,
         Err(e) => {
@@ -135,12 +145,21 @@ pub fn kill(ctx: &Context) -> i32 {
 /// `delete [--force] ID`: a held container is killed and thawed first (its processes exist,
 /// unlike a created container's), then runc deletes it as asked.
 pub fn delete(ctx: &Context) -> i32 {
+    forget_work_dir(ctx);
     let Some(id) = held_id(ctx, &[]) else {
         return ctx.exec_runc();
     };
     let _ = runc_status(ctx, &["kill", "--all", &id, "KILL"]);
     release(ctx, &id);
     ctx.exec_runc()
+}
+
+/// `delete ID` of any container: the work directory a restore at `create` left is removed
+/// (CRIU's `restore.log`, kept until then for whoever looks into a restore).
+pub fn forget_work_dir(ctx: &Context) {
+    if let Some(id) = ctx.inv.command_parsed(&[]).positionals.first() {
+        crate::create::remove_work_dir(id);
+    }
 }
 
 /// Thaws a held container and removes its mark.

@@ -222,6 +222,12 @@ fn checkpoint_images_chunked_and_classic_restore_through_crio() {
     });
 }
 
+/// gpusnap-runc's work directory of the restore at `create` of container `id` (CRIU's
+/// `restore.log`), kept until the container is deleted.
+fn create_restore_work_dir(id: &str) -> std::path::PathBuf {
+    Path::new("/run/gpusnap-runc/create-restore").join(id)
+}
+
 /// Restore by pod annotation through gpusnap-runc, CRI-O's own restore not involved: the
 /// export built into a checkpoint image, mounted into a new pod's container as an image volume
 /// (KEP-4639) that the pod's `gpusnap.io/restore-from-volume` annotation names. gpusnap-runc
@@ -327,9 +333,17 @@ fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
         check_continues("the restored container after the refusal", &before, || {
             c.count(&b)
         })?;
+        ensure!(
+            create_restore_work_dir(&b).join("restore.log").is_file(),
+            "no restore.log of the restore at create"
+        );
         c.remove_all_pods()?;
         let left = runc_list(&c.runtime_root)?;
         ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        ensure!(
+            !create_restore_work_dir(&b).exists(),
+            "the restore's work directory outlived the container"
+        );
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
         Ok(())
@@ -421,9 +435,17 @@ fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is
             "after stop the restored container is {}",
             c.state(&b)?
         );
+        ensure!(
+            create_restore_work_dir(&b).join("restore.log").is_file(),
+            "no restore.log of the restore at create"
+        );
         c.remove_all_pods()?;
         let left = runc_list(&c.runtime_root)?;
         ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        ensure!(
+            !create_restore_work_dir(&b).exists(),
+            "the restore's work directory outlived the container"
+        );
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
         Ok(())
