@@ -5,8 +5,8 @@
 //! `created` before it calls `start`. A restore has to happen at `create` (at `start` the
 //! restored init would not be the pid conmon waits for), so the restored container is frozen
 //! there and marked as held: while the mark exists, `state` shows runc's `paused` as
-//! `created`, `start` thaws it, and `kill` and `delete` thaw it after signalling so that the
-//! signal acts. The mark lives in runc's state directory of the container, so it goes with
+//! `created`, `start` thaws it, and `kill` and `delete` kill it (it never started) and thaw
+//! it so that it goes. The mark lives in runc's state directory of the container, so it goes with
 //! runc's state (`delete`).
 
 use std::path::{Path, PathBuf};
@@ -113,33 +113,33 @@ pub fn start(ctx: &Context) -> i32 {
     }
 }
 
-/// `kill [--all] ID [SIGNAL]`: runc's kill, then a held container is thawed, so that the
-/// signal acts as on a created container's init (a frozen task never handles it). Signal 0
-/// only asks whether it exists: it stays held.
+/// `kill [--all] ID [SIGNAL]` of a held container kills it (every process, SIGKILL) and
+/// thaws it so that it goes: its processes have not started as far as the caller knows, as a
+/// created container's `runc init` dies of the signal before the container's process runs. A
+/// frozen task would never handle another signal, and a thawed one would run un-started
+/// until the caller's stop timeout. Signal 0 only asks whether it exists: it stays held.
 pub fn kill(ctx: &Context) -> i32 {
     let Some(id) = held_id(ctx, &[]) else {
         return ctx.exec_runc();
     };
-    let probe = ctx
-        .inv
-        .command_parsed(&[])
-        .positionals
-        .get(1)
-        .is_some_and(|s| s == "0");
-    if probe {
+    let signal = ctx.inv.command_parsed(&[]).positionals.get(1).cloned();
+    if signal.as_deref() == Some("0") {
         return ctx.exec_runc();
     }
-    let status = match ctx.runc_command(&ctx.inv.args).status() {
-        Ok(s) => s,
-        Err(e) => {
-            ctx.fail(&format!("cannot run {}: {e}", ctx.runc.display()));
-            return EXIT_NO_RUNC;
+    tracing::info!(
+        id,
+        signal = signal.as_deref().unwrap_or("SIGTERM"),
+        "held restored container killed before its start"
+    );
+    match runc_status(ctx, &["kill", "--all", &id, "KILL"]) {
+        Ok(s) => {
+            if s.success() {
+                release(ctx, &id);
+            }
+            exit_code(s)
         }
-    };
-    if status.success() {
-        release(ctx, &id);
+        Err(code) => code,
     }
-    exit_code(status)
 }
 
 /// `delete [--force] ID`: a held container is killed and thawed first (its processes exist,

@@ -428,6 +428,46 @@ fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is
             "the refused create left a container in runc: {:?}",
             runc_list(&c.runtime_root)?
         );
+        // Removed before it was ever started: its held (frozen) processes are killed.
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-name-h"),
+            &[("gpusnap.io/restore-from", "ck-a")],
+        )?;
+        let held = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            held.status.success(),
+            "crictl create of a second annotated container: {}",
+            describe(&held)
+        );
+        let h = text(&held.stdout).trim().to_string();
+        ensure!(
+            c.state(&h)? == "CONTAINER_CREATED",
+            "{h} is {}",
+            c.state(&h)?
+        );
+        let held_pid = c.pid(&h)?;
+        // A stop with CRI-O's grace period: a held container never started, so the first
+        // signal kills it (the counter's shell ignores SIGTERM; thawed, it would run on until
+        // the period ends).
+        let stopping = std::time::Instant::now();
+        c.ok(&["stop", "-t", "30", &h])?;
+        ensure!(
+            stopping.elapsed() < std::time::Duration::from_secs(15),
+            "stopping the held container took {:?}",
+            stopping.elapsed()
+        );
+        c.ok(&["rm", &h])?;
+        let gone = gpusnap_testkit::wait::wait_until(std::time::Duration::from_secs(10), || {
+            !Path::new(&format!("/proc/{held_pid}")).exists()
+        });
+        ensure!(
+            gone,
+            "the held container's init {held_pid} outlived its removal"
+        );
+        ensure!(
+            !runc_list(&c.runtime_root)?.iter().any(|(id, _)| id == &h),
+            "runc still knows the removed held container"
+        );
         // Stopping the restored container works as for any other (kill, then delete).
         c.ok(&["stop", "-t", "0", &b])?;
         ensure!(

@@ -155,3 +155,72 @@ fn annotation<'a>(
                 .map(|v| (base.to_string(), v.as_str()))
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn one_checkpoint_or_none_is_asked_for() {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = Config::default();
+        c.restore.checkpoint_root = root.path().to_path_buf();
+        assert!(!requested(&ann(&[])));
+        assert!(resolve(&ann(&[]), &[], &c).unwrap().is_none());
+        // The container's own annotation, or the pod's; never the pod's sandbox.
+        let own = ann(&[
+            ("gpusnap.io/restore-from.app", "x"),
+            (CRIO_NAME, "app"),
+            (CRIO_TYPE, "container"),
+        ]);
+        assert!(requested(&own));
+        let sandbox = ann(&[("gpusnap.io/restore-from", "x"), (CRIO_TYPE, "sandbox")]);
+        assert!(!requested(&sandbox));
+        assert!(resolve(&sandbox, &[], &c).unwrap().is_none());
+        // Both at once, each one valid on its own: refused.
+        std::fs::create_dir_all(root.path().join("x")).unwrap();
+        gpusnap_checkpoint::origin::Origin {
+            format: gpusnap_checkpoint::origin::ORIGIN_FORMAT,
+            source: "test".into(),
+            manifest_digest: "sha256:00".into(),
+            pinned: true,
+            signature: gpusnap_checkpoint::origin::SignatureCheck::NotChecked,
+            rootfs_diff: None,
+        }
+        .write(&root.path().join("x"))
+        .unwrap();
+        let both = ann(&[
+            ("gpusnap.io/restore-from", "x"),
+            ("gpusnap.io/restore-from-volume", "/ckpt"),
+            (CONTAINERD_TYPE, "container"),
+            (CONTAINERD_SANDBOX_ID, "sb"),
+        ]);
+        let mounts = [SpecMount {
+            destination: "/ckpt".into(),
+            source: format!("/run/c/image-volumes/sb/{}", "d".repeat(64)),
+            kind: "bind".into(),
+            options: vec!["rbind".into(), "ro".into()],
+        }];
+        assert!(requested(&both));
+        let mut one = both.clone();
+        one.remove("gpusnap.io/restore-from");
+        assert!(resolve(&one, &mounts, &c)
+            .unwrap()
+            .unwrap()
+            .volume
+            .is_some());
+        let e = resolve(&both, &mounts, &c).unwrap_err();
+        assert!(matches!(e, RestoreSourceError::Both), "{e}");
+        assert!(e.to_string().starts_with(
+            "the container is annotated both gpusnap.io/restore-from and \
+             gpusnap.io/restore-from-volume"
+        ));
+    }
+}
