@@ -40,8 +40,8 @@ fn unmark(state_dir: &Path) {
 }
 
 /// The container a `state`, `start`, `kill` or `delete` names, when it is held.
-fn held_id(ctx: &Context, value_flags: &[&str]) -> Option<String> {
-    let parsed = ctx.inv.command_parsed(value_flags);
+fn held_id(ctx: &Context) -> Option<String> {
+    let parsed = ctx.inv.command_parsed(&[]);
     let id = parsed.positionals.first()?;
     is_held(&ctx.state_dir(id)).then(|| id.clone())
 }
@@ -59,7 +59,7 @@ fn runc_status(ctx: &Context, args: &[&str]) -> Result<std::process::ExitStatus,
 
 /// `state ID`: runc's state, `paused` shown as `created` while the container is held.
 pub fn state(ctx: &Context) -> i32 {
-    let Some(id) = held_id(ctx, &[]) else {
+    let Some(id) = held_id(ctx) else {
         return ctx.exec_runc();
     };
     let out = match ctx
@@ -92,7 +92,7 @@ pub fn state(ctx: &Context) -> i32 {
 /// `start ID`: a held container is thawed (`runc resume`); it already runs its restored
 /// processes, so runc's own `start` has nothing to do.
 pub fn start(ctx: &Context) -> i32 {
-    let Some(id) = held_id(ctx, &[]) else {
+    let Some(id) = held_id(ctx) else {
         return ctx.exec_runc();
     };
     match runc_status(ctx, &["resume", &id]) {
@@ -119,7 +119,7 @@ pub fn start(ctx: &Context) -> i32 {
 /// frozen task would never handle another signal, and a thawed one would run un-started
 /// until the caller's stop timeout. Signal 0 only asks whether it exists: it stays held.
 pub fn kill(ctx: &Context) -> i32 {
-    let Some(id) = held_id(ctx, &[]) else {
+    let Some(id) = held_id(ctx) else {
         return ctx.exec_runc();
     };
     let signal = ctx.inv.command_parsed(&[]).positionals.get(1).cloned();
@@ -146,7 +146,7 @@ pub fn kill(ctx: &Context) -> i32 {
 /// unlike a created container's), then runc deletes it as asked.
 pub fn delete(ctx: &Context) -> i32 {
     forget_work_dir(ctx);
-    let Some(id) = held_id(ctx, &[]) else {
+    let Some(id) = held_id(ctx) else {
         return ctx.exec_runc();
     };
     let _ = runc_status(ctx, &["kill", "--all", &id, "KILL"]);
