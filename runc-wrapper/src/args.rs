@@ -37,6 +37,16 @@ pub const RESTORE_VALUE_FLAGS: &[&str] = &[
     "lsm-mount-context",
 ];
 
+/// `runc create` flags that take a value (runc `create.go`).
+pub const CREATE_VALUE_FLAGS: &[&str] = &[
+    "bundle",
+    "b",
+    "console-socket",
+    "pidfd-socket",
+    "pid-file",
+    "preserve-fds",
+];
+
 /// One parsed `-name[=value]` or `-name value`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Flag {
@@ -258,6 +268,31 @@ mod tests {
         assert!(!sub.is_set(&["leave-running"]));
         assert_eq!(sub.value(&["bundle", "b"]), Some("/bundle"));
         assert_eq!(sub.positionals, ["x"]);
+    }
+
+    #[test]
+    fn conmons_create() {
+        // conmon: `RUNTIME [--root R] create --bundle B --pid-file P [--console-socket S] ID`.
+        let i = inv(&[
+            "--root=/run/r",
+            "create",
+            "--bundle",
+            "/b",
+            "--pid-file",
+            "/b/pidfile",
+            "--console-socket",
+            "/s.sock",
+            "--no-pivot",
+            "ctr",
+        ]);
+        assert_eq!(i.command(), Some(OsStr::new("create")));
+        let sub = i.command_parsed(CREATE_VALUE_FLAGS);
+        assert_eq!(sub.value(&["bundle", "b"]), Some("/b"));
+        assert_eq!(sub.value(&["pid-file"]), Some("/b/pidfile"));
+        assert_eq!(sub.value(&["console-socket"]), Some("/s.sock"));
+        assert!(sub.is_set(&["no-pivot"]));
+        assert_eq!(sub.positionals, ["ctr"]);
+        assert_eq!(i.global_args(), ["--root=/run/r"].map(OsString::from));
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! bounded by no deadline, its watch having died with gpusnap-runc), CRIU's yards mounted in the
 //! host, or a restored workload running in a container its caller reports as failed.
 //!
-//! So `restore` starts the guard first: the same binary and arguments after [`GUARD_ARG`], in
-//! a process group of its own, with no stdio of the caller's,
-//! holding only the read end of a pipe whose write end gpusnap-runc keeps (close-on-exec, so
+//! So `restore` (and a `create` that restores, `create.rs`) starts the guard first: the same
+//! binary and arguments after [`GUARD_ARG`], in a process group of its own, with no stdio of
+//! the caller's, holding only the read end of a pipe whose write end gpusnap-runc keeps (close-on-exec, so
 //! neither runc nor CRIU nor the container inherit it). The pipe reaches end-of-file when
 //! gpusnap-runc exits, however it exits. The guard then reads the restore's in-flight record:
 //! a record whose writer is dead means the restore was interrupted, and the guard repairs from
@@ -93,7 +93,13 @@ pub fn take_guard_arg(args: &mut Vec<std::ffi::OsString>) -> bool {
 /// named from the restore record in the scratch directory, when that record's writer died.
 /// Returns the exit code (nobody reads it).
 pub fn run(ctx: &Context) -> i32 {
-    let parsed = ctx.inv.command_parsed(crate::args::RESTORE_VALUE_FLAGS);
+    // A `restore`, or a `create` that restores (`create.rs`).
+    let flags = if ctx.inv.command() == Some(std::ffi::OsStr::new("create")) {
+        crate::args::CREATE_VALUE_FLAGS
+    } else {
+        crate::args::RESTORE_VALUE_FLAGS
+    };
+    let parsed = ctx.inv.command_parsed(flags);
     let [id] = parsed.positionals.as_slice() else {
         return 1;
     };

@@ -5,6 +5,9 @@
 //! convert runc's command line into a request of the same checkpoint and restore transactions
 //! the containerd shim runs (`gpusnap_transaction`), and map its error once onto an exit code;
 //! `resume` finishes what a checkpoint of a container its caller had frozen left to do.
+//! `create` of a container whose spec carries `gpusnap.io/restore-from[-volume]` restores it
+//! instead and holds it frozen until `start` ([`create`], [`held`]); `state`, `start`, `kill`
+//! and `delete` go to runc unchanged unless they name such a held container.
 //!
 //! Callers do not always give a `PATH` (Podman runs `kill` and `delete` with none), so runc
 //! and CRIU are found from the configuration and the standard system locations
@@ -12,7 +15,9 @@
 
 mod args;
 mod checkpoint;
+mod create;
 mod guard;
+mod held;
 mod locate;
 mod repair;
 mod restore;
@@ -271,6 +276,12 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
         Some(c) if c == "checkpoint" => checkpoint::run(&ctx),
         Some(c) if c == "restore" => restore::run(&ctx),
         Some(c) if c == "resume" => resume::run(&ctx),
+        // A container restored at `create` and held until `start` (`create.rs`, `held.rs`).
+        Some(c) if c == "create" => create::run(&ctx),
+        Some(c) if c == "state" => held::state(&ctx),
+        Some(c) if c == "start" => held::start(&ctx),
+        Some(c) if c == "kill" => held::kill(&ctx),
+        Some(c) if c == "delete" => held::delete(&ctx),
         _ => ctx.exec_runc(),
     }
 }

@@ -21,13 +21,29 @@ const SUBCOMMANDS: &[(&str, &str)] = &[
         "resume",
         "runc resume, then finishes a checkpoint of a container its caller had frozen",
     ),
-    ("create", "runc create (exec)"),
+    (
+        "create",
+        "runc create (exec); a spec annotated gpusnap.io/restore-from[-volume] is restored \
+         instead and held frozen until start",
+    ),
     ("run", "runc run (exec)"),
-    ("start", "runc start (exec)"),
+    (
+        "start",
+        "runc start (exec); thaws a container restored at create",
+    ),
     ("exec", "runc exec (exec)"),
-    ("kill", "runc kill (exec)"),
-    ("delete", "runc delete (exec)"),
-    ("state", "runc state (exec)"),
+    (
+        "kill",
+        "runc kill (exec); kills a container restored at create that has not started",
+    ),
+    (
+        "delete",
+        "runc delete (exec), after killing a container restored at create that has not started",
+    ),
+    (
+        "state",
+        "runc state (exec); a container restored at create shows created until start",
+    ),
     ("list", "runc list (exec)"),
     ("ps", "runc ps (exec)"),
     ("pause", "runc pause (exec)"),
@@ -44,8 +60,11 @@ pub fn command() -> Command {
         .about("runc for CRI-O and Podman, with gpusnap's checkpoint and restore")
         .long_about(
             "gpusnap-runc takes runc's command line. `checkpoint`, `restore` and `resume` run \
-             gpusnap's transactions around the real runc; every other subcommand is handed to \
-             runc with exec, so its output, signals and exit code are runc's. A checkpoint \
+             gpusnap's transactions around the real runc, as does a `create` whose spec carries \
+             gpusnap.io/restore-from or gpusnap.io/restore-from-volume (the container is \
+             restored there and held frozen, shown as created, until `start`); every other \
+             subcommand is handed to runc with exec, so its output, signals and exit code are \
+             runc's. A checkpoint \
              image is checked before CRIU restores it: an incomplete, damaged, unsigned (when \
              the policy requires signatures) or out-of-bounds one is refused with the reason.",
         )

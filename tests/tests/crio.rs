@@ -2,8 +2,12 @@
 //! `gpusnap install --crio-dropin-dir` writes, driven with crictl: pod, counter,
 //! `crictl checkpoint --export`, restore into a new pod (the archive as the container's
 //! image), the counter going on; a tampered archive refused with one readable error naming
-//! the file; the same with the CUDA driver double, its calls checked in order; and CRI-O's
-//! image-based restore of the checkpoint images `gpusnap image build` makes (chunked, classic).
+//! the file; the same with the CUDA driver double, its calls checked in order; CRI-O's
+//! image-based restore of the checkpoint images `gpusnap image build` makes (chunked, classic);
+//! and gpusnap-runc's own restore at `create` from the pod annotations
+//! `gpusnap.io/restore-from-volume` (an image volume) and `gpusnap.io/restore-from` (a node
+//! checkpoint by name), the container shown as created until `start`, refusals failing the
+//! create with the reason.
 //!
 //! CRI-O and crictl come from ../shared/tools via scripts/setup-env.sh; without them the tests
 //! fail saying so.
@@ -212,6 +216,276 @@ fn checkpoint_images_chunked_and_classic_restore_through_crio() {
             )?;
         }
         c.remove_all_pods()?;
+        let procs = processes_with(&marker);
+        ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// gpusnap-runc's work directory of the restore at `create` of container `id` (CRIU's
+/// `restore.log`), kept until the container is deleted.
+fn create_restore_work_dir(id: &str) -> std::path::PathBuf {
+    Path::new("/run/gpusnap-runc/create-restore").join(id)
+}
+
+/// Restore by pod annotation through gpusnap-runc, CRI-O's own restore not involved: the
+/// export built into a checkpoint image, mounted into a new pod's container as an image volume
+/// (KEP-4639) that the pod's `gpusnap.io/restore-from-volume` annotation names. gpusnap-runc
+/// restores it at `create` and holds it frozen, so CRI-O sees a created container; `start`
+/// thaws it and the counter goes on from the checkpoint. An annotation naming a path where the
+/// container mounts nothing fails the create, saying why, with nothing left running.
+#[test]
+fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
+    run(|| {
+        let own = tempfile::Builder::new()
+            .prefix("gco-vol-")
+            .tempdir_in("/tmp")?;
+        let root = own.path().join("checkpoints");
+        fs::create_dir_all(&root)?;
+        let config = own.path().join("gpusnap.toml");
+        fs::write(
+            &config,
+            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+        )?;
+        let c = Crio::start(Some(&config))?;
+        let marker = unique("gco-vol");
+        let (a, _) = counter(&c, &unique("gco-vol-a"), &marker, &[])?;
+        let archive = c.dir().join("vol-a.tar");
+        let before = export(&c, &marker, &a, &archive)?;
+        let oci = c.dir().join("vol.oci.tar");
+        let name = "localhost/gpusnap-test/crio-vol:1";
+        let (archive_arg, oci_arg) = (archive.display().to_string(), oci.display().to_string());
+        let args = ["image", "build", &archive_arg, "-t", name, "-o", &oci_arg];
+        let built = gpusnap_testkit::gpusnap(args);
+        ensure!(
+            built.status.success(),
+            "gpusnap {}: {}",
+            args.join(" "),
+            describe(&built)
+        );
+        c.load_image(&oci, name)?;
+
+        // The pod spec names the image and the annotation its mountPath.
+        let mut ctr = c.container_config("counter", BUSYBOX_IMAGE, Some(&marker), &[]);
+        ctr["mounts"]
+            .as_array_mut()
+            .context("mounts")?
+            .push(serde_json::json!(
+                {"container_path": "/ckpt", "image": {"image": name}, "readonly": true}
+            ));
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-vol-b"),
+            &[("gpusnap.io/restore-from-volume", "/ckpt")],
+        )?;
+        let created = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            created.status.success(),
+            "crictl create of the annotated container: {}",
+            describe(&created)
+        );
+        let b = text(&created.stdout).trim().to_string();
+        ensure!(
+            c.state(&b)? == "CONTAINER_CREATED",
+            "the restored container is {} before start",
+            c.state(&b)?
+        );
+        c.ok(&["start", &b])?;
+        check_continues(
+            "the container restored from the image volume",
+            &before,
+            || c.count(&b),
+        )?;
+        ensure!(
+            c.state(&b)? == "CONTAINER_RUNNING",
+            "after start the restored container is {}",
+            c.state(&b)?
+        );
+        ensure!(
+            root.join(".gpusnap-volumes").is_dir(),
+            "no node copy under {}",
+            root.display()
+        );
+
+        // Refused: nothing is mounted at the path the annotation names.
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-vol-r"),
+            &[("gpusnap.io/restore-from-volume", "/nowhere")],
+        )?;
+        let before_refusal = runc_list(&c.runtime_root)?;
+        let refused = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            !refused.status.success(),
+            "a create naming an unmounted path succeeded: {}",
+            describe(&refused)
+        );
+        let err = text(&refused.stderr);
+        ensure!(
+            err.contains("gpusnap.io/restore-from-volume")
+                && err.contains("mounts nothing there")
+                && err.contains("nothing was restored"),
+            "the refusal does not say why: {err}"
+        );
+        ensure!(
+            runc_list(&c.runtime_root)? == before_refusal,
+            "the refused create left a container in runc: {:?}",
+            runc_list(&c.runtime_root)?
+        );
+        check_continues("the restored container after the refusal", &before, || {
+            c.count(&b)
+        })?;
+        ensure!(
+            create_restore_work_dir(&b).join("restore.log").is_file(),
+            "no restore.log of the restore at create"
+        );
+        c.remove_all_pods()?;
+        let left = runc_list(&c.runtime_root)?;
+        ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        ensure!(
+            !create_restore_work_dir(&b).exists(),
+            "the restore's work directory outlived the container"
+        );
+        let procs = processes_with(&marker);
+        ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// Restore by name through gpusnap-runc: a counter checkpointed on the node by `gpusnap-runc
+/// checkpoint --leave-running` into `restore.checkpoint_root` (this node's record vouches for
+/// it), and a new pod annotated `gpusnap.io/restore-from: NAME` whose container names the
+/// original image: restored at `create`, created until `start`, then counting on. A name
+/// with no checkpoint fails the create, saying what to do, with nothing left running.
+#[test]
+fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is_refused() {
+    run(|| {
+        let own = tempfile::Builder::new()
+            .prefix("gco-name-")
+            .tempdir_in("/tmp")?;
+        let root = own.path().join("checkpoints");
+        fs::create_dir_all(&root)?;
+        let config = own.path().join("gpusnap.toml");
+        fs::write(
+            &config,
+            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+        )?;
+        let c = Crio::start(Some(&config))?;
+        let marker = unique("gco-name");
+        let (a, _) = counter(&c, &unique("gco-name-a"), &marker, &[])?;
+        let before = wait_count(&marker, &a, 0, || c.count(&a))?;
+        let out = std::process::Command::new(gpusnap_testkit::binary("gpusnap-runc"))
+            .arg("--root")
+            .arg(&c.runtime_root)
+            .args(["checkpoint", "--leave-running", "--image-path"])
+            .arg(root.join("ck-a"))
+            .arg(&a)
+            .env("GPUSNAP_CONFIG", &c.gpusnap_config)
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "gpusnap-runc checkpoint: {}",
+            describe(&out)
+        );
+
+        let ctr = c.container_config("counter", BUSYBOX_IMAGE, Some(&marker), &[]);
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-name-b"),
+            &[("gpusnap.io/restore-from", "ck-a")],
+        )?;
+        let created = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            created.status.success(),
+            "crictl create of the annotated container: {}",
+            describe(&created)
+        );
+        let b = text(&created.stdout).trim().to_string();
+        ensure!(
+            c.state(&b)? == "CONTAINER_CREATED",
+            "the restored container is {} before start",
+            c.state(&b)?
+        );
+        c.ok(&["start", &b])?;
+        check_continues("the container restored by name", &before, || c.count(&b))?;
+
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-name-r"),
+            &[("gpusnap.io/restore-from", "absent")],
+        )?;
+        let before_refusal = runc_list(&c.runtime_root)?;
+        let refused = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            !refused.status.success(),
+            "a create naming no checkpoint succeeded: {}",
+            describe(&refused)
+        );
+        let err = text(&refused.stderr);
+        ensure!(
+            err.contains("does not exist on this node") && err.contains("gpusnap image pull"),
+            "the refusal does not say why: {err}"
+        );
+        ensure!(
+            runc_list(&c.runtime_root)? == before_refusal,
+            "the refused create left a container in runc: {:?}",
+            runc_list(&c.runtime_root)?
+        );
+        // Removed before it was ever started: its held (frozen) processes are killed.
+        let (pod, pod_cfg) = c.run_pod_annotated(
+            &unique("gco-name-h"),
+            &[("gpusnap.io/restore-from", "ck-a")],
+        )?;
+        let held = c.create(&pod, &pod_cfg, &ctr)?;
+        ensure!(
+            held.status.success(),
+            "crictl create of a second annotated container: {}",
+            describe(&held)
+        );
+        let h = text(&held.stdout).trim().to_string();
+        ensure!(
+            c.state(&h)? == "CONTAINER_CREATED",
+            "{h} is {}",
+            c.state(&h)?
+        );
+        let held_pid = c.pid(&h)?;
+        // A stop with CRI-O's grace period: a held container never started, so the first
+        // signal kills it (the counter's shell ignores SIGTERM; thawed, it would run on until
+        // the period ends).
+        let stopping = std::time::Instant::now();
+        c.ok(&["stop", "-t", "30", &h])?;
+        ensure!(
+            stopping.elapsed() < std::time::Duration::from_secs(15),
+            "stopping the held container took {:?}",
+            stopping.elapsed()
+        );
+        c.ok(&["rm", &h])?;
+        let gone = gpusnap_testkit::wait::wait_until(std::time::Duration::from_secs(10), || {
+            !Path::new(&format!("/proc/{held_pid}")).exists()
+        });
+        ensure!(
+            gone,
+            "the held container's init {held_pid} outlived its removal"
+        );
+        ensure!(
+            !runc_list(&c.runtime_root)?.iter().any(|(id, _)| id == &h),
+            "runc still knows the removed held container"
+        );
+        // Stopping the restored container works as for any other (kill, then delete).
+        c.ok(&["stop", "-t", "0", &b])?;
+        ensure!(
+            c.state(&b)? == "CONTAINER_EXITED",
+            "after stop the restored container is {}",
+            c.state(&b)?
+        );
+        ensure!(
+            create_restore_work_dir(&b).join("restore.log").is_file(),
+            "no restore.log of the restore at create"
+        );
+        c.remove_all_pods()?;
+        let left = runc_list(&c.runtime_root)?;
+        ensure!(left.is_empty(), "runc still has {left:?} after rmp");
+        ensure!(
+            !create_restore_work_dir(&b).exists(),
+            "the restore's work directory outlived the container"
+        );
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
         Ok(())

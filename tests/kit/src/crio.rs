@@ -296,7 +296,23 @@ impl Crio {
 
     /// `crictl runp --runtime gpusnap` of a pod named `name`; returns (pod id, pod config path).
     pub fn run_pod(&self, name: &str) -> Result<(String, PathBuf)> {
-        let cfg = self.write_json("pod", &self.pod_config(name))?;
+        self.run_pod_annotated(name, &[])
+    }
+
+    /// [`Crio::run_pod`] of a pod with `annotations` (CRI-O copies a pod's annotations into
+    /// its containers' specs).
+    pub fn run_pod_annotated(
+        &self,
+        name: &str,
+        annotations: &[(&str, &str)],
+    ) -> Result<(String, PathBuf)> {
+        let mut pod = self.pod_config(name);
+        pod["annotations"] = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        let cfg = self.write_json("pod", &pod)?;
         let id = self.ok(&[
             "runp".as_ref(),
             "--runtime".as_ref(),

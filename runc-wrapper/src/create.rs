@@ -1,0 +1,185 @@
+//! `gpusnap-runc create` of a container whose spec asks to start from a checkpoint: the pod
+//! annotations `gpusnap.io/restore-from[.CONTAINER]: NAME` (a checkpoint under
+//! `restore.checkpoint_root`) or `gpusnap.io/restore-from-volume[.CONTAINER]: MOUNT_PATH` (a
+//! checkpoint image the container mounts as an image volume), which CRI-O copies from the
+//! pod into the container's spec. What they name is resolved by the transaction
+//! (`gpusnap_transaction::restore_source`), as for the containerd shim; every other `create`
+//! goes to runc unchanged.
+//!
+//! conmon runs `create --bundle B --pid-file P [--console-socket S] ID` and waits on the pid
+//! it reads from P as the init's subreaper, so the restore happens here, not at `start`: the
+//! restore transaction runs `runc restore --detach` with the same pid file, console socket and
+//! stdio (the restored init becomes conmon's child when runc exits), and the restored container
+//! is then frozen and held until `start` (`held.rs`). A refusal or a failed restore leaves
+//! nothing running and fails the `create` with the reason, which CRI-O reports as the
+//! container's creation error.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use gpusnap_transaction::restore_source::{self, SpecMount};
+use gpusnap_transaction::{Direct, Error, RestoreCommand, RestoreRequest};
+
+use crate::args::CREATE_VALUE_FLAGS;
+use crate::{held, Context, SCRATCH_DIR};
+
+/// Where the restores of `create` keep CRIU's work directory (`restore.log`), by container.
+const WORK_DIR: &str = "create-restore";
+
+/// The work directory of the restore at `create` of container `id`.
+fn work_dir(id: &str) -> Option<PathBuf> {
+    // runc's ids are plain names; any other would not name a directory of ours.
+    let plain = !id.is_empty()
+        && id != "."
+        && id != ".."
+        && !id.contains('/')
+        && !id.chars().any(char::is_control);
+    plain.then(|| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
+}
+
+/// Removes the work directory of the restore at `create` of container `id`, if any.
+pub fn remove_work_dir(id: &str) {
+    if let Some(dir) = work_dir(id) {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot remove the restore's work directory");
+            }
+        }
+    }
+}
+
+pub fn run(ctx: &Context) -> i32 {
+    let parsed = ctx.inv.command_parsed(CREATE_VALUE_FLAGS);
+    if ctx.inv.wants_help(&parsed) {
+        return ctx.exec_runc();
+    }
+    let [id] = parsed.positionals.as_slice() else {
+        return ctx.exec_runc();
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let path = |names: &[&str]| {
+        parsed
+            .value(names)
+            .filter(|v| !v.is_empty())
+            .map(|v| cwd.join(v))
+    };
+    let bundle = path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone());
+    // The spec, read once and capped; one runc cannot read is runc's to report.
+    let Some(spec) = gpusnap_transaction::bundle_spec::read_bytes(&bundle)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return ctx.exec_runc();
+    };
+    let annotations: HashMap<String, String> = spec
+        .get("annotations")
+        .and_then(|a| a.as_object())
+        .map(|a| {
+            a.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !restore_source::requested(&annotations) {
+        return ctx.exec_runc();
+    }
+    let refuse = |e: &dyn std::fmt::Display| {
+        ctx.fail_with(&Error::precondition(format!(
+            "cannot create {id} from a checkpoint: {e}; nothing was restored"
+        )))
+    };
+    let config = match ctx.config_for(&bundle) {
+        Ok(c) => c,
+        Err(e) => return refuse(&e),
+    };
+    let source = match restore_source::resolve(&annotations, &SpecMount::list(Some(&spec)), &config)
+    {
+        Ok(Some(s)) => s,
+        // The pod's sandbox container: started fresh.
+        Ok(None) => return ctx.exec_runc(),
+        Err(e) => return refuse(&e),
+    };
+    let scratch = PathBuf::from(SCRATCH_DIR);
+    let Some(work_dir) = work_dir(id) else {
+        return ctx.exec_runc();
+    };
+    let terminal = spec
+        .pointer("/process/terminal")
+        .and_then(|t| t.as_bool())
+        .unwrap_or(false);
+    let request = RestoreRequest {
+        container_id: id.clone(),
+        bundle,
+        checkpoint_dir: source.image.clone(),
+        rootfs_diff: source.rootfs_diff.clone(),
+        signature_evidence: source.signature_evidence.clone(),
+        checkpoint_mount: None,
+        began: None,
+        runc: ctx.global(),
+        config,
+        scratch_dir: scratch,
+        command: RestoreCommand::Build {
+            pid_file: path(&["pid-file"]).unwrap_or_else(|| work_dir.join("init.pid")),
+            work_dir,
+            console_socket: path(&["console-socket"]),
+            no_pivot: parsed.is_set(&["no-pivot"]),
+            terminal,
+        },
+    };
+    tracing::info!(id, checkpoint = %source.image.display(), volume = source.volume.is_some(), "create restores from a checkpoint");
+    let _guard = crate::guard::start(ctx);
+    let restored = match &source.volume {
+        Some(v) => gpusnap_transaction::volume::restore(v, request, &Direct).map(|(r, m)| {
+            tracing::info!(id, dir = %m.checkpoint_dir.display(), made = m.made, "restored from the image volume");
+            r
+        }),
+        None => gpusnap_transaction::restore(&request, &Direct),
+    };
+    let report = match restored {
+        Ok(r) => r,
+        Err(e) => return ctx.fail_with(&e),
+    };
+    hold(ctx, id, report.init_pid)
+}
+
+/// Freezes the restored container and marks it held until `start`; one that cannot be held
+/// is killed and removed, so that nothing runs that the caller was told failed.
+fn hold(ctx: &Context, id: &str, init_pid: u32) -> i32 {
+    let state_dir = ctx.state_dir(id);
+    let frozen = held::mark(&state_dir)
+        .map_err(|e| format!("cannot mark it held in {}: {e}", state_dir.display()))
+        .and_then(|()| {
+            let out = ctx
+                .runc_command(ctx.inv.global_args())
+                .args(["pause", id])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", ctx.runc.display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "runc pause failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        });
+    match frozen {
+        Ok(()) => {
+            tracing::info!(id, init_pid, "restored container held frozen until start");
+            0
+        }
+        Err(why) => {
+            let _ = ctx
+                .runc_command(ctx.inv.global_args())
+                .args(["delete", "--force", id])
+                .stdin(std::process::Stdio::null())
+                .output();
+            ctx.fail(&format!(
+                "cannot create {id} from a checkpoint: it was restored (init pid {init_pid}) but \
+                 could not be held until start ({why}); it was killed and removed"
+            ));
+            crate::EXIT_REFUSED
+        }
+    }
+}
