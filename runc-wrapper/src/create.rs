@@ -14,9 +14,9 @@
 //! nothing running and fails the `create` with the reason, which CRI-O reports as the
 //! container's creation error.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
+use gpusnap_transaction::bundle_spec::{self, BundleSpec};
 use gpusnap_transaction::restore_source::{self, SpecMount};
 use gpusnap_transaction::{Direct, Error, RestoreCommand, RestoreRequest};
 
@@ -64,22 +64,17 @@ pub fn run(ctx: &Context) -> i32 {
             .map(|v| cwd.join(v))
     };
     let bundle = path(&["bundle", "b"]).unwrap_or_else(|| cwd.clone());
-    // The spec, read once and capped; one runc cannot read is runc's to report.
-    let Some(spec) = gpusnap_transaction::bundle_spec::read_bytes(&bundle)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-    else {
+    // The spec, read once and capped; one runc cannot read is runc's to report. A spec the
+    // types refuse still shows its annotations, so that a restore it asks for is refused by
+    // name below instead of the container starting fresh.
+    let Ok(bytes) = bundle_spec::read_bytes(&bundle) else {
         return ctx.exec_runc();
     };
-    let annotations: HashMap<String, String> = spec
-        .get("annotations")
-        .and_then(|a| a.as_object())
-        .map(|a| {
-            a.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default();
+    let typed = BundleSpec::from_bytes(&bytes);
+    let annotations = match &typed {
+        Ok(spec) => spec.annotations(),
+        Err(_) => bundle_spec::annotations_of(&bytes).unwrap_or_default(),
+    };
     if !restore_source::requested(&annotations) {
         return ctx.exec_runc();
     }
@@ -92,8 +87,16 @@ pub fn run(ctx: &Context) -> i32 {
         Ok(c) => c,
         Err(e) => return refuse(&e),
     };
-    let source = match restore_source::resolve(&annotations, &SpecMount::list(Some(&spec)), &config)
-    {
+    let spec = match typed {
+        Ok(spec) => spec,
+        Err(e) => {
+            return refuse(&format_args!(
+                "{} is not an OCI runtime spec gpusnap can read ({e})",
+                bundle_spec::path(&bundle).display()
+            ))
+        }
+    };
+    let source = match restore_source::resolve(&annotations, &SpecMount::of(&spec), &config) {
         Ok(Some(s)) => s,
         // The pod's sandbox container: started fresh.
         Ok(None) => return ctx.exec_runc(),
@@ -103,10 +106,7 @@ pub fn run(ctx: &Context) -> i32 {
     let Some(work_dir) = work_dir(id) else {
         return ctx.exec_runc();
     };
-    let terminal = spec
-        .pointer("/process/terminal")
-        .and_then(|t| t.as_bool())
-        .unwrap_or(false);
+    let terminal = spec.terminal();
     let request = RestoreRequest {
         container_id: id.clone(),
         bundle,

@@ -12,7 +12,6 @@ mod options;
 mod process;
 mod reaper;
 mod restore_from;
-mod restore_volume;
 mod service;
 mod state;
 mod stats;

@@ -34,7 +34,7 @@ pub struct PendingRestore {
     /// What the door knows of the checkpoint's signature (the origin record of a pull); the
     /// restore transaction decides the node's policy on it.
     pub signature_evidence: gpusnap_transaction::SignatureEvidence,
-    /// A checkpoint image mounted as an image volume (`restore_volume.rs`): Start makes the
+    /// A checkpoint image mounted as an image volume (`restore_source::by_volume`): Start makes the
     /// node's copy of it and restores from that; `image` is then the volume's mount.
     /// Boxed: most restores have none, and the state carries this until Start.
     pub volume: Option<Box<gpusnap_transaction::volume::VolumeSource>>,

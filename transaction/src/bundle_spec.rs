@@ -134,6 +134,15 @@ impl BundleSpec {
             })
     }
 
+    /// Whether the container's process gets a terminal (`process.terminal`).
+    pub fn terminal(&self) -> bool {
+        self.spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.terminal())
+            .unwrap_or(false)
+    }
+
     /// Whether CRI made this container as one of a pod's containers (not its sandbox).
     pub fn is_cri_container(&self) -> bool {
         self.annotation(CRI_CONTAINER_TYPE) == Some("container")

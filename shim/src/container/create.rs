@@ -100,8 +100,10 @@ impl Container {
         };
         let restore = match checkpoint {
             // A pod can ask to start from a node-local checkpoint (restore_from.rs) or from a
-            // checkpoint image it mounts as an image volume (restore_volume.rs).
-            None => pod_restore(spec.as_ref(), &annotations, &config).inspect_err(|_| unmount())?,
+            // checkpoint image it mounts as an image volume, both resolved by the transaction.
+            None => crate::restore_from::pending_restore(spec.as_ref(), &annotations, &config)
+                .map_err(|e| invalid_argument(e.to_string()))
+                .inspect_err(|_| unmount())?,
             Some(image) => Some(PendingRestore {
                 image,
                 parent: parent_checkpoint,
@@ -210,32 +212,4 @@ fn load_config(
         .unwrap_or_else(|| PathBuf::from(gpusnap_config::DEFAULT_CONFIG_PATH));
     gpusnap_transaction::container_config::for_container(&path, annotations)
         .map_err(|e| invalid_argument(e.to_string()))
-}
-
-/// The restore a container's annotations ask for: a node-local checkpoint by name, or a
-/// checkpoint image mounted as an image volume; both at once is refused.
-fn pod_restore(
-    spec: Option<&BundleSpec>,
-    annotations: &HashMap<String, String>,
-    config: &gpusnap_config::Config,
-) -> Result<Option<PendingRestore>> {
-    let by_name =
-        crate::restore_from::pending_restore(annotations, config).map_err(invalid_argument)?;
-    // restore_volume reads the spec's mounts as JSON; asked only when the annotation is there.
-    let by_volume = if crate::restore_volume::requested(annotations).is_some() {
-        let json = spec.and_then(|s| serde_json::to_value(s.spec()).ok());
-        crate::restore_volume::pending_restore(json.as_ref(), annotations, config)
-            .map_err(invalid_argument)?
-    } else {
-        None
-    };
-    match (by_name, by_volume) {
-        (Some(_), Some(_)) => Err(invalid_argument(format!(
-            "the container is annotated both {} and {}: restore from one checkpoint, the \
-             node-local one by name or the image volume",
-            gpusnap_config::RESTORE_FROM_ANNOTATION,
-            gpusnap_config::RESTORE_FROM_VOLUME_ANNOTATION
-        ))),
-        (named, volume) => Ok(named.or(volume)),
-    }
 }

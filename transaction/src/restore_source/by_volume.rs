@@ -17,6 +17,7 @@ use std::path::{Component, Path, PathBuf};
 use gpusnap_config::{Config, RESTORE_FROM_VOLUME_ANNOTATION};
 
 use super::{Container, RestoreSource, Runtime, CRIO_VOLUMES};
+use crate::bundle_spec::BundleSpec;
 use crate::volume::{VolumeSource, CACHE_DIR};
 
 /// One of the spec's `mounts`, as the runtime wrote it (fields it left out are empty).
@@ -30,38 +31,22 @@ pub struct SpecMount {
 }
 
 impl SpecMount {
-    /// The `mounts` of a runtime spec (`config.json`) as JSON; entries or fields of another
-    /// shape are left empty, and match nothing.
-    pub fn list(spec: Option<&serde_json::Value>) -> Vec<SpecMount> {
-        let text = |m: &serde_json::Value, k: &str| {
-            m.get(k)
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        spec.and_then(|s| s.get("mounts"))
-            .and_then(|m| m.as_array())
-            .map(|mounts| {
-                mounts
-                    .iter()
-                    .map(|m| SpecMount {
-                        destination: text(m, "destination"),
-                        source: text(m, "source"),
-                        kind: text(m, "type"),
-                        options: m
-                            .get("options")
-                            .and_then(|o| o.as_array())
-                            .map(|o| {
-                                o.iter()
-                                    .filter_map(|v| v.as_str())
-                                    .map(str::to_owned)
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                    })
-                    .collect()
+    /// The `mounts` of a container's typed runtime spec, in order (fields it left out are
+    /// empty, and match nothing).
+    pub fn of(spec: &BundleSpec) -> Vec<SpecMount> {
+        spec.mounts()
+            .iter()
+            .map(|m| SpecMount {
+                destination: m.destination().to_string_lossy().into_owned(),
+                source: m
+                    .source()
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                kind: m.typ().clone().unwrap_or_default(),
+                options: m.options().clone().unwrap_or_default(),
             })
-            .unwrap_or_default()
+            .collect()
     }
 }
 
@@ -301,7 +286,9 @@ mod tests {
         annotations: &HashMap<String, String>,
         config: &Config,
     ) -> Result<Option<RestoreSource>, String> {
-        resolve(annotations, &SpecMount::list(spec), config).map_err(|e| e.to_string())
+        let spec = spec.map(|v| BundleSpec::from_bytes(&serde_json::to_vec(v).unwrap()).unwrap());
+        let mounts = spec.as_ref().map(SpecMount::of).unwrap_or_default();
+        resolve(annotations, &mounts, config).map_err(|e| e.to_string())
     }
 
     const SANDBOX: &str = "5b1c";
