@@ -48,6 +48,49 @@ use rustix::io::Errno;
 use crate::beneath;
 use tree::{Made, Tree};
 
+/// Why one entry of a rootfs diff is refused before anything is applied (the `reason` of
+/// [`DiffError::Refused`]).
+#[derive(Debug, thiserror::Error)]
+enum EntryRefusal {
+    #[error("a name of {len} bytes; at most {max} (PATH_MAX)", max = MAX_NAME_BYTES)]
+    NameTooLong { len: usize },
+    #[error("not a path beneath the rootfs: {0}")]
+    NotBeneath(#[source] beneath::NameError),
+    #[error("a whiteout must name one entry of its directory")]
+    Whiteout,
+    #[error("a hard link without a target")]
+    LinkWithoutTarget,
+    #[error("hard link target is not beneath the rootfs: {0}")]
+    LinkNotBeneath(#[source] beneath::NameError),
+    #[error("a rootfs diff may not create device nodes")]
+    DeviceNode,
+    #[error("entry type {0:?} is not allowed in a rootfs diff")]
+    EntryType(tar::EntryType),
+    #[error("a symlink without a target")]
+    SymlinkWithoutTarget,
+    #[error("owner is not a valid uid/gid")]
+    Owner,
+    #[error("mode: {0}")]
+    Mode(#[source] io::Error),
+    #[error("mtime: {0}")]
+    Mtime(#[source] io::Error),
+    #[error("{0}")]
+    Pax(#[source] io::Error),
+    #[error("PAX header: {0}")]
+    PaxHeader(#[source] io::Error),
+    /// The rootfs could not be looked at where the entry leads.
+    #[error("looking up {} in the rootfs: {source}", at.display())]
+    Lookup {
+        at: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is not a directory (a symlink?); an entry may not lead through it", at.display())]
+    NotADirectory { at: PathBuf },
+    #[error("hard link target {} is a directory or does not exist", at.display())]
+    LinkTarget { at: PathBuf },
+}
+
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE: &[u8] = b".wh..wh..opq";
 
@@ -276,12 +319,12 @@ fn check_stream(
             entry: String::from_utf8_lossy(&name).into_owned(),
             reason,
         };
-        check_entry(entry).map_err(refused)?;
+        check_entry(entry).map_err(|e| refused(e.to_string()))?;
         let comps = beneath::components(Path::new(OsStr::from_bytes(&name)))
             .map_err(|e| refused(format!("not a path beneath the rootfs: {e}")))?;
         let comps: Vec<&[u8]> = comps.iter().map(|c| c.as_bytes()).collect();
         let (last, dirs) = comps.split_last().expect("components is never empty");
-        let parent = tree.dir(dirs).map_err(refused)?;
+        let parent = tree.dir(dirs).map_err(|e| refused(e.to_string()))?;
         let rel: PathBuf = comps.iter().map(|c| OsStr::from_bytes(c)).collect();
         if *last == OPAQUE {
             if !opaque.insert(rel) {
@@ -305,7 +348,8 @@ fn check_stream(
                 if target == comps {
                     return Err(refused("a hard link to itself".into()));
                 }
-                tree.link_target(&target).map_err(refused)?;
+                tree.link_target(&target)
+                    .map_err(|e| refused(e.to_string()))?;
                 Made::Other
             }
             _ => Made::Other,
@@ -315,21 +359,18 @@ fn check_stream(
     })
 }
 
-fn check_entry<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(), String> {
+fn check_entry<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(), EntryRefusal> {
     let raw = entry.path_bytes().into_owned();
     if raw.len() > MAX_NAME_BYTES {
-        return Err(format!(
-            "a name of {} bytes; at most {MAX_NAME_BYTES} (PATH_MAX)",
-            raw.len()
-        ));
+        return Err(EntryRefusal::NameTooLong { len: raw.len() });
     }
     let path = PathBuf::from(OsStr::from_bytes(&raw));
-    beneath::components(&path).map_err(|e| format!("not a path beneath the rootfs: {e}"))?;
+    beneath::components(&path).map_err(EntryRefusal::NotBeneath)?;
     let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
     if name != OPAQUE {
         if let Some(victim) = name.strip_prefix(WHITEOUT_PREFIX) {
             if victim.is_empty() || victim == b"." || victim == b".." || victim.contains(&b'/') {
-                return Err("a whiteout must name one entry of its directory".into());
+                return Err(EntryRefusal::Whiteout);
             }
         }
     }
@@ -344,33 +385,27 @@ fn check_entry<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(), String> {
         tar::EntryType::Link => {
             let target = entry
                 .link_name_bytes()
-                .ok_or("a hard link without a target")?;
+                .ok_or(EntryRefusal::LinkWithoutTarget)?;
             beneath::components(Path::new(OsStr::from_bytes(&target)))
-                .map_err(|e| format!("hard link target is not beneath the rootfs: {e}"))?;
+                .map_err(EntryRefusal::LinkNotBeneath)?;
         }
-        tar::EntryType::Char | tar::EntryType::Block => {
-            return Err("a rootfs diff may not create device nodes".into())
-        }
-        other => {
-            return Err(format!(
-                "entry type {other:?} is not allowed in a rootfs diff"
-            ))
-        }
+        tar::EntryType::Char | tar::EntryType::Block => return Err(EntryRefusal::DeviceNode),
+        other => return Err(EntryRefusal::EntryType(other)),
     }
     if kind == tar::EntryType::Symlink && entry.link_name_bytes().is_none() {
-        return Err("a symlink without a target".into());
+        return Err(EntryRefusal::SymlinkWithoutTarget);
     }
     for id in [header.uid(), header.gid()] {
         match id {
             Ok(v) if v < u64::from(u32::MAX) => {}
-            _ => return Err("owner is not a valid uid/gid".into()),
+            _ => return Err(EntryRefusal::Owner),
         }
     }
-    header.mode().map_err(|e| format!("mode: {e}"))?;
-    header.mtime().map_err(|e| format!("mtime: {e}"))?;
-    if let Some(pax) = entry.pax_extensions().map_err(|e| e.to_string())? {
+    header.mode().map_err(EntryRefusal::Mode)?;
+    header.mtime().map_err(EntryRefusal::Mtime)?;
+    if let Some(pax) = entry.pax_extensions().map_err(EntryRefusal::Pax)? {
         for ext in pax {
-            ext.map_err(|e| format!("PAX header: {e}"))?;
+            ext.map_err(EntryRefusal::PaxHeader)?;
         }
     }
     Ok(())

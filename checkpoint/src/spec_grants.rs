@@ -146,7 +146,7 @@ impl std::fmt::Display for Excess {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error("not a runtime spec runc would read the same way: {0}")]
-    Spelling(String),
+    Spelling(#[source] SpellingError),
     #[error("not a valid runtime spec: {0}")]
     Invalid(String),
 }
@@ -1146,28 +1146,56 @@ fn fold(key: &str) -> String {
         .collect()
 }
 
+/// Where runc and serde would read a spec JSON differently ([`check_spelling`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpellingError {
+    /// Two keys of one object that runc reads as one field.
+    #[error("{at} has both {first:?} and {second:?}, which runc reads as one field")]
+    Twice {
+        at: String,
+        first: String,
+        second: String,
+    },
+    /// A key runc reads as a spec field spelled otherwise (serde skips it).
+    #[error(
+        "{at}.{key}: runc reads it as {field:?}, which is spelled otherwise in the runtime spec"
+    )]
+    Case {
+        at: String,
+        key: String,
+        field: String,
+    },
+}
+
 /// Refuses a spec JSON where runc and serde would read different fields: a key that is not
 /// spelled exactly as a spec field but matches one without regard to case (runc reads it,
 /// serde skips it), or two keys of one object that match each other so.
-pub fn check_spelling(raw: &serde_json::Value) -> Result<(), String> {
+pub fn check_spelling(raw: &serde_json::Value) -> Result<(), SpellingError> {
     let known: BTreeMap<String, &str> = SPEC_KEYS.iter().map(|k| (fold(k), *k)).collect();
-    fn walk(v: &serde_json::Value, at: &str, known: &BTreeMap<String, &str>) -> Result<(), String> {
+    fn walk(
+        v: &serde_json::Value,
+        at: &str,
+        known: &BTreeMap<String, &str>,
+    ) -> Result<(), SpellingError> {
         match v {
             serde_json::Value::Object(map) => {
                 let mut seen: BTreeMap<String, &str> = BTreeMap::new();
                 for (k, child) in map {
                     let folded = fold(k);
                     if let Some(other) = seen.insert(folded.clone(), k) {
-                        return Err(format!(
-                            "{at} has both {other:?} and {k:?}, which runc reads as one field"
-                        ));
+                        return Err(SpellingError::Twice {
+                            at: at.to_owned(),
+                            first: other.to_owned(),
+                            second: k.clone(),
+                        });
                     }
                     if let Some(field) = known.get(&folded) {
                         if field != k {
-                            return Err(format!(
-                                "{at}.{k}: runc reads it as {field:?}, which is spelled \
-                                 otherwise in the runtime spec"
-                            ));
+                            return Err(SpellingError::Case {
+                                at: at.to_owned(),
+                                key: k.clone(),
+                                field: (*field).to_owned(),
+                            });
                         }
                     }
                     if !FREE_FORM.contains(&k.as_str()) {

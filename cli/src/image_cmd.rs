@@ -232,10 +232,15 @@ pub struct PullArgs {
     pub json: bool,
 }
 
-fn parse_annotation(s: &str) -> Result<(String, String), String> {
+/// An `--annotation` value that is not `KEY=VALUE`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not KEY=VALUE")]
+struct NotKeyValue(String);
+
+fn parse_annotation(s: &str) -> Result<(String, String), NotKeyValue> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("{s:?} is not KEY=VALUE")),
+        _ => Err(NotKeyValue(s.to_owned())),
     }
 }
 

@@ -52,7 +52,7 @@ pub struct GcArgs {
     pub json: bool,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+fn parse_size(s: &str) -> Result<u64, gpusnap_config::ByteSizeError> {
     gpusnap_config::parse_bytes(s)
 }
 

@@ -9,33 +9,48 @@ pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
+/// Why a text is not a byte size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("{text:?} is not a byte size (e.g. 67108864 or 64MiB)")]
+    NotANumber { text: String },
+    #[error("{text:?} uses a decimal or ambiguous unit; use KiB, MiB or GiB")]
+    AmbiguousUnit { text: String },
+    #[error("{text:?} has unknown unit {unit:?}; use KiB, MiB or GiB")]
+    UnknownUnit { text: String, unit: String },
+    #[error("{text:?} is too large")]
+    TooLarge { text: String },
+}
+
 /// Parses `67108864`, `65536KiB`, `64MiB`, `64Mi`, `1GiB`. Decimal units (`MB`) are refused
 /// rather than guessed: 64 MB and 64 MiB differ by 5%, enough to break a 4096 alignment.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a byte size (e.g. 67108864 or 64MiB)"))?;
+    let n: u64 = num.parse().map_err(|_| ByteSizeError::NotANumber {
+        text: text.to_owned(),
+    })?;
     let mult = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "Ki" => KIB,
         "MiB" | "Mi" => MIB,
         "GiB" | "Gi" => GIB,
         "K" | "KB" | "k" | "kB" | "M" | "MB" | "G" | "GB" => {
-            return Err(format!(
-                "{text:?} uses a decimal or ambiguous unit; use KiB, MiB or GiB"
-            ))
+            return Err(ByteSizeError::AmbiguousUnit {
+                text: text.to_owned(),
+            })
         }
         other => {
-            return Err(format!(
-                "{text:?} has unknown unit {other:?}; use KiB, MiB or GiB"
-            ))
+            return Err(ByteSizeError::UnknownUnit {
+                text: text.to_owned(),
+                unit: other.to_owned(),
+            })
         }
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
+    n.checked_mul(mult).ok_or_else(|| ByteSizeError::TooLarge {
+        text: text.to_owned(),
+    })
 }
 
 /// `67108864 (64 MiB)`, for error messages.
@@ -86,12 +101,14 @@ mod tests {
         assert_eq!(parse_bytes("512KiB").unwrap(), 512 * KIB);
         assert!(parse_bytes("64MB")
             .unwrap_err()
+            .to_string()
             .contains("use KiB, MiB or GiB"));
         assert!(parse_bytes("64 parsecs").is_err());
         assert!(parse_bytes("MiB").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999999GiB")
             .unwrap_err()
+            .to_string()
             .contains("too large"));
     }
 

@@ -11,6 +11,47 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Why a `gpusnap.io/checkpoint-to` value or a `checkpoint.allowed_destinations` entry is
+/// refused; each message quotes the value and says what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestinationError {
+    #[error("{len} bytes, longer than any registry and repository name ({max})", max = DESTINATION_MAX_LEN)]
+    TooLong { len: usize },
+    #[error(
+        "{0:?} has a scheme: give REGISTRY/REPOSITORY; whether the registry is reached over \
+         HTTPS or plain HTTP is the node's setting (checkpoint.allowed_destinations)"
+    )]
+    Scheme(String),
+    #[error(
+        "{0:?} names a digest: give REGISTRY/REPOSITORY; the node tags each checkpoint itself \
+         (<container>-<time>-<node> and latest)"
+    )]
+    Digest(String),
+    #[error(
+        "{0:?} names no registry: give REGISTRY/REPOSITORY, e.g. \
+         registry.example.com/ckpt/trainer"
+    )]
+    NoRegistry(String),
+    #[error(
+        "{0:?} has a tag: give REGISTRY/REPOSITORY; the node tags each checkpoint itself \
+         (<container>-<time>-<node> and latest)"
+    )]
+    Tag(String),
+    #[error("{0:?} is not a registry host[:port] (e.g. registry.example.com or 10.0.0.5:5000)")]
+    Registry(String),
+    #[error("{0:?}: expected {rule}", rule = REPOSITORY_RULE)]
+    Repository(String),
+    #[error("{0:?}: only an http:// prefix (plain HTTP) is accepted; HTTPS needs none")]
+    PatternScheme(String),
+    #[error("{0:?} names no repository: REGISTRY/REPOSITORY, REGISTRY/PATH/* or REGISTRY/*")]
+    PatternNoRepository(String),
+    #[error(
+        "{0:?}: expected {rule}, with '*' only as the whole last component",
+        rule = REPOSITORY_RULE
+    )]
+    PatternRepository(String),
+}
+
 /// The pod annotation naming where a container's checkpoints go: `gpusnap.io/checkpoint-to:
 /// REGISTRY/REPOSITORY`, or `gpusnap.io/checkpoint-to.<container>` for one container of a pod
 /// with several (it wins over the pod-wide one). It names a destination, not a setting, so the
@@ -46,7 +87,7 @@ impl fmt::Display for Destination {
 
 /// The registry part: a host name or IPv4 address with an optional port (what docker and
 /// containerd accept as a registry host), lowercased.
-fn parse_registry(s: &str) -> Result<String, String> {
+fn parse_registry(s: &str) -> Result<String, DestinationError> {
     let (host, port) = match s.rsplit_once(':') {
         Some((h, p)) => (h, Some(p)),
         None => (s, None),
@@ -66,9 +107,7 @@ fn parse_registry(s: &str) -> Result<String, String> {
     if host_ok && port_ok {
         Ok(s.to_ascii_lowercase())
     } else {
-        Err(format!(
-            "{s:?} is not a registry host[:port] (e.g. registry.example.com or 10.0.0.5:5000)"
-        ))
+        Err(DestinationError::Registry(s.to_owned()))
     }
 }
 
@@ -88,40 +127,25 @@ const REPOSITORY_RULE: &str =
 impl Destination {
     /// Parses an annotation value. Refuses a scheme, a tag, a digest and anything that is not a
     /// plain `REGISTRY/REPOSITORY`, with the reason.
-    pub fn parse(s: &str) -> Result<Destination, String> {
+    pub fn parse(s: &str) -> Result<Destination, DestinationError> {
         if s.len() > DESTINATION_MAX_LEN {
-            return Err(format!(
-                "{} bytes, longer than any registry and repository name ({DESTINATION_MAX_LEN})",
-                s.len()
-            ));
+            return Err(DestinationError::TooLong { len: s.len() });
         }
         if s.contains("://") {
-            return Err(format!(
-                "{s:?} has a scheme: give REGISTRY/REPOSITORY; whether the registry is reached \
-                 over HTTPS or plain HTTP is the node's setting (checkpoint.allowed_destinations)"
-            ));
+            return Err(DestinationError::Scheme(s.to_owned()));
         }
         if s.contains('@') {
-            return Err(format!(
-                "{s:?} names a digest: give REGISTRY/REPOSITORY; the node tags each checkpoint \
-                 itself (<container>-<time>-<node> and latest)"
-            ));
+            return Err(DestinationError::Digest(s.to_owned()));
         }
         let Some((registry, repository)) = s.split_once('/') else {
-            return Err(format!(
-                "{s:?} names no registry: give REGISTRY/REPOSITORY, e.g. \
-                 registry.example.com/ckpt/trainer"
-            ));
+            return Err(DestinationError::NoRegistry(s.to_owned()));
         };
         if repository.contains(':') {
-            return Err(format!(
-                "{s:?} has a tag: give REGISTRY/REPOSITORY; the node tags each checkpoint \
-                 itself (<container>-<time>-<node> and latest)"
-            ));
+            return Err(DestinationError::Tag(s.to_owned()));
         }
         let registry = parse_registry(registry)?;
         if !repository.split('/').all(component_ok) {
-            return Err(format!("{s:?}: expected {REPOSITORY_RULE}"));
+            return Err(DestinationError::Repository(s.to_owned()));
         }
         Ok(Destination {
             registry,
@@ -182,21 +206,15 @@ pub fn allowed<'a>(
 }
 
 impl FromStr for DestinationPattern {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = DestinationError;
+    fn from_str(s: &str) -> Result<Self, DestinationError> {
         let (plain_http, rest) = match s.strip_prefix("http://") {
             Some(r) => (true, r),
-            None if s.contains("://") => {
-                return Err(format!(
-                    "{s:?}: only an http:// prefix (plain HTTP) is accepted; HTTPS needs none"
-                ))
-            }
+            None if s.contains("://") => return Err(DestinationError::PatternScheme(s.to_owned())),
             None => (false, s),
         };
         let Some((registry, path)) = rest.split_once('/') else {
-            return Err(format!(
-                "{s:?} names no repository: REGISTRY/REPOSITORY, REGISTRY/PATH/* or REGISTRY/*"
-            ));
+            return Err(DestinationError::PatternNoRepository(s.to_owned()));
         };
         let registry = parse_registry(registry)?;
         let scope = if path == "*" {
@@ -211,9 +229,7 @@ impl FromStr for DestinationPattern {
             Scope::Exactly(p) | Scope::Beneath(p) => p.split('/').all(component_ok),
         };
         if !named_ok {
-            return Err(format!(
-                "{s:?}: expected {REPOSITORY_RULE}, with '*' only as the whole last component"
-            ));
+            return Err(DestinationError::PatternRepository(s.to_owned()));
         }
         Ok(DestinationPattern {
             plain_http,
@@ -237,8 +253,8 @@ impl fmt::Display for DestinationPattern {
 }
 
 impl TryFrom<String> for DestinationPattern {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = DestinationError;
+    fn try_from(s: String) -> Result<Self, DestinationError> {
         s.parse()
     }
 }

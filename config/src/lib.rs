@@ -38,15 +38,15 @@ use std::collections::HashMap;
 use std::io;
 use std::path::Path;
 
-pub use bytes::{parse_bytes, GIB, KIB, MIB};
+pub use bytes::{parse_bytes, ByteSizeError, GIB, KIB, MIB};
 pub use destination::{
-    allowed, is_checkpoint_to_annotation, Destination, DestinationPattern,
+    allowed, is_checkpoint_to_annotation, Destination, DestinationError, DestinationPattern,
     CHECKPOINT_TO_ANNOTATION, DESTINATION_MAX_LEN,
 };
 pub use error::ConfigError;
 pub use model::{
     CheckpointConfig, Config, CriuConfig, CudaConfig, MinVersion, RestoreConfig, RuncConfig,
-    SignaturePolicy, StorageConfig, StorageEngine, StoreConfig, PUSH_RETRY_MAX,
+    SignaturePolicy, StorageConfig, StorageEngine, StoreConfig, ValueError, PUSH_RETRY_MAX,
 };
 pub use overlay::{
     annotation_settings, is_restore_annotation, ANNOTATION_PREFIX, RESTORE_FROM_ANNOTATION,

@@ -207,14 +207,27 @@ impl SignaturePolicy {
     }
 }
 
+/// Why a setting's text is not a value of its type; the message says what would be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("one of {}", SignaturePolicy::NAMES.join(", "))]
+    SignaturePolicy,
+    #[error(
+        "an engine name of lowercase letters, digits and '-', such as driver-managed or posix"
+    )]
+    EngineName,
+    #[error("{0:?} is not a version (expected MAJOR.MINOR or MAJOR.MINOR.PATCH)")]
+    Version(String),
+}
+
 impl FromStr for SignaturePolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         match s {
             "off" => Ok(SignaturePolicy::Off),
             "warn" => Ok(SignaturePolicy::Warn),
             "require" => Ok(SignaturePolicy::Require),
-            _ => Err(format!("one of {}", Self::NAMES.join(", "))),
+            _ => Err(ValueError::SignaturePolicy),
         }
     }
 }
@@ -258,8 +271,8 @@ impl fmt::Display for StorageEngine {
 }
 
 impl FromStr for StorageEngine {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let ok = !s.is_empty()
             && s.len() <= 64
             && s.bytes()
@@ -267,14 +280,14 @@ impl FromStr for StorageEngine {
         if ok {
             Ok(StorageEngine(s.to_string()))
         } else {
-            Err("an engine name of lowercase letters, digits and '-', such as driver-managed or posix".into())
+            Err(ValueError::EngineName)
         }
     }
 }
 
 impl TryFrom<String> for StorageEngine {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = ValueError;
+    fn try_from(s: String) -> Result<Self, ValueError> {
         s.parse()
     }
 }
@@ -423,9 +436,9 @@ impl fmt::Display for MinVersion {
 }
 
 impl FromStr for MinVersion {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let err = || format!("{s:?} is not a version (expected MAJOR.MINOR or MAJOR.MINOR.PATCH)");
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
+        let err = || ValueError::Version(s.to_owned());
         let parts: Vec<&str> = s.trim().split('.').collect();
         if !(2..=3).contains(&parts.len()) {
             return Err(err());

@@ -9,6 +9,36 @@ use crate::bytes::{describe, parse_bytes, GIB, MIB};
 use crate::error::ConfigError;
 use crate::model::{Config, MinVersion, StorageEngine};
 
+/// What a setting accepts, when an overlay's value is not that: the `expected` of
+/// [`ConfigError::Invalid`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Expected(pub String);
+
+impl From<&str> for Expected {
+    fn from(s: &str) -> Self {
+        Expected(s.to_owned())
+    }
+}
+
+impl From<crate::model::ValueError> for Expected {
+    fn from(e: crate::model::ValueError) -> Self {
+        Expected(e.to_string())
+    }
+}
+
+impl From<crate::bytes::ByteSizeError> for Expected {
+    fn from(e: crate::bytes::ByteSizeError) -> Self {
+        Expected(e.to_string())
+    }
+}
+
+impl From<crate::destination::DestinationError> for Expected {
+    fn from(e: crate::destination::DestinationError) -> Self {
+        Expected(e.to_string())
+    }
+}
+
 /// A value from an overlay: typed TOML from runtime options, or text from an annotation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Input<'a> {
@@ -25,7 +55,7 @@ impl Input<'_> {
         }
     }
 
-    fn text(&self) -> Result<&str, String> {
+    fn text(&self) -> Result<&str, Expected> {
         match self {
             Input::Toml(toml::Value::String(s)) => Ok(s),
             Input::Text(t) => Ok(t),
@@ -33,8 +63,8 @@ impl Input<'_> {
         }
     }
 
-    fn u64(&self) -> Result<u64, String> {
-        let bad = || "a non-negative integer".to_owned();
+    fn u64(&self) -> Result<u64, Expected> {
+        let bad = || Expected::from("a non-negative integer");
         match self {
             Input::Toml(toml::Value::Integer(i)) => u64::try_from(*i).map_err(|_| bad()),
             Input::Text(t) => t.trim().parse().map_err(|_| bad()),
@@ -42,11 +72,11 @@ impl Input<'_> {
         }
     }
 
-    fn u32(&self) -> Result<u32, String> {
+    fn u32(&self) -> Result<u32, Expected> {
         u32::try_from(self.u64()?).map_err(|_| "an integer below 2^32".into())
     }
 
-    fn bool(&self) -> Result<bool, String> {
+    fn bool(&self) -> Result<bool, Expected> {
         match self {
             Input::Toml(toml::Value::Boolean(b)) => Ok(*b),
             Input::Text("true") => Ok(true),
@@ -55,24 +85,26 @@ impl Input<'_> {
         }
     }
 
-    fn bytes(&self) -> Result<u64, String> {
+    fn bytes(&self) -> Result<u64, Expected> {
         match self {
             Input::Toml(toml::Value::Integer(_)) => self.u64(),
-            _ => parse_bytes(self.text().map_err(|_| "a byte size".to_owned())?),
+            _ => Ok(parse_bytes(
+                self.text().map_err(|_| Expected::from("a byte size"))?,
+            )?),
         }
     }
 
-    fn path(&self) -> Result<PathBuf, String> {
+    fn path(&self) -> Result<PathBuf, Expected> {
         self.text().map(PathBuf::from)
     }
 
-    fn string_list(&self) -> Result<Vec<String>, String> {
+    fn string_list(&self) -> Result<Vec<String>, Expected> {
         match self {
             Input::Toml(toml::Value::Array(items)) => items
                 .iter()
                 .map(|i| i.as_str().map(str::to_string))
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| "a list of strings".to_string()),
+                .ok_or_else(|| Expected::from("a list of strings")),
             Input::Text(t) => Ok(t
                 .split(',')
                 .map(str::trim)
@@ -89,7 +121,7 @@ pub(crate) struct Setting {
     pub key: &'static str,
     /// Annotation name after `gpusnap.io/`; `None` when pods may not set it.
     pub annotation: Option<&'static str>,
-    pub set: fn(&mut Config, &Input<'_>) -> Result<(), String>,
+    pub set: fn(&mut Config, &Input<'_>) -> Result<(), Expected>,
     pub check: fn(&Config) -> Result<(), ConfigError>,
 }
 
@@ -509,7 +541,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
                 .string_list()?
                 .iter()
                 .map(|p| p.parse())
-                .collect::<Result<_, String>>()?;
+                .collect::<Result<_, crate::destination::DestinationError>>()?;
             Ok(())
         },
         // Each pattern is checked as it is parsed (serde or the overlay).
@@ -654,7 +686,7 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
 /// Sets one key from an overlay value and checks that setting alone (cross-setting checks wait
 /// for [`validate`] after the last layer, since a later layer may fix them).
 pub(crate) fn apply(c: &mut Config, s: &Setting, v: &Input<'_>) -> Result<(), ConfigError> {
-    (s.set)(c, v).map_err(|expected| ConfigError::Invalid {
+    (s.set)(c, v).map_err(|Expected(expected)| ConfigError::Invalid {
         setting: s.key,
         value: v.shown(),
         expected,

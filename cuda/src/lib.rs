@@ -22,5 +22,6 @@ mod watchdog;
 
 pub use driver::{
     Capabilities, Driver, DriverConfig, GpuUuid, LoadError, PendingDriver, ProcessState,
+    ResolveError,
 };
 pub use orchestrate::{OrchestrateError, Orchestrator, OrchestratorOptions, Outcome};

@@ -55,6 +55,27 @@ impl std::fmt::Debug for Recipient {
     }
 }
 
+/// Why PEM bytes are not a key gpusnap wraps or unwraps layer keys with.
+#[derive(Debug, thiserror::Error)]
+pub enum PemKeyError {
+    #[error("not a PEM file: {0}")]
+    NotPem(#[source] pem::PemError),
+    #[error("PEM block is {0:?}, expected \"PUBLIC KEY\" (openssl pkey -pubout)")]
+    NotPublicKey(String),
+    #[error("unusable RSA key")]
+    UnusableRsa,
+    #[error("neither an RSA (2048-8192 bit) nor an EC P-256/P-384/P-521 public key")]
+    UnknownPublicKey,
+    #[error(
+        "password-protected keys are not supported; store the key unencrypted, root-owned 0600"
+    )]
+    Encrypted,
+    #[error("PEM block is {0:?}, not a private key")]
+    NotPrivateKey(String),
+    #[error("neither an RSA (2048-8192 bit) nor an EC P-256/P-384/P-521 private key")]
+    UnknownPrivateKey,
+}
+
 fn fingerprint(spki_der: &[u8]) -> String {
     let d = digest::digest(&digest::SHA256, spki_der);
     let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
@@ -78,21 +99,20 @@ impl Recipient {
             _ => spec,
         };
         let pem = read_bounded(Path::new(path)).map_err(|e| err(e.to_string()))?;
-        Recipient::from_pem(&pem, spec).map_err(err)
+        Recipient::from_pem(&pem, spec).map_err(|e| err(e.to_string()))
     }
 
     /// Parses a PEM `PUBLIC KEY` (SubjectPublicKeyInfo).
-    pub fn from_pem(pem_bytes: &[u8], source: &str) -> Result<Recipient, String> {
-        let block = pem::parse(pem_bytes).map_err(|e| format!("not a PEM file: {e}"))?;
+    pub fn from_pem(pem_bytes: &[u8], source: &str) -> Result<Recipient, PemKeyError> {
+        let block = pem::parse(pem_bytes).map_err(PemKeyError::NotPem)?;
         if block.tag() != "PUBLIC KEY" {
-            return Err(format!(
-                "PEM block is {:?}, expected \"PUBLIC KEY\" (openssl pkey -pubout)",
-                block.tag()
-            ));
+            return Err(PemKeyError::NotPublicKey(block.tag().to_owned()));
         }
         let der = block.contents();
         let kind = if let Ok(rsa) = PublicEncryptingKey::from_der(der) {
-            PublicKind::Rsa(OaepPublicEncryptingKey::new(rsa).map_err(|_| "unusable RSA key")?)
+            PublicKind::Rsa(
+                OaepPublicEncryptingKey::new(rsa).map_err(|_| PemKeyError::UnusableRsa)?,
+            )
         } else {
             let found = EC_CURVES.iter().find(|(alg, _, _)| {
                 ParsedPublicKey::try_from(&UnparsedPublicKey::new(alg, der)).is_ok()
@@ -104,12 +124,7 @@ impl Recipient {
                     coord_len: *coord_len,
                     spki: der.to_vec(),
                 },
-                None => {
-                    return Err(
-                        "neither an RSA (2048-8192 bit) nor an EC P-256/P-384/P-521 public key"
-                            .into(),
-                    )
-                }
+                None => return Err(PemKeyError::UnknownPublicKey),
             }
         };
         Ok(Recipient {
@@ -204,14 +219,14 @@ impl PrivateKey {
         if pem.len() as u64 > MAX_KEY_FILE {
             return Err(err(format!("larger than {MAX_KEY_FILE} bytes; not a key")));
         }
-        let key = PrivateKey::from_pem(&pem, path).map_err(err);
+        let key = PrivateKey::from_pem(&pem, path).map_err(|e| err(e.to_string()));
         pem.fill(0);
         key
     }
 
     /// Parses a PEM private key (no permission checks: for keys not read from a file).
-    pub fn from_pem(pem_bytes: &[u8], path: &Path) -> Result<PrivateKey, String> {
-        let block = pem::parse(pem_bytes).map_err(|e| format!("not a PEM file: {e}"))?;
+    pub fn from_pem(pem_bytes: &[u8], path: &Path) -> Result<PrivateKey, PemKeyError> {
+        let block = pem::parse(pem_bytes).map_err(PemKeyError::NotPem)?;
         let der = block.contents();
         let rsa = |pkcs8: &[u8]| -> Option<(PrivateKind, Vec<u8>)> {
             let key = PrivateDecryptingKey::from_pkcs8(pkcs8).ok()?;
@@ -232,14 +247,10 @@ impl PrivateKey {
             "RSA PRIVATE KEY" => rsa(&pkcs1_to_pkcs8(der)),
             "EC PRIVATE KEY" => ec(der),
             "PRIVATE KEY" => rsa(der).or_else(|| ec(der)),
-            "ENCRYPTED PRIVATE KEY" => {
-                return Err("password-protected keys are not supported; store the key unencrypted, root-owned 0600".into())
-            }
-            other => return Err(format!("PEM block is {other:?}, not a private key")),
+            "ENCRYPTED PRIVATE KEY" => return Err(PemKeyError::Encrypted),
+            other => return Err(PemKeyError::NotPrivateKey(other.to_owned())),
         };
-        let (kind, spki) = parsed.ok_or(
-            "neither an RSA (2048-8192 bit) nor an EC P-256/P-384/P-521 private key".to_string(),
-        )?;
+        let (kind, spki) = parsed.ok_or(PemKeyError::UnknownPrivateKey)?;
         Ok(PrivateKey {
             kind,
             fingerprint: fingerprint(&spki),

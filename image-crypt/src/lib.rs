@@ -19,7 +19,7 @@ mod stream;
 
 pub use error::CryptError;
 pub use format::{encrypted_media_type, plain_media_type};
-pub use keys::{PrivateKey, Recipient};
+pub use keys::{PemKeyError, PrivateKey, Recipient};
 pub use stream::{DecryptingReader, EncryptedLayer, EncryptingReader, LayerKey};
 
 use std::path::PathBuf;

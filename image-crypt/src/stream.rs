@@ -79,6 +79,12 @@ fn sha256_digest(ctx: digest::Context) -> String {
     format!("sha256:{hex}")
 }
 
+/// The plain layer's digest: hashed on the way, or known already.
+enum PlainDigest {
+    Hashing(digest::Context),
+    Known(String),
+}
+
 /// Reads a plain layer and yields its ciphertext; [`EncryptingReader::finish`] then gives the
 /// descriptor annotations.
 pub struct EncryptingReader<R> {
@@ -88,7 +94,7 @@ pub struct EncryptingReader<R> {
     ctr: Ctr,
     mac: hmac::Context,
     /// Hashes the plain stream, unless the caller already knows its digest.
-    plain: Result<digest::Context, String>,
+    plain: PlainDigest,
     plain_len: u64,
     at_eof: bool,
 }
@@ -102,19 +108,19 @@ impl<R> Drop for EncryptingReader<R> {
 impl<R: Read> EncryptingReader<R> {
     /// A fresh random key and nonce for this layer; the plain digest is computed on the way.
     pub fn new(inner: R) -> Result<EncryptingReader<R>, CryptError> {
-        Self::make(inner, Ok(digest::Context::new(&digest::SHA256)))
+        Self::make(
+            inner,
+            PlainDigest::Hashing(digest::Context::new(&digest::SHA256)),
+        )
     }
 
     /// As [`EncryptingReader::new`], for a blob whose `sha256:…` digest is already known (a
     /// layer gpusnap just wrote): one hash pass less over gigabytes.
     pub fn with_plain_digest(inner: R, digest: &str) -> Result<EncryptingReader<R>, CryptError> {
-        Self::make(inner, Err(digest.to_owned()))
+        Self::make(inner, PlainDigest::Known(digest.to_owned()))
     }
 
-    fn make(
-        inner: R,
-        plain: Result<digest::Context, String>,
-    ) -> Result<EncryptingReader<R>, CryptError> {
+    fn make(inner: R, plain: PlainDigest) -> Result<EncryptingReader<R>, CryptError> {
         let mut symkey = [0u8; KEY_LEN];
         let mut nonce = [0u8; NONCE_LEN];
         aws_lc_rs::rand::fill(&mut symkey)?;
@@ -138,8 +144,8 @@ impl<R: Read> EncryptingReader<R> {
             return Err(CryptError::Crypto("layer not read to its end"));
         }
         let plain_digest = match &self.plain {
-            Ok(ctx) => sha256_digest(ctx.clone()),
-            Err(known) => known.clone(),
+            PlainDigest::Hashing(ctx) => sha256_digest(ctx.clone()),
+            PlainDigest::Known(known) => known.clone(),
         };
         let private = PrivateOptions {
             symkey: self.symkey.to_vec(),
@@ -178,7 +184,7 @@ impl<R: Read> Read for EncryptingReader<R> {
             }
             return Ok(0);
         }
-        if let Ok(ctx) = &mut self.plain {
+        if let PlainDigest::Hashing(ctx) = &mut self.plain {
             ctx.update(&buf[..n]);
         }
         self.plain_len += n as u64;
@@ -311,6 +317,14 @@ impl LayerKey {
     }
 }
 
+/// The HMAC over a layer's ciphertext is not the one its public options record.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error(
+    "HMAC over the ciphertext does not match its public options: the layer was tampered with, \
+     or its key belongs to another layer"
+)]
+struct HmacMismatch;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum DecryptState {
     Reading,
@@ -338,10 +352,10 @@ pub struct DecryptingReader<R> {
 }
 
 impl<R: Read> DecryptingReader<R> {
-    fn verify(&mut self) -> Result<String, String> {
+    fn verify(&mut self) -> Result<String, HmacMismatch> {
         let mac = self.mac.clone().sign();
         if verify_slices_are_equal(mac.as_ref(), &self.expected_hmac).is_err() {
-            return Err("HMAC over the ciphertext does not match its public options: the layer was tampered with, or its key belongs to another layer".into());
+            return Err(HmacMismatch);
         }
         Ok(sha256_digest(self.plain.clone()))
     }
@@ -393,7 +407,7 @@ impl<R: Read> Read for DecryptingReader<R> {
                     Ok(0)
                 }
                 Err(why) => {
-                    self.state = DecryptState::Refused(why.clone());
+                    self.state = DecryptState::Refused(why.to_string());
                     Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
                 }
             };

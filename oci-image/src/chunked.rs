@@ -42,9 +42,9 @@ impl Default for Chunking {
 
 impl Chunking {
     pub fn check(&self) -> Result<(), ImageError> {
-        self.chunk
-            .check()
-            .map_err(|r| ImageError::invalid("chunk sizes", format!("{:?}", self.chunk), r))?;
+        self.chunk.check().map_err(|r| {
+            ImageError::invalid("chunk sizes", format!("{:?}", self.chunk), r.to_string())
+        })?;
         if self.pack_bytes < u64::from(self.chunk.avg) || self.max_packs == 0 {
             return Err(ImageError::invalid(
                 "pack size",

@@ -270,7 +270,7 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
     if guard {
         return guard::run(&ctx);
     }
-    repair::interrupted_checkpoints(&ctx);
+    repair::interrupted_operations(&ctx);
     match ctx.inv.command().map(|c| c.to_string_lossy().into_owned()) {
         None if ctx.inv.global.is_set(&["version", "v"]) => version(&ctx),
         Some(c) if c == "checkpoint" => checkpoint::run(&ctx),

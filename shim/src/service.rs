@@ -11,8 +11,7 @@ use containerd_shim::{
     Config, Error, Flags, StartOpts,
 };
 
-use gpusnap_transaction::inflight::{InFlight, RestoreInFlight};
-use gpusnap_transaction::Direct;
+use gpusnap_transaction::{repair, runc::Runc, Direct};
 
 use crate::{events::EventSender, options::RuntimeSettings, task::TaskService};
 
@@ -67,57 +66,27 @@ impl Shim for Service {
         // runc container and the rootfs mount it left behind.
         let bundle: PathBuf =
             std::env::current_dir().map_err(|e| Error::Other(format!("cwd: {e}")))?;
-        // First a checkpoint this shim was taking: its CRIU (orphaned with its runc) holds the
-        // container's tasks seized, so the kill below would wait on it; containerd gives this
-        // command 5 s.
-        let interrupted = InFlight::read(&bundle).filter(|r| !r.writer_alive());
-        if let Some(inflight) = &interrupted {
-            inflight.repair(&bundle, None);
-        }
         let settings = RuntimeSettings::load(&bundle, &self.namespace);
-        // A restore this shim was running (Start of a container created from a checkpoint):
-        // its runc and CRIU are orphaned, a CRIU that stalls is no longer bounded by the
-        // deadline's watch, which died with this shim, CRIU's cgroup yard is mounted in the
-        // bundle (containerd could not remove it), and a container CRIU restored runs while
-        // containerd reports the task gone. The record says which of these to undo.
-        // The shim keeps the record of every container it restores in its own directory (this
-        // one: a pod's containers share the shim of its sandbox, and containerd runs `delete`
-        // for the sandbox only).
-        for restore in RestoreInFlight::read_all(&bundle)
-            .into_iter()
-            .filter(|r| !r.writer_alive())
-        {
-            let global = gpusnap_criu_bridge::RuncGlobal {
-                binary: PathBuf::from(&settings.runc_binary),
-                root: Some(settings.runc_root.clone()),
-                systemd_cgroup: settings.systemd_cgroup,
-                ..Default::default()
-            };
-            let runc = gpusnap_transaction::runc::Runc::new(global, &restore.container_id, &Direct);
-            restore.repair(&bundle, &runc);
+        let global = gpusnap_criu_bridge::RuncGlobal {
+            binary: PathBuf::from(&settings.runc_binary),
+            root: Some(settings.runc_root.clone()),
+            systemd_cgroup: settings.systemd_cgroup,
+            ..Default::default()
+        };
+        let runc_of = |id: &str| Runc::new(global.clone(), id, &Direct);
+        // First a checkpoint this shim was taking: its CRIU (orphaned with its runc) holds the
+        // container's tasks seized, so the kill below would wait on it (containerd gives this
+        // command 5 s); a cgroup it left frozen is thawed, as the caller had it running.
+        repair::checkpoint(&bundle, Some(&bundle), &runc_of(&self.id));
+        // Then the restores this shim was running (Start of a container created from a
+        // checkpoint). The shim keeps the record of every container it restores in its own
+        // directory (this one: a pod's containers share the shim of its sandbox, and containerd
+        // runs `delete` for the sandbox only).
+        for restored in repair::restores_in(&bundle, runc_of) {
             // This shim mounted that container's rootfs; containerd deletes a pod container's
             // bundle only through the shim that is gone.
-            if restore.bundle != bundle {
-                crate::container::unmount_rootfs(&restore.bundle);
-            }
-        }
-        // A shim killed mid-checkpoint may leave the cgroup frozen (by CRIU, or for `exit`):
-        // runc reports such a container paused, and a frozen process dies only once thawed.
-        let cgroups: Vec<PathBuf> = [
-            gpusnap_transaction::leftovers::runc_state_cgroup_at(&settings.runc_root, &self.id),
-            gpusnap_transaction::cgroup::of_spec(&bundle, &self.id, settings.systemd_cgroup),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        // Only after an interrupted checkpoint: containerd runs `shim delete` on ordinary
-        // teardowns too, and a restored container may share its cgroup with others (CRIU
-        // restores into the cgroup the image names), which must not be touched.
-        for dir in cgroups.iter().filter(|_| interrupted.is_some()) {
-            if gpusnap_transaction::cgroup::frozen_at(dir) == Some(true) {
-                if let Err(e) = gpusnap_transaction::cgroup::thaw_at(dir) {
-                    tracing::warn!(cgroup = %dir.display(), error = %e, "cannot thaw a dead shim's container");
-                }
+            if restored.record.bundle != bundle {
+                crate::container::unmount_rootfs(&restored.record.bundle);
             }
         }
         match settings.runc(&bundle) {

@@ -65,6 +65,18 @@ pub trait Host: RunTool {
         crate::cgroup::thaw_at(&dir)
     }
 
+    /// Whether the cgroup at `dir` is frozen; `None` when it cannot be read
+    /// ([`crate::cgroup::frozen_at`]).
+    fn cgroup_frozen_at(&self, dir: &Path) -> Option<bool> {
+        crate::cgroup::frozen_at(dir)
+    }
+
+    /// Thaws the cgroup at `dir` through cgroupfs ([`crate::cgroup::thaw_at`]): the cgroup a
+    /// dead container's runc state or spec names, when no live init leads to it.
+    fn thaw_cgroup_at(&self, dir: &Path) -> io::Result<()> {
+        crate::cgroup::thaw_at(dir)
+    }
+
     /// Kills every process in the cgroup at `dir` and below and waits up to `wait` for it to
     /// empty ([`crate::cgroup::kill_all_at`]): how many it found, and the pids left.
     fn kill_cgroup(&self, dir: &Path, wait: Duration) -> (usize, Vec<u32>) {

@@ -11,10 +11,13 @@
 //! result. A record whose writer is still alive belongs to an operation in progress and is left
 //! alone.
 
+use std::ffi::OsStr;
 use std::io::{self, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint as dir;
+use gpusnap_checkpoint::beneath;
 use serde::{Deserialize, Serialize};
 
 use crate::runc::Runc;
@@ -87,7 +90,7 @@ impl InFlight {
 
     /// The record in `dir`, if there is a readable one.
     pub fn read(dir: &Path) -> Option<InFlight> {
-        read_record(&dir.join(INFLIGHT_FILE))
+        read_record(dir, INFLIGHT_FILE)
     }
 
     /// Whether the process that wrote the record still runs (its checkpoint is in progress).
@@ -96,17 +99,21 @@ impl InFlight {
     }
 
     /// Puts back what the interrupted checkpoint left: removes its images unless they were
-    /// sealed, and, while the container's init lives, freezes or thaws its cgroup as the caller
-    /// had it. Removes the record from `dir`.
-    pub fn repair(&self, dir: &Path, runc: Option<&Runc<'_>>) -> Repaired {
+    /// sealed, and, when `init_lives` (runc knows the container by the recorded init), freezes
+    /// or thaws its cgroup through runc as the caller had it. Removes the record from `dir`.
+    /// The whole rule, cgroups runc no longer leads to included, is [`crate::repair`]'s.
+    pub fn repair(&self, dir: &Path, runc: &Runc<'_>, init_lives: bool) -> Repaired {
         let mut repaired = Repaired::default();
         // The dump of a killed runtime's runc may still be running: it must not write after
         // the images are removed.
-        match runc {
-            Some(runc) => runc.host().kill_criu_writing(&self.image_dir),
-            None => crate::leftovers::kill_criu_writing(&self.image_dir),
-        };
-        let sealed = self.image_dir.join(dir::layout::MANIFEST_FILE).is_file();
+        runc.host().kill_criu_writing(&self.image_dir);
+        // Looked at through a descriptor of the image directory, never followed.
+        let sealed = beneath::open_root(&self.image_dir).is_ok_and(|fd| {
+            matches!(
+                beneath::stat_at(fd.as_fd(), OsStr::new(dir::layout::MANIFEST_FILE)),
+                Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFREG
+            )
+        });
         if !sealed && self.image_dir.is_dir() {
             let removed = if self.created_dir {
                 std::fs::remove_dir_all(&self.image_dir).map_err(|e| e.to_string())
@@ -122,14 +129,14 @@ impl InFlight {
                 }
             }
         }
-        if let Some(runc) = runc {
+        if init_lives {
             let frozen = runc.host().cgroup_frozen(self.init_pid);
             if frozen.is_some_and(|f| f != self.frozen_by_caller) {
                 crate::checkpoint::settle_freezer(runc, self.init_pid, self.frozen_by_caller);
                 repaired.freezer_settled = true;
             }
         }
-        let _ = std::fs::remove_file(dir.join(INFLIGHT_FILE));
+        remove_beneath(dir, OsStr::new(INFLIGHT_FILE));
         tracing::warn!(
             id = %self.container_id,
             dir = %self.image_dir.display(),
@@ -151,7 +158,7 @@ fn write_record<T: Serialize>(record: &T, path: &Path) -> io::Result<InFlightGua
 }
 
 /// Writes `record` to `path` durably (temp file, fsync, rename, directory fsync).
-fn write_file<T: Serialize>(record: &T, path: &Path) -> io::Result<()> {
+pub(crate) fn write_file<T: Serialize>(record: &T, path: &Path) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}", std::process::id()));
@@ -163,13 +170,25 @@ fn write_file<T: Serialize>(record: &T, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The record at `path`, when it is a regular file of at most [`MAX_BYTES`] that parses.
-fn read_record<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > MAX_BYTES {
-        return None;
+/// The record `name` in `dir`, when it is a regular file of at most [`MAX_BYTES`] that parses:
+/// opened beneath `dir` (no symlink followed, no device opened).
+fn read_record<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Option<T> {
+    let root = beneath::open_root(dir).ok()?;
+    dir::layout::read_json_capped(root.as_fd(), name, MAX_BYTES).ok()
+}
+
+/// Whether `dir` holds an entry `name` (of any type: never followed).
+pub(crate) fn exists_beneath(dir: &Path, name: &OsStr) -> bool {
+    beneath::open_root(dir)
+        .is_ok_and(|fd| matches!(beneath::stat_at(fd.as_fd(), name), Ok(Some(_))))
+}
+
+/// Removes the entry `name` of `dir` through a descriptor of `dir` (a symlink is removed, never
+/// followed).
+pub(crate) fn remove_beneath(dir: &Path, name: &OsStr) {
+    if let Ok(fd) = beneath::open_root(dir) {
+        let _ = beneath::unlink_at(fd.as_fd(), name);
     }
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
 /// Whether process `pid` still runs and is the one that started at `start` (pid reuse).
@@ -182,6 +201,23 @@ fn alive(pid: u32, start: Option<u64>) -> bool {
 /// may share a front end's scratch directory).
 pub fn restore_record_name(container_id: &str) -> String {
     format!("gpusnap-restore-inflight.{container_id}.json")
+}
+
+/// The container ids of the restore records in `dir`, by their file names.
+pub fn restore_ids(dir: &Path) -> Vec<String> {
+    let Ok(fd) = beneath::open_root(dir) else {
+        return Vec::new();
+    };
+    beneath::names(fd.as_fd())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| {
+            name.to_str()?
+                .strip_prefix("gpusnap-restore-inflight.")?
+                .strip_suffix(".json")
+                .map(str::to_owned)
+        })
+        .collect()
 }
 
 /// Where a restore in progress is, as its record says.
@@ -283,26 +319,17 @@ impl Drop for RestoreRecord {
 impl RestoreInFlight {
     /// The record of a restore of `container_id` in `dir`, if there is a readable one.
     pub fn read(dir: &Path, container_id: &str) -> Option<RestoreInFlight> {
-        read_record(&dir.join(restore_record_name(container_id)))
+        read_record(dir, &restore_record_name(container_id))
             .filter(|r: &RestoreInFlight| r.container_id == container_id)
     }
 
     /// Every readable restore record in `dir` (a shim serving a pod's containers keeps them
     /// all in its own directory, where its `delete` runs).
     pub fn read_all(dir: &Path) -> Vec<RestoreInFlight> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = e.file_name();
-            let Some(id) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("gpusnap-restore-inflight."))
-                .and_then(|n| n.strip_suffix(".json"))
-            else {
-                continue;
-            };
-            out.extend(RestoreInFlight::read(dir, id));
-        }
-        out
+        restore_ids(dir)
+            .iter()
+            .filter_map(|id| RestoreInFlight::read(dir, id))
+            .collect()
     }
 
     /// Whether the process that wrote the record still runs (its restore is in progress).
@@ -347,7 +374,7 @@ impl RestoreInFlight {
                 )),
             ),
         };
-        let _ = std::fs::remove_file(dir.join(restore_record_name(&self.container_id)));
+        remove_beneath(dir, OsStr::new(&restore_record_name(&self.container_id)));
         tracing::warn!(
             id = %self.container_id,
             phase = ?self.phase,
@@ -363,10 +390,13 @@ impl RestoreInFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::FakeHost;
 
     #[test]
     fn an_interrupted_checkpoint_is_removed_and_a_sealed_one_kept() {
         let work = tempfile::tempdir().unwrap();
+        let host = FakeHost::new(false);
+        let runc = Runc::new(Default::default(), "c1", &host);
         let images = work.path().join("cp");
         let rec = InFlight::new("c1", &images, false, 0);
         assert!(rec.created_dir);
@@ -380,7 +410,7 @@ mod tests {
             ..rec.clone()
         };
         assert!(!dead.writer_alive());
-        assert!(dead.repair(work.path(), None).removed_images);
+        assert!(dead.repair(work.path(), &runc, false).removed_images);
         assert!(!images.exists());
         assert!(InFlight::read(work.path()).is_none());
         drop(guard);
@@ -391,12 +421,12 @@ mod tests {
         std::fs::write(images.join("dump.log"), b"log").unwrap();
         let rec = InFlight::new("c1", &images, false, 0);
         assert!(!rec.created_dir);
-        rec.repair(work.path(), None);
+        rec.repair(work.path(), &runc, false);
         assert!(!images.join("pages-1.img").exists());
         assert!(images.join("dump.log").exists());
         std::fs::write(images.join("pages-1.img"), b"x").unwrap();
         std::fs::write(images.join(dir::layout::MANIFEST_FILE), b"{}").unwrap();
-        assert!(!rec.repair(work.path(), None).removed_images);
+        assert!(!rec.repair(work.path(), &runc, false).removed_images);
         assert!(images.join("pages-1.img").exists());
     }
 }

@@ -327,7 +327,7 @@ fn remove_stateless_dir(runc: &Runc<'_>, dir: &Path) -> Result<(), RuncStateErro
 }
 
 /// The container's cgroup as runc's `state.json` records it.
-fn runc_state_cgroup(runc: &Runc<'_>) -> Option<PathBuf> {
+pub(crate) fn runc_state_cgroup(runc: &Runc<'_>) -> Option<PathBuf> {
     let root = runc
         .global
         .root

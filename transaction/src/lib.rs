@@ -26,6 +26,7 @@ pub mod lock;
 mod open_files;
 pub mod pending_resume;
 mod privilege;
+pub mod repair;
 pub mod restore;
 pub mod restore_source;
 pub mod runc;

@@ -45,6 +45,9 @@ pub(crate) struct FakeHost {
     pub dump_thaws: bool,
     /// Where `runc restore` looks for the restore's in-flight record, to note its phase.
     pub record_dir: Option<PathBuf>,
+    /// What `runc state` answers: the init's pid and runc's status word; `None`: runc does not
+    /// know the container.
+    pub runc_state: Option<(u32, String)>,
 }
 
 impl FakeHost {
@@ -155,6 +158,14 @@ impl RunTool for FakeHost {
                 output(0, "", "")
             }
             "delete" => output(0, "", ""),
+            "state" => match &self.runc_state {
+                Some((pid, status)) => output(
+                    0,
+                    &serde_json::json!({"pid": pid, "status": status}).to_string(),
+                    "",
+                ),
+                None => output(1, "", "container does not exist"),
+            },
             _ => output(1, "", "container does not exist"),
         }
     }
@@ -205,6 +216,16 @@ impl Host for FakeHost {
 
     fn thaw_cgroup(&self, _pid: u32) -> io::Result<()> {
         self.record("thaw-cgroup");
+        *self.frozen.lock().unwrap() = Some(false);
+        Ok(())
+    }
+
+    fn cgroup_frozen_at(&self, _dir: &Path) -> Option<bool> {
+        self.frozen()
+    }
+
+    fn thaw_cgroup_at(&self, dir: &Path) -> io::Result<()> {
+        self.record(format!("thaw-cgroup-at {}", dir.display()));
         *self.frozen.lock().unwrap() = Some(false);
         Ok(())
     }

@@ -305,13 +305,14 @@ pub(super) fn load_list(
                 source: e,
             },
         })?;
-    let list = ChunkList::parse(&bytes).map_err(invalid)?;
+    let list = ChunkList::parse(&bytes).map_err(|e| invalid(e.to_string()))?;
     let manifest =
         crate::validate::read_manifest_at(dir, shown).map_err(|e| ChunkError::Manifest {
             dir: shown.to_path_buf(),
             reason: e.to_string(),
         })?;
-    list.check_against(&manifest).map_err(invalid)?;
+    list.check_against(&manifest)
+        .map_err(|e| invalid(e.to_string()))?;
 
     let needed: u64 = list.files.iter().map(|f| f.size).sum();
     let free = beneath::available_bytes(dir).map_err(|source| ChunkError::Io {

@@ -44,7 +44,7 @@ pub use assemble::{
     assemble, assemble_at, assemble_opened, is_chunked, Assembled, ChunkSource, DirSource,
     OpenError,
 };
-pub use split::{split, ChunkParams};
+pub use split::{split, ChunkParams, ChunkParamsError};
 pub use stream::StreamAssembly;
 
 /// The directory of chunk files inside a checkpoint directory.
@@ -185,107 +185,99 @@ impl ChunkList {
 
     /// Parses untrusted bytes (at most [`MAX_CHUNK_LIST_BYTES`]) and checks the list on its
     /// own: kind, format, caps, names, lengths adding up to sizes.
-    pub fn parse(bytes: &[u8]) -> Result<ChunkList, String> {
+    pub fn parse(bytes: &[u8]) -> Result<ChunkList, ChunkListError> {
         if bytes.len() as u64 > MAX_CHUNK_LIST_BYTES {
-            return Err(format!(
-                "{} bytes, more than the {MAX_CHUNK_LIST_BYTES}-byte limit",
-                bytes.len()
-            ));
+            return Err(ChunkListError::TooLarge { len: bytes.len() });
         }
         let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+            serde_json::from_slice(bytes).map_err(ChunkListError::Json)?;
         let kind = value.get("kind").and_then(|k| k.as_str());
         if kind != Some(CHUNK_LIST_KIND) {
-            return Err(format!(
-                "kind is {:?}, not {CHUNK_LIST_KIND:?}",
-                kind.unwrap_or("<none>")
-            ));
+            return Err(ChunkListError::Kind {
+                kind: kind.unwrap_or("<none>").to_owned(),
+            });
         }
         let version = value.get("format_version").and_then(|v| v.as_u64());
         if !version.is_some_and(|v| CHUNK_LIST_FORMATS_READ.iter().any(|f| u64::from(*f) == v)) {
-            return Err(format!(
-                "format_version {version:?} is not one of {CHUNK_LIST_FORMATS_READ:?}: use the \
-                 gpusnap release that built the image, or rebuild it with this one"
-            ));
+            return Err(ChunkListError::Format { version });
         }
-        let list: ChunkList = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        let list: ChunkList = serde_json::from_value(value).map_err(ChunkListError::Shape)?;
         list.check()?;
         Ok(list)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ChunkListError> {
+        use ChunkListError as E;
         if self.files.len() > MAX_FILES {
-            return Err(format!(
-                "{} files, more than the {MAX_FILES} allowed",
-                self.files.len()
-            ));
+            return Err(E::TooManyFiles {
+                count: self.files.len(),
+            });
         }
         let mut total = 0usize;
         let mut seen = BTreeSet::new();
         for f in &self.files {
+            let path = || f.path.clone();
             if !chunkable_name(&f.path) {
-                return Err(format!(
-                    "{:?} is not a CRIU page image or GPU state file directly in the checkpoint \
-                     directory",
-                    f.path
-                ));
+                return Err(E::NotChunkable { path: path() });
             }
             if !seen.insert(f.path.as_str()) {
-                return Err(format!("{:?} is listed twice", f.path));
+                return Err(E::Twice { path: path() });
             }
             match (self.format_version, f.mtime) {
                 (1, None) => {}
-                (1, Some(_)) => {
-                    return Err(format!(
-                        "{}: an mtime in a format 1 list, which has none",
-                        f.path
-                    ))
-                }
-                (_, None) => return Err(format!("{}: no mtime", f.path)),
-                (_, Some(t)) if t > MAX_MTIME => {
-                    return Err(format!(
-                        "{}: mtime {t} is past the latest accepted, {MAX_MTIME}",
-                        f.path
-                    ))
+                (1, Some(_)) => return Err(E::MtimeInFormat1 { path: path() }),
+                (_, None) => return Err(E::NoMtime { path: path() }),
+                (_, Some(mtime)) if mtime > MAX_MTIME => {
+                    return Err(E::MtimeTooLate {
+                        path: path(),
+                        mtime,
+                    })
                 }
                 (_, Some(_)) => {}
             }
             total = total.saturating_add(f.chunks.len());
             if total > MAX_CHUNKS {
-                return Err(format!("more than {MAX_CHUNKS} chunks"));
+                return Err(E::TooManyChunks);
             }
             let mut sum = 0u64;
             for ChunkRef(d, len) in &f.chunks {
                 if *len == 0 || *len > MAX_CHUNK_BYTES {
-                    return Err(format!(
-                        "{}: chunk {d} is {len} bytes; chunks are 1 to {MAX_CHUNK_BYTES}",
-                        f.path
-                    ));
+                    return Err(E::ChunkLength {
+                        path: path(),
+                        digest: *d,
+                        len: *len,
+                    });
                 }
                 sum = sum
                     .checked_add(*len)
-                    .ok_or_else(|| format!("{}: chunk lengths overflow", f.path))?;
+                    .ok_or_else(|| E::Overflow { path: path() })?;
             }
             if sum != f.size {
-                return Err(format!(
-                    "{}: chunks add up to {sum} bytes, the file is {}",
-                    f.path, f.size
-                ));
+                return Err(E::Sum {
+                    path: path(),
+                    sum,
+                    size: f.size,
+                });
             }
         }
         Ok(())
     }
 
     /// Every listed file is in the sealed manifest with the same size.
-    pub fn check_against(&self, manifest: &Manifest) -> Result<(), String> {
+    pub fn check_against(&self, manifest: &Manifest) -> Result<(), ChunkListError> {
         for f in &self.files {
             match manifest.images.get(&f.path) {
-                None => return Err(format!("{} is not in the gpusnap manifest", f.path)),
+                None => {
+                    return Err(ChunkListError::NotInManifest {
+                        path: f.path.clone(),
+                    })
+                }
                 Some(rec) if rec.size != f.size => {
-                    return Err(format!(
-                        "{} is {} bytes in the chunk list but {} in the gpusnap manifest",
-                        f.path, f.size, rec.size
-                    ))
+                    return Err(ChunkListError::SizeMismatch {
+                        path: f.path.clone(),
+                        listed: f.size,
+                        sealed: rec.size,
+                    })
                 }
                 Some(_) => {}
             }
@@ -300,6 +292,64 @@ impl ChunkList {
             .flat_map(|f| f.chunks.iter().map(|c| (c.0, c.1)))
             .collect()
     }
+}
+
+/// Why a chunk list is refused, on its own ([`ChunkList::parse`]) or against the sealed
+/// manifest ([`ChunkList::check_against`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkListError {
+    #[error("{len} bytes, more than the {cap}-byte limit", cap = MAX_CHUNK_LIST_BYTES)]
+    TooLarge { len: usize },
+    #[error("invalid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("kind is {kind:?}, not {want:?}", want = CHUNK_LIST_KIND)]
+    Kind { kind: String },
+    #[error(
+        "format_version {version:?} is not one of {formats:?}: use the gpusnap release that \
+         built the image, or rebuild it with this one",
+        formats = CHUNK_LIST_FORMATS_READ
+    )]
+    Format { version: Option<u64> },
+    #[error("{0}")]
+    Shape(#[source] serde_json::Error),
+    #[error("{count} files, more than the {max} allowed", max = MAX_FILES)]
+    TooManyFiles { count: usize },
+    #[error(
+        "{path:?} is not a CRIU page image or GPU state file directly in the checkpoint \
+         directory"
+    )]
+    NotChunkable { path: String },
+    #[error("{path:?} is listed twice")]
+    Twice { path: String },
+    #[error("{path}: an mtime in a format 1 list, which has none")]
+    MtimeInFormat1 { path: String },
+    #[error("{path}: no mtime")]
+    NoMtime { path: String },
+    #[error("{path}: mtime {mtime} is past the latest accepted, {max}", max = MAX_MTIME)]
+    MtimeTooLate { path: String, mtime: u64 },
+    #[error("more than {max} chunks", max = MAX_CHUNKS)]
+    TooManyChunks,
+    #[error(
+        "{path}: chunk {digest} is {len} bytes; chunks are 1 to {max}",
+        max = MAX_CHUNK_BYTES
+    )]
+    ChunkLength {
+        path: String,
+        digest: ChunkDigest,
+        len: u64,
+    },
+    #[error("{path}: chunk lengths overflow")]
+    Overflow { path: String },
+    #[error("{path}: chunks add up to {sum} bytes, the file is {size}")]
+    Sum { path: String, sum: u64, size: u64 },
+    #[error("{path} is not in the gpusnap manifest")]
+    NotInManifest { path: String },
+    #[error("{path} is {listed} bytes in the chunk list but {sealed} in the gpusnap manifest")]
+    SizeMismatch {
+        path: String,
+        listed: u64,
+        sealed: u64,
+    },
 }
 
 /// Whether a file of the checkpoint directory is carried as chunks: CRIU page images
@@ -459,7 +509,7 @@ mod tests {
     #[test]
     fn hostile_lists_are_refused() {
         let refused = |bytes: Vec<u8>, want: &str| {
-            let e = ChunkList::parse(&bytes).unwrap_err();
+            let e = ChunkList::parse(&bytes).unwrap_err().to_string();
             assert!(e.contains(want), "{e} (wanted {want:?})");
         };
         refused(

@@ -4,6 +4,25 @@ use std::io::{self, Read};
 
 use super::MAX_CHUNK_BYTES;
 
+/// Chunk sizes outside FastCDC's bounds or ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "chunk sizes min {min}, avg {avg}, max {max}: need even sizes with \
+     {min_min} ≤ min ≤ {min_max}, {avg_min} ≤ avg ≤ {avg_max}, \
+     {max_min} ≤ max ≤ {max_max}, min ≤ avg ≤ max",
+    min_min = fastcdc::v2020::MINIMUM_MIN,
+    min_max = fastcdc::v2020::MINIMUM_MAX,
+    avg_min = fastcdc::v2020::AVERAGE_MIN,
+    avg_max = fastcdc::v2020::AVERAGE_MAX,
+    max_min = fastcdc::v2020::MAXIMUM_MIN,
+    max_max = MAX_CHUNK_BYTES
+)]
+pub struct ChunkParamsError {
+    pub min: usize,
+    pub avg: usize,
+    pub max: usize,
+}
+
 /// FastCDC's minimum, average and maximum chunk sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ChunkParams {
@@ -26,7 +45,7 @@ impl ChunkParams {
     };
 
     /// Within FastCDC's bounds (and ours: [`MAX_CHUNK_BYTES`]), ordered, even.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ChunkParamsError> {
         use fastcdc::v2020::{AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MIN, MINIMUM_MAX, MINIMUM_MIN};
         let (min, avg, max) = (self.min as usize, self.avg as usize, self.max as usize);
         let ok = (MINIMUM_MIN..=MINIMUM_MAX).contains(&min)
@@ -40,11 +59,7 @@ impl ChunkParams {
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "chunk sizes min {min}, avg {avg}, max {max}: need even sizes with \
-                 {MINIMUM_MIN} ≤ min ≤ {MINIMUM_MAX}, {AVERAGE_MIN} ≤ avg ≤ {AVERAGE_MAX}, \
-                 {MAXIMUM_MIN} ≤ max ≤ {MAX_CHUNK_BYTES}, min ≤ avg ≤ max"
-            ))
+            Err(ChunkParamsError { min, avg, max })
         }
     }
 }

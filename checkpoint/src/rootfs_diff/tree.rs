@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::FileType;
 use rustix::io::Errno;
 
+use super::EntryRefusal;
 use crate::beneath;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +71,12 @@ impl<'a> Tree<'a> {
     /// The node of `name` in directory `parent` (`at` is its path), looked up in the rootfs the
     /// first time: a directory there is `Lower`, nothing there is `Fresh`; `None` for anything
     /// else (a symlink, a file, or a name that cannot be resolved without following one).
-    fn child(&mut self, parent: usize, name: &[u8], at: &Path) -> Result<Option<usize>, String> {
+    fn child(
+        &mut self,
+        parent: usize,
+        name: &[u8],
+        at: &Path,
+    ) -> Result<Option<usize>, EntryRefusal> {
         if let Some(&id) = self.nodes[parent].children.get(name) {
             return Ok(Some(id));
         }
@@ -87,7 +93,7 @@ impl<'a> Tree<'a> {
     }
 
     /// The type of `at` in the rootfs, not followed; `None` when it does not exist.
-    fn in_rootfs(&self, at: &Path) -> Result<Option<FileType>, String> {
+    fn in_rootfs(&self, at: &Path) -> Result<Option<FileType>, EntryRefusal> {
         let found = beneath::parent_of(self.root, at, None)
             .and_then(|(p, n)| beneath::file_type_at(p.as_fd(), &n));
         match found {
@@ -101,26 +107,24 @@ impl<'a> Tree<'a> {
             {
                 Ok(Some(FileType::Unknown))
             }
-            Err(e) => Err(format!("looking up {} in the rootfs: {e}", at.display())),
+            Err(source) => Err(EntryRefusal::Lookup {
+                at: at.to_path_buf(),
+                source,
+            }),
         }
     }
 
     /// The directory `dirs` names (components from the rootfs down), which every one of them
     /// must be, or become, when the diff is applied: the node, or why an entry may not lead
     /// through it.
-    pub(super) fn dir(&mut self, dirs: &[&[u8]]) -> Result<usize, String> {
+    pub(super) fn dir(&mut self, dirs: &[&[u8]]) -> Result<usize, EntryRefusal> {
         let mut at = PathBuf::new();
         let mut node = 0;
         for c in dirs {
             at.push(OsStr::from_bytes(c));
             node = match self.child(node, c, &at)? {
                 Some(id) if self.nodes[id].state != State::Other => id,
-                _ => {
-                    return Err(format!(
-                        "{} is not a directory (a symlink?); an entry may not lead through it",
-                        at.display()
-                    ))
-                }
+                _ => return Err(EntryRefusal::NotADirectory { at }),
             };
         }
         Ok(node)
@@ -177,8 +181,8 @@ impl<'a> Tree<'a> {
 
     /// A hard link's target (components from the rootfs down) exists when the link is made and
     /// is not a directory.
-    pub(super) fn link_target(&mut self, target: &[&[u8]]) -> Result<(), String> {
-        let (last, dirs) = target.split_last().ok_or("a hard link without a target")?;
+    pub(super) fn link_target(&mut self, target: &[&[u8]]) -> Result<(), EntryRefusal> {
+        let (last, dirs) = target.split_last().ok_or(EntryRefusal::LinkWithoutTarget)?;
         let parent = self.dir(dirs)?;
         let at: PathBuf = target.iter().map(|c| OsStr::from_bytes(c)).collect();
         let state = match self.nodes[parent].children.get(*last) {
@@ -191,10 +195,7 @@ impl<'a> Tree<'a> {
             None => State::Fresh,
         };
         if state != State::Other {
-            return Err(format!(
-                "hard link target {} is a directory or does not exist",
-                at.display()
-            ));
+            return Err(EntryRefusal::LinkTarget { at });
         }
         Ok(())
     }

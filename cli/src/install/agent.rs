@@ -43,20 +43,34 @@ pub struct PutFile {
     pub dir_mode: u32,
 }
 
+/// Why a `--put` value is not a [`PutFile`].
+#[derive(Debug, thiserror::Error)]
+pub enum PutFileError {
+    #[error("{mode:?} is not an octal mode in {spec:?}")]
+    Mode { mode: String, spec: String },
+    #[error("{0:?}: expected SRC:DEST:MODE[:DIRMODE]")]
+    Shape(String),
+    #[error("{0:?}: DEST must be absolute")]
+    RelativeDest(String),
+}
+
 impl std::str::FromStr for PutFile {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PutFileError;
+    fn from_str(s: &str) -> Result<Self, PutFileError> {
         let parts: Vec<&str> = s.split(':').collect();
         let octal = |m: &str| {
-            u32::from_str_radix(m, 8).map_err(|_| format!("{m:?} is not an octal mode in {s:?}"))
+            u32::from_str_radix(m, 8).map_err(|_| PutFileError::Mode {
+                mode: m.to_owned(),
+                spec: s.to_owned(),
+            })
         };
         let (src, dest, mode, dir_mode) = match parts[..] {
             [src, dest, mode] => (src, dest, octal(mode)?, 0o755),
             [src, dest, mode, dir] => (src, dest, octal(mode)?, octal(dir)?),
-            _ => return Err(format!("{s:?}: expected SRC:DEST:MODE[:DIRMODE]")),
+            _ => return Err(PutFileError::Shape(s.to_owned())),
         };
         if !dest.starts_with('/') {
-            return Err(format!("{s:?}: DEST must be absolute"));
+            return Err(PutFileError::RelativeDest(s.to_owned()));
         }
         Ok(PutFile {
             src: src.into(),

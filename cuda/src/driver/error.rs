@@ -125,6 +125,21 @@ impl CallError {
     }
 }
 
+/// Why `cuGetProcAddress` gave no entry point for a symbol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("cuGetProcAddress returned {0}")]
+    Call(CuError),
+    #[error("cuGetProcAddress returned a null pointer")]
+    Null,
+    #[error("symbol not found")]
+    NotFound,
+    #[error("version not sufficient")]
+    VersionNotSufficient,
+    #[error("cuGetProcAddress status {0}")]
+    Status(u32),
+}
+
 /// Loading the driver library failed. Every variant says what is missing and
 /// what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +176,8 @@ pub enum LoadError {
         symbol: &'static str,
         requested: DriverVersion,
         driver_version: DriverVersion,
-        reason: String,
+        #[source]
+        reason: ResolveError,
     },
 
     #[error("listing GPUs through `{path}` failed: {error}")]

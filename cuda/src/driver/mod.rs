@@ -25,7 +25,7 @@ use std::time::Instant;
 use libloading::Library;
 
 pub use capabilities::{Capabilities, DeviceInfo};
-pub use error::{code, CallError, CuError, CuResult, LoadError};
+pub use error::{code, CallError, CuError, CuResult, LoadError, ResolveError};
 pub use init::{PendingDriver, ReadyOrPending};
 pub use state::ProcessState;
 pub use uuid::{GpuRemap, GpuUuid, ParseUuidError};
@@ -135,7 +135,7 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     /// Available only if the call succeeds, the pointer is non-null and the
     /// status is `CU_GET_PROC_ADDRESS_SUCCESS`.
-    fn raw(&self, symbol: &CStr, version: DriverVersion) -> Result<*mut c_void, String> {
+    fn raw(&self, symbol: &CStr, version: DriverVersion) -> Result<*mut c_void, ResolveError> {
         let mut pfn: *mut c_void = std::ptr::null_mut();
         let mut status: ProcAddressStatus = u32::MAX;
         let requested = c_int::try_from(version.0).unwrap_or(c_int::MAX);
@@ -152,23 +152,24 @@ impl Resolver<'_> {
             )
         };
         if rc != code::SUCCESS {
-            return Err(format!(
-                "cuGetProcAddress returned {}",
-                CuError::from_code(rc)
-            ));
+            return Err(ResolveError::Call(CuError::from_code(rc)));
         }
         match status {
             PROC_ADDRESS_SUCCESS if !pfn.is_null() => Ok(pfn),
-            PROC_ADDRESS_SUCCESS => Err("cuGetProcAddress returned a null pointer".into()),
-            PROC_ADDRESS_SYMBOL_NOT_FOUND => Err("symbol not found".into()),
-            PROC_ADDRESS_VERSION_NOT_SUFFICIENT => Err("version not sufficient".into()),
-            other => Err(format!("cuGetProcAddress status {other}")),
+            PROC_ADDRESS_SUCCESS => Err(ResolveError::Null),
+            PROC_ADDRESS_SYMBOL_NOT_FOUND => Err(ResolveError::NotFound),
+            PROC_ADDRESS_VERSION_NOT_SUFFICIENT => Err(ResolveError::VersionNotSufficient),
+            other => Err(ResolveError::Status(other)),
         }
     }
 
     /// # Safety
     /// `F` must be the function-pointer type of `symbol` at `version`.
-    unsafe fn get<F: Copy>(&self, symbol: &CStr, version: DriverVersion) -> Result<F, String> {
+    unsafe fn get<F: Copy>(
+        &self,
+        symbol: &CStr,
+        version: DriverVersion,
+    ) -> Result<F, ResolveError> {
         let ptr = self.raw(symbol, version)?;
         // SAFETY: the caller guarantees `F` is the matching fn-pointer type.
         Ok(unsafe { fn_from_ptr(ptr) })
@@ -301,7 +302,7 @@ impl Driver {
         // the basic functions are requested at the lower of the two. Their
         // newest ABIs (v2 UUID, v2 primary-context release) predate 12.0.
         let base = version.min(DriverVersion::CHECKPOINT_API);
-        let required = |symbol: &'static str, reason: String| LoadError::Resolve {
+        let required = |symbol: &'static str, reason: ResolveError| LoadError::Resolve {
             path: path.clone(),
             symbol,
             requested: base,

@@ -238,11 +238,11 @@ pub(crate) async fn check(
         .map(|p| load_verifier(p).map(|v| (p.clone(), v)))
         .collect::<Result<_, _>>()?;
     let outcome = if verifiers.is_empty() {
-        Err("no trusted keys are configured (restore.signature_keys)".to_owned())
+        Err(NoValidSignature::NoKeys)
     } else {
         find_valid(session, digest, &verifiers).await
     };
-    match outcome {
+    match outcome.map_err(|e| e.to_string()) {
         Ok(key) => {
             tracing::info!(reference = %reference, digest = %digest, key = %key.display(), "signature verified");
             Ok(SignatureCheck::Verified {
@@ -267,18 +267,38 @@ pub(crate) async fn check(
     }
 }
 
+/// Why no trusted key vouches for a digest (the reason a warning or a refusal names).
+#[derive(Debug, thiserror::Error)]
+enum NoValidSignature {
+    #[error("no trusted keys are configured (restore.signature_keys)")]
+    NoKeys,
+    #[error("no signature: the registry has no {tag} tag")]
+    NoTag { tag: String },
+    #[error("interrupted")]
+    Interrupted,
+    #[error("reading {tag}: {source}")]
+    Read {
+        tag: String,
+        #[source]
+        source: ImageError,
+    },
+    /// What each signature layer found wrong, in order.
+    #[error("{}", .0.join("; "))]
+    Rejected(Vec<String>),
+}
+
 /// The first trusted key with a valid signature of `digest`, or why there is none.
 async fn find_valid(
     session: &Session,
     digest: &Digest,
     verifiers: &[(PathBuf, PublicKeyVerifier)],
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, NoValidSignature> {
     let tag = signature_tag(digest);
     let manifest = match signature_manifest(session, digest).await {
         Ok(Some(m)) => m,
-        Ok(None) => return Err(format!("no signature: the registry has no {tag} tag")),
-        Err(ImageError::Interrupted) => return Err("interrupted".into()),
-        Err(e) => return Err(format!("reading {tag}: {e}")),
+        Ok(None) => return Err(NoValidSignature::NoTag { tag }),
+        Err(ImageError::Interrupted) => return Err(NoValidSignature::Interrupted),
+        Err(source) => return Err(NoValidSignature::Read { tag, source }),
     };
     let mut reasons = Vec::new();
     let mut candidates = 0;
@@ -370,7 +390,7 @@ async fn find_valid(
     } else if candidates == 0 && reasons.is_empty() {
         reasons.push(format!("{tag} holds no cosign signature layer"));
     }
-    Err(reasons.join("; "))
+    Err(NoValidSignature::Rejected(reasons))
 }
 
 /// Signs the image `reference` points at with the private key `key` and pushes the signature
