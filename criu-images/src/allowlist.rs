@@ -7,8 +7,8 @@ use std::path::Path;
 
 use gpusnap_checkpoint::layout::{classify, EntryKind};
 
-use crate::bound::Finding;
 use crate::catalog::{self, Framing, ImageType, Verdict};
+use crate::finding::Finding;
 use crate::image::{ImageDir, ImageError, Limits, IMG_COMMON_MAGIC};
 use crate::schema;
 

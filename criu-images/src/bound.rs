@@ -30,8 +30,8 @@
 //!   mount external, so its source comes from runc), a masked or read-only path as runc makes
 //!   it, or a cgroup mount beneath the spec's cgroup mount.
 
+use crate::finding::Finding;
 use std::collections::BTreeSet;
-use std::fmt;
 use std::path::Path;
 
 use oci_spec::runtime::Spec;
@@ -148,32 +148,6 @@ pub struct Report {
     pub tasks: usize,
     pub threads: usize,
     pub files_read: usize,
-}
-
-/// One thing the images give that the spec does not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// The task (pid in the checkpoint), when the finding is about one.
-    pub task: Option<u32>,
-    /// The image file.
-    pub file: String,
-    /// The field.
-    pub field: String,
-    /// What is wrong, with the spec's and the image's values.
-    pub detail: String,
-}
-
-impl fmt::Display for Finding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.task {
-            Some(pid) => write!(
-                f,
-                "task {pid} ({}): {} {}",
-                self.file, self.field, self.detail
-            ),
-            None => write!(f, "{}: {} {}", self.file, self.field, self.detail),
-        }
-    }
 }
 
 /// Why a checkpoint is refused.

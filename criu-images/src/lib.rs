@@ -29,6 +29,7 @@ pub mod allowlist;
 pub mod bound;
 pub mod caps;
 pub mod catalog;
+pub mod finding;
 pub mod forge;
 pub mod image;
 pub mod open_files;
@@ -38,7 +39,8 @@ pub mod schema;
 pub mod seccomp;
 
 pub use bound::{
-    bound_by_spec, bound_by_spec_host, bound_by_spec_on, Finding, Host, HostLsm, Refusal, Report,
+    bound_by_spec, bound_by_spec_host, bound_by_spec_on, Host, HostLsm, Refusal, Report,
 };
+pub use finding::Finding;
 pub use image::{ImageDir, ImageError, Kind, Limits};
 pub use open_files::{open_files_in_rootfs, OpenFiles, Problem, Unmatched};

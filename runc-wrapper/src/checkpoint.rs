@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
-use gpusnap_transaction::{lock::DirLock, runc::Runc, CheckpointRequest, Direct};
+use gpusnap_transaction::{host::Runc, lock::DirLock, CheckpointRequest, Direct};
 
 use crate::args::{Parsed, CHECKPOINT_VALUE_FLAGS};
 use crate::{Context, EXIT_REFUSED, SCRATCH_DIR};

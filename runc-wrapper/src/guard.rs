@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use gpusnap_transaction::inflight::RestoreInFlight;
-use gpusnap_transaction::{runc::Runc, Direct};
+use gpusnap_transaction::{host::Runc, Direct};
 
 use crate::Context;
 

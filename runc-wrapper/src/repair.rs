@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use gpusnap_transaction::repair::{self, Records};
-use gpusnap_transaction::{runc::Runc, Direct};
+use gpusnap_transaction::{host::Runc, Direct};
 
 use crate::{Context, SCRATCH_DIR};
 

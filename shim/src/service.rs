@@ -11,7 +11,7 @@ use containerd_shim::{
     Config, Error, Flags, StartOpts,
 };
 
-use gpusnap_transaction::{repair, runc::Runc, Direct};
+use gpusnap_transaction::{host::Runc, repair, Direct};
 
 use crate::{events::EventSender, options::RuntimeSettings, task::TaskService};
 

@@ -24,7 +24,7 @@ use gpusnap_cuda::{
 };
 
 use crate::error::{Error, Result};
-use crate::runc::RuncFailure;
+use crate::host::RuncFailure;
 
 /// Why CUDA processes left checkpointed (or locked) could not be resumed.
 #[derive(Debug, thiserror::Error)]

@@ -20,7 +20,7 @@ use gpusnap_checkpoint as dir;
 use gpusnap_checkpoint::beneath;
 use serde::{Deserialize, Serialize};
 
-use crate::runc::Runc;
+use crate::host::Runc;
 
 /// The record's file name in the front end's directory for the container.
 pub const INFLIGHT_FILE: &str = "gpusnap-checkpoint-inflight.json";
@@ -132,7 +132,7 @@ impl InFlight {
         if init_lives {
             let frozen = runc.host().cgroup_frozen(self.init_pid);
             if frozen.is_some_and(|f| f != self.frozen_by_caller) {
-                crate::checkpoint::settle_freezer(runc, self.init_pid, self.frozen_by_caller);
+                runc.settle_freezer(self.init_pid, self.frozen_by_caller);
                 repaired.freezer_settled = true;
             }
         }

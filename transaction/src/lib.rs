@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod container_config;
 mod container_record;
 pub mod criu;
+pub mod criu_remains;
 pub mod deadline;
 pub mod error;
 pub mod failpoint;
@@ -29,7 +30,6 @@ mod privilege;
 pub mod repair;
 pub mod restore;
 pub mod restore_source;
-pub mod runc;
 mod sealed_here;
 pub mod signature;
 #[cfg(test)]

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::gpu::{PendingCudaResume, ResumeError};
-use crate::runc::Runc;
+use crate::host::Runc;
 
 /// The record's name in a door's record directory (gpusnap-runc: runc's state directory of the
 /// container, which `runc delete` removes with the container).

@@ -28,9 +28,9 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use crate::host::Runc;
 use crate::inflight::{self, restore_record_name, InFlight, RestoreInFlight, INFLIGHT_FILE};
 use crate::leftovers::Cleared;
-use crate::runc::Runc;
 
 /// Where a door keeps the records of one container's operations.
 #[derive(Debug, Clone, Copy)]

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use gpusnap_criu_bridge::RunTool;
 
-use crate::host::Host;
-use crate::runc::{Runc, RuncFailure};
+use crate::host::{Host, Runc, RuncFailure};
 
 /// What a test can make fail, and what the host records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -15,7 +15,7 @@ use super::hashing::{self, Hashing};
 use super::prepare::Prepared;
 use super::Freezer;
 use crate::error::{Error, Outcome};
-use crate::runc::RuncFailure;
+use crate::host::RuncFailure;
 
 /// Why the dump failed; everything it changed was rolled back as far as it could be.
 #[derive(Debug, thiserror::Error)]

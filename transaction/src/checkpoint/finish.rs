@@ -13,7 +13,7 @@ use super::seal::Sealed;
 use super::{CheckpointReport, Freezer};
 use crate::error::{Error, Outcome};
 use crate::gpu::{PendingCudaResume, ResumeError};
-use crate::runc::Runc;
+use crate::host::Runc;
 
 /// Why a sealed checkpoint did not finish.
 #[derive(Debug, thiserror::Error)]

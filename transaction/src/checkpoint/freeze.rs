@@ -11,7 +11,7 @@ use super::prepare::Prepared;
 use super::Freezer;
 use crate::error::{Error, Outcome};
 use crate::gpu::GpuCheckpoint;
-use crate::runc::RuncFailure;
+use crate::host::RuncFailure;
 
 /// Why the workload could not be held for its dump.
 #[derive(Debug, thiserror::Error)]

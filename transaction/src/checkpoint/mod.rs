@@ -23,7 +23,7 @@
 //! frozen as the caller left it, and nothing in the directory looks complete. With `exit` it is
 //! frozen before the dump (CRIU leaves a frozen cgroup frozen), so nothing it does between the
 //! dump and the kill can contradict the image. After any failure, [`checkpoint`] also puts the
-//! cgroup back as the caller had it ([`settle_freezer`]), since a CRIU killed mid-dump may have
+//! cgroup back as the caller had it ([`Runc::settle_freezer`]), since a CRIU killed mid-dump may have
 //! frozen or thawed it behind the transaction's back.
 //!
 //! The state that moves from phase to phase says what was done ([`Freezer`], the GPU report
@@ -47,8 +47,7 @@ use gpusnap_criu_bridge::{runc_version_with, CriuFlags, RuncGlobal};
 
 use crate::error::{Error, Outcome, Result};
 use crate::gpu::{PendingCudaResume, ResumeError};
-use crate::host::Host;
-use crate::runc::Runc;
+use crate::host::{Host, Runc};
 
 pub use dump::DumpError;
 pub use finish::FinishError;
@@ -131,20 +130,12 @@ pub fn checkpoint_resuming(
             .of("checkpoint", id)
         })?;
     resume_pending(req, host, pending).map_err(|e| {
-        settle_freezer(
-            &Runc::new(req.runc.clone(), id, host),
-            req.init_pid,
-            req.frozen,
-        );
+        Runc::new(req.runc.clone(), id, host).settle_freezer(req.init_pid, req.frozen);
         e.of("checkpoint", id)
     })?;
     phases(req, host).map_err(|e| {
         if e.outcome().is_some() {
-            settle_freezer(
-                &Runc::new(req.runc.clone(), id, host),
-                req.init_pid,
-                req.frozen,
-            );
+            Runc::new(req.runc.clone(), id, host).settle_freezer(req.init_pid, req.frozen);
         }
         e.of("checkpoint", id)
     })
@@ -174,7 +165,7 @@ fn resume_pending(
     };
     let runc = Runc::new(req.runc.clone(), &req.container_id, host);
     pending.resume_frozen(&runc).map_err(|e| match e {
-        // Resumed, but left running: the caller's freeze is put back (`settle_freezer`).
+        // Resumed, but left running: the caller's freeze is put back (`Runc::settle_freezer`).
         ResumeError::Refreeze(f) => Error::failed(
             Outcome::ContainerUnchanged,
             format!(
@@ -220,29 +211,6 @@ pub(crate) enum Freezer {
     /// kill (a file written then would no longer match the image: "File … has bad size");
     /// thawed again when the checkpoint does not end in the kill.
     FrozenForExit,
-}
-
-/// After a failed checkpoint, the cgroup is put back as frozen or thawed as the caller had it:
-/// a CRIU killed mid-dump may leave the cgroup it froze frozen, or thaw one the caller froze.
-pub fn settle_freezer(runc: &Runc<'_>, init_pid: u32, frozen: bool) {
-    let host = runc.host();
-    let Some(now) = host.cgroup_frozen(init_pid) else {
-        return;
-    };
-    if now == frozen {
-        return;
-    }
-    let result = if frozen { runc.pause() } else { runc.resume() };
-    if let Err(e) = result {
-        // runc may not know the container as paused (its state is its own); the cgroup is
-        // what runs or not.
-        let thawed = !frozen && host.thaw_cgroup(init_pid).is_ok();
-        if !thawed {
-            tracing::error!(id = %runc.id, frozen, error = %e, "cannot put the container's cgroup back as the caller had it");
-            return;
-        }
-    }
-    tracing::warn!(id = %runc.id, frozen, "the container's cgroup was put back as the caller had it after the failed checkpoint");
 }
 
 /// Removes what a failed checkpoint wrote, keeping CRIU's logs for diagnosis; a CRIU still

@@ -14,9 +14,8 @@ use super::CheckpointRequest;
 use crate::criu::PreparedCriu;
 use crate::error::Error;
 use crate::gpu::{self, GpuCheckpoint};
-use crate::host::Host;
+use crate::host::{Host, Runc};
 use crate::lock::DirLock;
-use crate::runc::Runc;
 use crate::timings::Timings;
 
 /// Why a checkpoint was refused before anything was changed.

@@ -18,7 +18,7 @@ use super::prepare::Prepared;
 use super::Freezer;
 use crate::error::{Error, Outcome};
 use crate::gpu::{PendingCudaResume, ResumeError};
-use crate::runc::Runc;
+use crate::host::Runc;
 
 /// Why the images were not sealed.
 #[derive(Debug, thiserror::Error)]

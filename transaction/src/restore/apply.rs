@@ -21,9 +21,9 @@ use crate::criu::PreparedCriu;
 use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Error, Outcome};
 use crate::gpu::GpuRestore;
+use crate::host::Runc;
 use crate::inflight::RestoreRecord;
 use crate::lock::DirLock;
-use crate::runc::Runc;
 use crate::timings::Timings;
 
 pub use crate::open_files::OpenFilesError;

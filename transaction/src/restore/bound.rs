@@ -19,8 +19,7 @@ use super::{end_phase, RestoreCommand, RestoreRequest};
 use crate::criu::PreparedCriu;
 use crate::deadline::{Changed, Phase};
 use crate::error::Error;
-use crate::host::Host;
-use crate::runc::Runc;
+use crate::host::{Host, Runc};
 
 /// Why a checkpoint was refused before anything was changed.
 #[derive(Debug, thiserror::Error)]

@@ -53,9 +53,8 @@ use gpusnap_cuda::PendingDriver;
 use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Outcome, Result};
 use crate::gpu;
-use crate::host::Host;
+use crate::host::{Host, Runc};
 use crate::leftovers;
-use crate::runc::Runc;
 use crate::timings::Timings;
 
 pub use apply::{ApplyError, OpenFilesError};

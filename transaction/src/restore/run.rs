@@ -20,10 +20,10 @@ use crate::criu::PreparedCriu;
 use crate::deadline::{Deadline, Phase};
 use crate::error::{Error, Outcome};
 use crate::gpu::GpuRestore;
+use crate::host::{Runc, RuncFailure};
 use crate::inflight::{RestorePhase, RestoreRecord};
 use crate::leftovers::{self, Cleared};
 use crate::lock::DirLock;
-use crate::runc::{Runc, RuncFailure};
 use crate::timings::Timings;
 use crate::watchdog::{CriuEnd, Watchdog};
 
