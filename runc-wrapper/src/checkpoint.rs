@@ -28,13 +28,25 @@ pub struct Request {
     pub remote_pages: bool,
 }
 
+/// A `checkpoint` command line runc would refuse too (gpusnap-runc then lets runc say so in
+/// its own words).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("checkpoint needs a container id")]
+    NoId,
+    #[error("checkpoint takes one container id, got {0:?}")]
+    SeveralIds(Vec<String>),
+    #[error(transparent)]
+    CgroupsMode(#[from] gpusnap_criu_bridge::OptionsError),
+}
+
 /// Builds the request the way runc reads its flags (relative paths against the cwd; the image
 /// path defaults to `./checkpoint`).
-pub fn request(p: &Parsed, cwd: &Path) -> Result<Request, String> {
+pub fn request(p: &Parsed, cwd: &Path) -> Result<Request, RequestError> {
     let id = match p.positionals.as_slice() {
         [id] => id.clone(),
-        [] => return Err("checkpoint needs a container id".to_owned()),
-        more => return Err(format!("checkpoint takes one container id, got {more:?}")),
+        [] => return Err(RequestError::NoId),
+        more => return Err(RequestError::SeveralIds(more.to_vec())),
     };
     let abs = |v: &str| {
         let p = PathBuf::from(v);
@@ -52,7 +64,7 @@ pub fn request(p: &Parsed, cwd: &Path) -> Result<Request, String> {
         file_locks: p.is_set(&["file-locks"]),
         empty_ns: p.values("empty-ns"),
         manage_cgroups_mode: value("manage-cgroups-mode")
-            .map(|m| m.parse::<CgroupsMode>().map_err(|e| e.to_string()))
+            .map(str::parse::<CgroupsMode>)
             .transpose()?,
     };
     Ok(Request {
@@ -276,7 +288,7 @@ mod tests {
             Path::new("/"),
         )
         .unwrap_err();
-        assert!(err.contains("sideways"), "{err}");
+        assert!(err.to_string().contains("sideways"), "{err}");
         assert!(
             request(&parsed(&["--lazy-pages", "x"]), Path::new("/"))
                 .unwrap()

@@ -27,10 +27,22 @@ pub fn runc_path_env(inherited: Option<OsString>, criu_dir: Option<&Path>) -> Os
     std::env::join_paths(parts).unwrap_or(base)
 }
 
+/// Why the real runc cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    #[error(
+        "runc `{name}` not found (searched {searched} and {SYSTEM_PATH}): install runc, or set \
+         runc.binary in the gpusnap config (or {RUNC_ENV}) to its absolute path"
+    )]
+    NotFound { name: String, searched: String },
+    #[error("runc resolves to {0} itself; set runc.binary (or {RUNC_ENV}) to the real runc")]
+    Itself(String),
+}
+
 /// Resolves the real runc: `$GPUSNAP_RUNC`, else `runc.binary`; an absolute path as given, a
 /// bare name on `search` (see [`runc_path_env`]) and then the system path. Refuses to resolve
 /// to this very binary (installed as `runc`), which would recurse forever.
-pub fn resolve_runc(config: &Config, search: &OsStr) -> Result<PathBuf, String> {
+pub fn resolve_runc(config: &Config, search: &OsStr) -> Result<PathBuf, LocateError> {
     let name = std::env::var_os(RUNC_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -42,20 +54,13 @@ pub fn resolve_runc(config: &Config, search: &OsStr) -> Result<PathBuf, String> 
         gpusnap_criu_bridge::find_in_path(&text, search)
             .or_else(|| gpusnap_criu_bridge::find_in_path(&text, OsStr::new(SYSTEM_PATH)))
     };
-    let path = found.ok_or_else(|| {
-        format!(
-            "runc `{}` not found (searched {} and {SYSTEM_PATH}): install runc, or set \
-             runc.binary in the gpusnap config (or {RUNC_ENV}) to its absolute path",
-            name.display(),
-            search.to_string_lossy()
-        )
+    let path = found.ok_or_else(|| LocateError::NotFound {
+        name: name.display().to_string(),
+        searched: search.to_string_lossy().into_owned(),
     })?;
     let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
     if me.is_some() && path.canonicalize().ok() == me {
-        return Err(format!(
-            "runc resolves to {} itself; set runc.binary (or {RUNC_ENV}) to the real runc",
-            path.display()
-        ));
+        return Err(LocateError::Itself(path.display().to_string()));
     }
     Ok(path)
 }
@@ -96,6 +101,6 @@ mod tests {
         let mut config = Config::default();
         config.runc.binary = "/nonexistent/runc".into();
         let err = resolve_runc(&config, OsStr::new(SYSTEM_PATH)).unwrap_err();
-        assert!(err.contains("/nonexistent/runc"), "{err}");
+        assert!(err.to_string().contains("/nonexistent/runc"), "{err}");
     }
 }
