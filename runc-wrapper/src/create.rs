@@ -28,13 +28,10 @@ const WORK_DIR: &str = "create-restore";
 
 /// The work directory of the restore at `create` of container `id`.
 fn work_dir(id: &str) -> Option<PathBuf> {
-    // runc's ids are plain names; any other would not name a directory of ours.
-    let plain = !id.is_empty()
-        && id != "."
-        && id != ".."
-        && !id.contains('/')
-        && !id.chars().any(char::is_control);
-    plain.then(|| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
+    // runc's own id rule: any other id would not name a directory of ours (runc refuses it).
+    gpusnap_criu_bridge::validate_container_id(id)
+        .ok()
+        .map(|()| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
 }
 
 /// Removes the work directory of the restore at `create` of container `id`, if any.
@@ -87,6 +84,22 @@ pub fn run(ctx: &Context) -> i32 {
         Ok(c) => c,
         Err(e) => return refuse(&e),
     };
+    // What a restore cannot honour is refused rather than dropped: runc restore takes no
+    // descriptors to pass on, no pidfd socket and no keyring choice.
+    let preserved = parsed
+        .value(&["preserve-fds"])
+        .is_some_and(|n| n.trim() != "0" && !n.is_empty());
+    for (unsupported, given) in [
+        ("--preserve-fds", preserved),
+        ("--pidfd-socket", parsed.value(&["pidfd-socket"]).is_some()),
+        ("--no-new-keyring", parsed.is_set(&["no-new-keyring"])),
+    ] {
+        if given {
+            return refuse(&format_args!(
+                "{unsupported} cannot be honoured by a restore; create the container without it"
+            ));
+        }
+    }
     let spec = match typed {
         Ok(spec) => spec,
         Err(e) => {
@@ -104,7 +117,7 @@ pub fn run(ctx: &Context) -> i32 {
     };
     let scratch = PathBuf::from(SCRATCH_DIR);
     let Some(work_dir) = work_dir(id) else {
-        return ctx.exec_runc();
+        return refuse(&format_args!("{id:?} is not a plain container id"));
     };
     let terminal = spec.terminal();
     let request = RestoreRequest {
@@ -170,14 +183,26 @@ fn hold(ctx: &Context, id: &str, init_pid: u32) -> i32 {
             0
         }
         Err(why) => {
-            let _ = ctx
-                .runc_command(ctx.inv.global_args())
-                .args(["delete", "--force", id])
-                .stdin(std::process::Stdio::null())
-                .output();
+            let runc = |args: &[&str]| {
+                ctx.runc_command(ctx.inv.global_args())
+                    .args(args)
+                    .stdin(std::process::Stdio::null())
+                    .output()
+            };
+            let _ = runc(&["kill", "--all", id, "KILL"]);
+            // What the caller is told is what runc did: a delete that failed leaves the
+            // restored workload running under the caller's monitor.
+            let left = match runc(&["delete", "--force", id]) {
+                Ok(out) if out.status.success() => "it was killed and removed".to_owned(),
+                Ok(out) => format!(
+                    "it may still run: runc delete --force failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => format!("it may still run: cannot run runc delete --force: {e}"),
+            };
             ctx.fail(&format!(
                 "cannot create {id} from a checkpoint: it was restored (init pid {init_pid}) but \
-                 could not be held until start ({why}); it was killed and removed"
+                 could not be held until start ({why}); {left}"
             ));
             crate::EXIT_REFUSED
         }

@@ -43,6 +43,8 @@ fn unmark(state_dir: &Path) {
 fn held_id(ctx: &Context) -> Option<String> {
     let parsed = ctx.inv.command_parsed(&[]);
     let id = parsed.positionals.first()?;
+    // runc's own id rule first: an id runc refuses names no state directory of it.
+    gpusnap_criu_bridge::validate_container_id(id).ok()?;
     is_held(&ctx.state_dir(id)).then(|| id.clone())
 }
 

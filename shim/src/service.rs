@@ -76,8 +76,13 @@ impl Shim for Service {
         let runc_of = |id: &str| Runc::new(global.clone(), id, &Direct);
         // First a checkpoint this shim was taking: its CRIU (orphaned with its runc) holds the
         // container's tasks seized, so the kill below would wait on it (containerd gives this
-        // command 5 s); a cgroup it left frozen is thawed, as the caller had it running.
-        repair::checkpoint(&bundle, Some(&bundle), &runc_of(&self.id));
+        // command 5 s); every cgroup it left frozen is thawed, since the container is deleted next.
+        repair::checkpoint(
+            &bundle,
+            Some(&bundle),
+            &runc_of(&self.id),
+            repair::Afterwards::Deleted,
+        );
         // Then the restores this shim was running (Start of a container created from a
         // checkpoint). The shim keeps the record of every container it restores in its own
         // directory (this one: a pod's containers share the shim of its sandbox, and containerd

@@ -196,7 +196,15 @@ impl containerd_shim::Task for TaskService {
         let _lifecycle = self.lifecycle.lock().await;
         let c = self.container(&req.id).await?;
         let pid = if req.exec_id.is_empty() {
-            c.start().await?
+            let pid = c.start().await?;
+            // Created is not alive, so a Delete may run while runc starts it: the task is then
+            // gone, and no TaskStart may follow its TaskDelete.
+            if !self.state.lock().await.containers.contains_key(&req.id) {
+                return Err(
+                    not_found(format!("container {} was deleted while starting", req.id)).into(),
+                );
+            }
+            pid
         } else {
             c.start_exec(&req.exec_id).await?
         };

@@ -44,6 +44,18 @@ pub struct Records<'p> {
     pub bundle: Option<&'p Path>,
 }
 
+/// What becomes of the container after the repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Afterwards {
+    /// It goes on (gpusnap-runc's next call): its cgroup is put back as the checkpoint's
+    /// caller had it, frozen or running.
+    GoesOn,
+    /// It is deleted next (the shim's cleanup after its own death): every cgroup it left
+    /// frozen is thawed, whatever the caller had, since a frozen process dies only once thawed
+    /// and runc's forced delete would wait on it past containerd's limit for the command.
+    Deleted,
+}
+
 /// What a door found of one kind of record, and what was done.
 #[derive(Debug)]
 pub enum Found<T> {
@@ -96,7 +108,12 @@ pub struct Repair {
 /// left holds the container's tasks seized, which would stall the restore's kills), then its
 /// restore.
 pub fn container(records: &Records<'_>, runc: &Runc<'_>) -> Repair {
-    let checkpoint = checkpoint(records.checkpoint_dir, records.bundle, runc);
+    let checkpoint = checkpoint(
+        records.checkpoint_dir,
+        records.bundle,
+        runc,
+        Afterwards::GoesOn,
+    );
     let restore = restore(records.scratch_dir, runc);
     Repair {
         checkpoint,
@@ -110,6 +127,7 @@ pub fn checkpoint(
     record_dir: &Path,
     bundle: Option<&Path>,
     runc: &Runc<'_>,
+    afterwards: Afterwards,
 ) -> Found<CheckpointRepaired> {
     let name = OsStr::new(INFLIGHT_FILE);
     if !plain_id(&runc.id) || !inflight::exists_beneath(record_dir, name) {
@@ -123,11 +141,13 @@ pub fn checkpoint(
     if record.writer_alive() {
         return Found::InProgress;
     }
-    let init_lives = runc
-        .state()
-        .is_some_and(|(pid, status)| pid == record.init_pid && status != "stopped");
+    // Settled back through runc only for a container that goes on.
+    let init_lives = afterwards == Afterwards::GoesOn
+        && runc
+            .state()
+            .is_some_and(|(pid, status)| pid == record.init_pid && status != "stopped");
     let images_and_runc = record.repair(record_dir, runc, init_lives);
-    let thawed = if record.frozen_by_caller {
+    let thawed = if record.frozen_by_caller && afterwards == Afterwards::GoesOn {
         Vec::new()
     } else {
         thaw_frozen_cgroups(runc, bundle)
@@ -248,7 +268,7 @@ mod tests {
         let mut host = FakeHost::new(true).fail(Op::Thaw);
         host.runc_state = Some((4242, "running".into()));
         let runc = Runc::new(node.runc(), "c1", &host);
-        let found = checkpoint(&record_dir, Some(&record_dir), &runc);
+        let found = checkpoint(&record_dir, Some(&record_dir), &runc, Afterwards::GoesOn);
         let done = found.repaired().expect("repaired");
         assert!(done.images_and_runc.removed_images);
         assert!(!images.exists());
@@ -303,11 +323,32 @@ mod tests {
         let mut host = FakeHost::new(true);
         host.runc_state = Some((4242, "paused".into()));
         let runc = Runc::new(node.runc(), "c1", &host);
-        let done = checkpoint(&record_dir, Some(&record_dir), &runc);
+        let done = checkpoint(&record_dir, Some(&record_dir), &runc, Afterwards::GoesOn);
         let done = done.repaired().expect("repaired");
         assert!(done.thawed.is_empty());
         assert!(!images.exists());
         assert_eq!(host.frozen(), Some(true), "{:?}", host.calls());
+    }
+
+    #[test]
+    fn a_container_deleted_next_is_thawed_whatever_its_caller_had() {
+        let node = Node::new();
+        let (record_dir, _images) = dead_checkpoint(&node, true);
+        let state_dir = node.path("runc-root/c1");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        std::fs::write(
+            state_dir.join("state.json"),
+            r#"{"cgroup_paths": {"": "/sys/fs/cgroup/gpusnap-test/c1"}}"#,
+        )
+        .unwrap();
+        let mut host = FakeHost::new(true);
+        host.runc_state = Some((4242, "paused".into()));
+        let runc = Runc::new(node.runc(), "c1", &host);
+        let done = checkpoint(&record_dir, None, &runc, Afterwards::Deleted);
+        let done = done.repaired().expect("repaired");
+        assert!(!done.images_and_runc.freezer_settled, "{:?}", host.calls());
+        assert_eq!(done.thawed.len(), 1, "{:?}", host.calls());
+        assert_eq!(host.frozen(), Some(false), "{:?}", host.calls());
     }
 
     #[test]
@@ -322,7 +363,7 @@ mod tests {
         let host = FakeHost::new(true);
         let runc = Runc::new(node.runc(), "c1", &host);
         assert!(matches!(
-            checkpoint(&record_dir, Some(&record_dir), &runc),
+            checkpoint(&record_dir, Some(&record_dir), &runc, Afterwards::GoesOn),
             Found::InProgress
         ));
         assert!(images.join("pages-1.img").exists());
@@ -347,7 +388,7 @@ mod tests {
         let host = FakeHost::new(false);
         let runc = Runc::new(node.runc(), "c1", &host);
         assert!(matches!(
-            checkpoint(&record_dir, None, &runc),
+            checkpoint(&record_dir, None, &runc, Afterwards::GoesOn),
             Found::Discarded
         ));
         assert!(std::fs::symlink_metadata(record_dir.join(INFLIGHT_FILE)).is_err());

@@ -114,10 +114,17 @@ struct Container<'a> {
 }
 
 impl<'a> Container<'a> {
-    /// containerd's annotations when it names the container kind, else CRI-O's.
+    /// CRI-O's annotations when it names the container kind, else containerd's when it does,
+    /// else CRI-O's (Podman, which writes neither). CRI-O first: it copies the pod's
+    /// annotations into the spec and then writes its own keys over them, so a pod on CRI-O can
+    /// forge containerd's keys but never CRI-O's (containerd passes a pod only the annotations
+    /// its runtime handler allows, `gpusnap.io/` ones). Trusting containerd's keys first would
+    /// let such a pod pass a host directory off as containerd's image-volume mount.
     fn of(annotations: &'a HashMap<String, String>) -> Self {
         let get = |k: &str| annotations.get(k).map(String::as_str);
-        if get(CONTAINERD_TYPE).is_some() || get(CONTAINERD_NAME).is_some() {
+        if get(CRIO_TYPE).is_none()
+            && (get(CONTAINERD_TYPE).is_some() || get(CONTAINERD_NAME).is_some())
+        {
             Container {
                 runtime: Runtime::Containerd,
                 sandbox: get(CONTAINERD_TYPE) == Some("sandbox"),
@@ -158,6 +165,27 @@ fn annotation<'a>(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_pod_on_cri_o_cannot_pass_for_a_containerd_container() {
+        let forged: HashMap<String, String> = [
+            (CRIO_TYPE, "container"),
+            (CRIO_NAME, "app"),
+            (CONTAINERD_TYPE, "container"),
+            (CONTAINERD_NAME, "app"),
+            (CONTAINERD_SANDBOX_ID, "chosen"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let c = Container::of(&forged);
+        assert_eq!(c.runtime, Runtime::CriO);
+        assert_ne!(c.sandbox_id, Some("chosen"));
+        let sandbox: HashMap<String, String> =
+            [(CRIO_TYPE, "sandbox"), (CONTAINERD_TYPE, "container")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into();
+        assert!(Container::of(&sandbox).sandbox);
+    }
     use super::*;
 
     fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
