@@ -16,7 +16,7 @@
 
 use std::path::PathBuf;
 
-use gpusnap_transaction::bundle_spec::{self, BundleSpec};
+use gpusnap_transaction::bundle_spec::{self, SpecAtCreate};
 use gpusnap_transaction::restore_source::{self, SpecMount};
 use gpusnap_transaction::{Direct, Error, RestoreCommand, RestoreRequest};
 
@@ -64,14 +64,7 @@ pub fn run(ctx: &Context) -> i32 {
     // The spec, read once and capped; one runc cannot read is runc's to report. A spec the
     // types refuse still shows its annotations, so that a restore it asks for is refused by
     // name below instead of the container starting fresh.
-    let Ok(bytes) = bundle_spec::read_bytes(&bundle) else {
-        return ctx.exec_runc();
-    };
-    let typed = BundleSpec::from_bytes(&bytes);
-    let annotations = match &typed {
-        Ok(spec) => spec.annotations(),
-        Err(_) => bundle_spec::annotations_of(&bytes).unwrap_or_default(),
-    };
+    let SpecAtCreate { typed, annotations } = SpecAtCreate::read(&bundle);
     if !restore_source::requested(&annotations) {
         return ctx.exec_runc();
     }
@@ -100,14 +93,11 @@ pub fn run(ctx: &Context) -> i32 {
             ));
         }
     }
-    let spec = match typed {
-        Ok(spec) => spec,
-        Err(e) => {
-            return refuse(&format_args!(
-                "{} is not an OCI runtime spec gpusnap can read ({e})",
-                bundle_spec::path(&bundle).display()
-            ))
-        }
+    let Some(spec) = typed else {
+        return refuse(&format_args!(
+            "{} is not an OCI runtime spec gpusnap can read (its log says why)",
+            bundle_spec::path(&bundle).display()
+        ));
     };
     let source = match restore_source::resolve(&annotations, &SpecMount::of(&spec), &config) {
         Ok(Some(s)) => s,

@@ -170,6 +170,45 @@ pub fn annotations_of(bytes: &[u8]) -> Option<HashMap<String, String>> {
         .map(|a| a.annotations)
 }
 
+/// A bundle's spec as a door reads it at create: typed when oci-spec's types take it, and its
+/// annotations either way.
+#[derive(Debug, Clone, Default)]
+pub struct SpecAtCreate {
+    /// `None`: the types refuse it (a capability newer than oci-spec's list, which runc may
+    /// still run), or it cannot be read at all (runc then refuses it itself).
+    pub typed: Option<BundleSpec>,
+    /// The spec's annotations: they choose the pod's settings and its restore, and are kept
+    /// even when the rest cannot be typed, so that nothing they ask for is dropped silently.
+    pub annotations: HashMap<String, String>,
+}
+
+impl SpecAtCreate {
+    /// Reads `<bundle>/config.json` once (capped). What cannot be read, or is not JSON with a
+    /// map of string annotations, has none: runc reports such a spec in its own words.
+    pub fn read(bundle: &Path) -> Self {
+        let bytes = match read_bytes(bundle) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(bundle = %bundle.display(), error = %e, "the bundle's config.json is not readable");
+                return Self::default();
+            }
+        };
+        match BundleSpec::from_bytes(&bytes) {
+            Ok(spec) => SpecAtCreate {
+                annotations: spec.annotations(),
+                typed: Some(spec),
+            },
+            Err(e) => {
+                tracing::warn!(bundle = %bundle.display(), error = %e, "the bundle's config.json is not an OCI runtime spec gpusnap can type; only its annotations are read");
+                SpecAtCreate {
+                    typed: None,
+                    annotations: annotations_of(&bytes).unwrap_or_default(),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

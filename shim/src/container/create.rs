@@ -9,7 +9,7 @@ use std::{
 };
 
 use containerd_shim::{asynchronous::io::Stdio, protos::api::Mount};
-use gpusnap_transaction::bundle_spec::{self, BundleSpec};
+use gpusnap_transaction::bundle_spec::{BundleSpec, SpecAtCreate};
 use tokio::sync::Mutex;
 
 use super::{
@@ -62,32 +62,12 @@ impl Container {
                 settings.runc_binary
             ))
         })?);
-        // Read once, as the transaction reads it; an unreadable spec has no annotations and
-        // no PID namespace of its own (runc then refuses it anyway). A spec the types refuse
-        // but runc may run (a capability newer than oci-spec's list) keeps its annotations:
-        // they choose the pod's settings and its restore, which must not be dropped silently.
-        let (spec, annotations) = match bundle_spec::read_bytes(&bundle) {
-            Ok(bytes) => match BundleSpec::from_bytes(&bytes) {
-                Ok(s) => {
-                    let a = s.annotations();
-                    (Some(s), a)
-                }
-                Err(e) => {
-                    tracing::warn!(id, error = %e, "the bundle's config.json is not an OCI runtime spec gpusnap can type; only its annotations are read");
-                    let a = bundle_spec::annotations_of(&bytes).ok_or_else(|| {
-                        invalid_argument(format!(
-                            "{} is not JSON with a map of string annotations: {e}",
-                            bundle_spec::path(&bundle).display()
-                        ))
-                    })?;
-                    (None, a)
-                }
-            },
-            Err(e) => {
-                tracing::debug!(id, error = %e, "the bundle's config.json is not readable");
-                (None, HashMap::new())
-            }
-        };
+        // Read once, as the transaction reads it (`SpecAtCreate`: a spec the types refuse
+        // keeps its annotations; an unreadable one has none and runc refuses it).
+        let SpecAtCreate {
+            typed: spec,
+            annotations,
+        } = SpecAtCreate::read(&bundle);
         let config = load_config(&settings, &annotations)?;
         if spec.as_ref().is_some_and(BundleSpec::has_nvidia_devices) {
             gpusnap_transaction::gpu::prewarm_driver(&config.cuda.library);
