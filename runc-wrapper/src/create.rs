@@ -131,13 +131,7 @@ pub fn run(ctx: &Context) -> i32 {
     };
     tracing::info!(id, checkpoint = %source.image.display(), volume = source.volume.is_some(), "create restores from a checkpoint");
     let _guard = crate::guard::start(ctx);
-    let restored = match &source.volume {
-        Some(v) => gpusnap_transaction::volume::restore(v, request, &Direct).map(|(r, m)| {
-            tracing::info!(id, dir = %m.checkpoint_dir.display(), made = m.made, "restored from the image volume");
-            r
-        }),
-        None => gpusnap_transaction::restore(&request, &Direct),
-    };
+    let restored = restore_source::restore(source.volume.as_deref(), request, &Direct);
     let report = match restored {
         Ok(r) => r,
         Err(e) => return ctx.fail_with(&e),

@@ -257,20 +257,8 @@ pub async fn restore(
         handle: tokio::runtime::Handle::current(),
         pipes: Some(pipes),
     };
-    blocking(move || match volume {
-        // The node's copy of the image volume's checkpoint is found or made, then restored
-        // by the same transaction.
-        Some(v) => gpusnap_transaction::volume::restore(&v, request, &host).map(|(r, m)| {
-            tracing::info!(
-                id = %r.manifest.container_id,
-                dir = %m.checkpoint_dir.display(),
-                made = m.made,
-                materialize_ms = m.elapsed_ms,
-                "restored from the image volume"
-            );
-            r
-        }),
-        None => gpusnap_transaction::restore(&request, &host),
+    blocking(move || {
+        gpusnap_transaction::restore_source::restore(volume.as_deref(), request, &host)
     })
     .await?
     .map_err(Error::from)

@@ -17,7 +17,8 @@ use std::path::PathBuf;
 
 use gpusnap_config::{Config, RESTORE_FROM_ANNOTATION, RESTORE_FROM_VOLUME_ANNOTATION};
 
-use crate::restore::RootfsDiff;
+use crate::host::Host;
+use crate::restore::{RestoreReport, RestoreRequest, RootfsDiff};
 use crate::signature::SignatureEvidence;
 use crate::volume::VolumeSource;
 
@@ -84,6 +85,29 @@ pub fn resolve(
     match (named, volume) {
         (Some(_), Some(_)) => Err(RestoreSourceError::Both),
         (named, volume) => Ok(named.or(volume)),
+    }
+}
+
+/// Restores `request` from the source it was resolved from: the node's copy of the image
+/// volume's checkpoint, found or made first ([`crate::volume::restore`]), when `volume` names
+/// one; else the checkpoint directory as it is. One choice for every door.
+pub fn restore(
+    volume: Option<&VolumeSource>,
+    request: RestoreRequest,
+    host: &dyn Host,
+) -> crate::Result<RestoreReport> {
+    match volume {
+        Some(v) => crate::volume::restore(v, request, host).map(|(r, m)| {
+            tracing::info!(
+                id = %r.manifest.container_id,
+                dir = %m.checkpoint_dir.display(),
+                made = m.made,
+                materialize_ms = m.elapsed_ms,
+                "restored from the image volume"
+            );
+            r
+        }),
+        None => crate::restore(&request, host),
     }
 }
 
