@@ -676,10 +676,10 @@ fn gpusnap_runc_criu_killed_mid_dump() -> Result<()> {
     assert_repaired(&c, &env, &cgroup, &img)
 }
 
-/// gpusnap-runc killed while CRIU restores (stalled once it has forked the tree): the next
-/// gpusnap-runc call naming the container (what CRI-O and Podman run next) kills the orphaned
-/// runc, CRIU and restored tree and removes runc's state: the container is stopped and runc
-/// says so.
+/// gpusnap-runc killed while CRIU restores (stalled once it has forked the tree): its restore
+/// guard, or the next gpusnap-runc call naming the container (what CRI-O and Podman run next),
+/// kills the orphaned runc, CRIU and restored tree and removes runc's state: the container is
+/// stopped and runc says so.
 #[test]
 fn gpusnap_runc_killed_mid_restore() -> Result<()> {
     require_root();
@@ -725,9 +725,17 @@ fn gpusnap_runc_killed_mid_restore() -> Result<()> {
     let criu = faults::wait_wrapper_hit(&bin, Duration::from_secs(60))?;
     faults::kill9(wrapper.id());
     let _ = wrapper.wait();
-    ensure!(
-        faults::alive(criu),
-        "the stalled CRIU went with gpusnap-runc: nothing left to repair"
+    // The restore guard repairs the moment gpusnap-runc is dead, and the next call naming the
+    // container repairs what the guard has not yet reached: which of the two gets there first
+    // is the scheduler's, so the stalled CRIU may already be gone here. Either way, what
+    // follows must hold.
+    println!(
+        "after the kill, the stalled CRIU was {}",
+        if faults::alive(criu) {
+            "still there"
+        } else {
+            "already killed by the guard"
+        }
     );
     // What CRI-O and Podman run next names the container.
     let (code, out, _) = c.wrapper(&["state", &c.id], &env, dir.path());
