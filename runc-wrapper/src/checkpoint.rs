@@ -3,10 +3,8 @@
 //! Like runc, a checkpoint without `--leave-running` ends with the container gone (killed and
 //! deleted), but only once the image is sealed: a failure leaves it running.
 
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use gpusnap_checkpoint::beneath;
 use gpusnap_criu_bridge::{CgroupsMode, CriuFlags};
 use gpusnap_transaction::{host::Runc, lock::DirLock, CheckpointRequest, Direct};
 
@@ -195,16 +193,10 @@ pub fn global_args(ctx: &Context) -> Vec<std::ffi::OsString> {
     ctx.inv.selection_args()
 }
 
-/// The most of runc's `state.json` read: the container's whole spec is in it, which is
-/// kilobytes.
-const STATE_MAX_BYTES: u64 = 16 << 20;
-
-/// The bundle of a container, from runc's `state.json` in its state directory (a regular file
-/// beneath it, read up to [`STATE_MAX_BYTES`]).
+/// The bundle of a container, from runc's `state.json` in its state directory (the
+/// transaction's capped reader of it).
 fn bundle_of(state_dir: &Path) -> Option<PathBuf> {
-    let dir = beneath::open_root(state_dir).ok()?;
-    let bytes = beneath::read_capped(dir.as_fd(), Path::new("state.json"), STATE_MAX_BYTES).ok()?;
-    let state: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let state = gpusnap_transaction::leftovers::read_runc_state(state_dir)?;
     state
         .pointer("/config/labels")
         .and_then(|l| l.as_array())

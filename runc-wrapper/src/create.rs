@@ -23,28 +23,6 @@ use gpusnap_transaction::{Direct, Error, RestoreCommand, RestoreRequest};
 use crate::args::CREATE_VALUE_FLAGS;
 use crate::{held, Context, SCRATCH_DIR};
 
-/// Where the restores of `create` keep CRIU's work directory (`restore.log`), by container.
-const WORK_DIR: &str = "create-restore";
-
-/// The work directory of the restore at `create` of container `id`.
-fn work_dir(id: &str) -> Option<PathBuf> {
-    // runc's own id rule: any other id would not name a directory of ours (runc refuses it).
-    gpusnap_criu_bridge::validate_container_id(id)
-        .ok()
-        .map(|()| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
-}
-
-/// Removes the work directory of the restore at `create` of container `id`, if any.
-pub fn remove_work_dir(id: &str) {
-    if let Some(dir) = work_dir(id) {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(error = %e, dir = %dir.display(), "cannot remove the restore's work directory");
-            }
-        }
-    }
-}
-
 pub fn run(ctx: &Context) -> i32 {
     let parsed = ctx.inv.command_parsed(CREATE_VALUE_FLAGS);
     if ctx.inv.wants_help(&parsed) {
@@ -106,7 +84,7 @@ pub fn run(ctx: &Context) -> i32 {
         Err(e) => return refuse(&e),
     };
     let scratch = PathBuf::from(SCRATCH_DIR);
-    let Some(work_dir) = work_dir(id) else {
+    let Some(work_dir) = held::work_dir(id) else {
         return refuse(&format_args!("{id:?} is not a plain container id"));
     };
     let terminal = spec.terminal();

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{exit_code, Context, EXIT_NO_RUNC};
+use crate::{exit_code, Context, EXIT_NO_RUNC, SCRATCH_DIR};
 
 /// The mark's file in runc's state directory of the container.
 const MARK: &str = "gpusnap-held-restore";
@@ -156,11 +156,33 @@ pub fn delete(ctx: &Context) -> i32 {
     ctx.exec_runc()
 }
 
+/// Where the restores of `create` keep CRIU's work directory (`restore.log`), by container.
+const WORK_DIR: &str = "create-restore";
+
+/// The work directory of the restore at `create` of container `id`.
+pub fn work_dir(id: &str) -> Option<PathBuf> {
+    // runc's own id rule: any other id would not name a directory of ours (runc refuses it).
+    gpusnap_criu_bridge::validate_container_id(id)
+        .ok()
+        .map(|()| PathBuf::from(SCRATCH_DIR).join(WORK_DIR).join(id))
+}
+
+/// Removes the work directory of the restore at `create` of container `id`, if any.
+fn remove_work_dir(id: &str) {
+    if let Some(dir) = work_dir(id) {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot remove the restore's work directory");
+            }
+        }
+    }
+}
+
 /// `delete ID` of any container: the work directory a restore at `create` left is removed
 /// (CRIU's `restore.log`, kept until then for whoever looks into a restore).
 pub fn forget_work_dir(ctx: &Context) {
     if let Some(id) = ctx.inv.command_parsed(&[]).positionals.first() {
-        crate::create::remove_work_dir(id);
+        remove_work_dir(id);
     }
 }
 

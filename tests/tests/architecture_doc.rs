@@ -1,7 +1,8 @@
 //! docs/architecture.md's crate graph is the workspace's: every arrow it lists is a path
 //! dependency of that crate's `Cargo.toml` (a normal one: not dev, not build), every such
 //! dependency is listed, and every one is used by the crate's code. Reads `cargo metadata`
-//! and the sources; needs no root and runs nothing else.
+//! and the sources; needs no root and runs nothing else. Inside each crate, no two top-level
+//! modules import each other, directly or round a circle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -218,6 +219,123 @@ fn every_workspace_dependency_is_used() {
         unused.is_empty(),
         "unused workspace dependencies (remove them from Cargo.toml):\n  {}",
         unused.join("\n  ")
+    );
+}
+
+/// The top-level modules of `src/` a source names through `crate::` (`crate::a::b`,
+/// `crate::{a, b::c}`), in its code before its first `#[cfg(test)]` (tests may reach anywhere).
+fn crate_modules_named(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let code: String = code
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let before = code[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `gpusnap_crate::`, not this crate
+        }
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The names at depth 1 of the group: `{a, b::{c, d}, e}` names a, b and e.
+            let mut depth = 0usize;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(ident(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 {
+                    item.push(c);
+                }
+            }
+            out.insert(ident(&item));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty() && m != "self");
+    out
+}
+
+#[test]
+fn no_two_modules_of_a_crate_import_each_other() {
+    let mut circles = Vec::new();
+    for c in crates().values() {
+        let src = c.path.join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        // Top-level module → the top-level modules its files name.
+        let mut graph: Graph = BTreeMap::new();
+        for f in &files {
+            let rel = f.strip_prefix(&src).expect("below src/");
+            let first = rel.components().next().expect("a path");
+            let module = first.as_os_str().to_string_lossy();
+            let module = module.strip_suffix(".rs").unwrap_or(&module).to_owned();
+            // The crate roots and the binaries are not modules of the library.
+            if matches!(module.as_str(), "lib" | "main" | "bin") {
+                continue;
+            }
+            let text = std::fs::read_to_string(f).expect("reading a source");
+            let named = crate_modules_named(&text);
+            let entry = graph.entry(module.clone()).or_default();
+            entry.extend(named.into_iter().filter(|m| {
+                *m != module && (src.join(format!("{m}.rs")).is_file() || src.join(m).is_dir())
+            }));
+        }
+        let reaches = |from: &str, to: &str| -> bool {
+            let mut seen = BTreeSet::new();
+            let mut todo = vec![from.to_owned()];
+            while let Some(m) = todo.pop() {
+                if m == to {
+                    return true;
+                }
+                if seen.insert(m.clone()) {
+                    todo.extend(graph.get(&m).into_iter().flatten().cloned());
+                }
+            }
+            false
+        };
+        for (from, tos) in &graph {
+            for to in tos {
+                if reaches(to, from) {
+                    circles.push(format!("{}src: {from} → {to} → … → {from}", c.dir));
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles between a crate's top-level modules (move what both need into a \
+         module below them):\n  {}",
+        circles.join("\n  ")
+    );
+}
+
+#[test]
+fn the_circle_check_reads_crate_paths_and_groups() {
+    let text = "use crate::{a, b::{c, d}, self};\nuse other_crate::x;\nfn f() { crate::e::g(); }\n\
+                // crate::commented\n#[cfg(test)]\nmod tests { use crate::t; }\n";
+    let named = crate_modules_named(text);
+    assert_eq!(
+        named,
+        BTreeSet::from(["a", "b", "e"].map(String::from)),
+        "{named:?}"
     );
 }
 

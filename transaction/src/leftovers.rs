@@ -263,14 +263,27 @@ pub(crate) fn runc_state_cgroup(runc: &Runc<'_>) -> Option<PathBuf> {
 /// The cgroup runc's `<root>/<id>/state.json` records for the container (v2: the unified
 /// path; v1: the freezer controller's).
 pub fn runc_state_cgroup_at(root: &Path, id: &str) -> Option<PathBuf> {
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root.join(id).join("state.json")).ok()?).ok()?;
+    let state = read_runc_state(&root.join(id))?;
     let paths = state.get("cgroup_paths")?.as_object()?;
     paths
         .get("freezer")
         .or_else(|| paths.get(""))
         .and_then(|v| v.as_str())
         .map(PathBuf::from)
+}
+
+/// The most of runc's `state.json` read: the container's whole spec is in it, which is
+/// kilobytes.
+pub const RUNC_STATE_MAX_BYTES: u64 = 16 << 20;
+
+/// runc's `state.json` in a container's state directory (`<root>/<id>`), as JSON: a regular
+/// file beneath the directory, read up to [`RUNC_STATE_MAX_BYTES`]. `None` when there is none
+/// or it is not that.
+pub fn read_runc_state(state_dir: &Path) -> Option<serde_json::Value> {
+    let dir = beneath::open_root(state_dir).ok()?;
+    let bytes =
+        beneath::read_capped(dir.as_fd(), Path::new("state.json"), RUNC_STATE_MAX_BYTES).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// runc's `--root` when none is given (as root).
