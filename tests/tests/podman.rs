@@ -420,3 +420,117 @@ fn podman_annotations_layer_gpusnap_settings_as_pod_annotations_do() {
         check_nothing_running(Path::new(RUNC_ROOT), &[&a], &marker)
     });
 }
+
+/// Restore by name through Podman: a counter checkpointed on the node by `gpusnap-runc
+/// checkpoint --leave-running` into `restore.checkpoint_root` (this node's record vouches for
+/// it), then `podman run --annotation gpusnap.io/restore-from=NAME` of the same image: gpusnap-runc
+/// restores at `create` under conmon, `start` thaws it, and the counter goes on from the
+/// checkpoint. A name with no checkpoint fails `podman run` with the reason, nothing left
+/// running in runc.
+#[test]
+fn podman_run_annotated_restore_from_restores_a_node_checkpoint() {
+    let p = podman();
+    run(|| {
+        let root = p.dir().join("checkpoints");
+        fs::create_dir_all(&root)?;
+        // The node's setting, in the config `gpusnap install` wrote for this Podman (which
+        // names the default root).
+        let installed = fs::read_to_string(&p.gpusnap_config)?;
+        let setting = format!("checkpoint_root = \"{}\"", root.display());
+        let lines: Vec<String> = installed
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("checkpoint_root") {
+                    setting.clone()
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        ensure!(
+            lines.contains(&setting),
+            "the installed config names no restore.checkpoint_root:\n{installed}"
+        );
+        let config = lines.join("\n") + "\n";
+        fs::write(&p.gpusnap_config, config)?;
+
+        let marker = unique("gpp-rf");
+        let a = unique("gpp-rf-a");
+        p.run_counter(&a, &marker)?;
+        let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
+        let id = p.inspect(&a, "{{.Id}}")?;
+        let out = std::process::Command::new(gpusnap_testkit::binary("gpusnap-runc"))
+            .args([
+                "--root",
+                RUNC_ROOT,
+                "checkpoint",
+                "--leave-running",
+                "--image-path",
+            ])
+            .arg(root.join("ck-a"))
+            .arg(&id)
+            .env("GPUSNAP_CONFIG", &p.gpusnap_config)
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "gpusnap-runc checkpoint: {}",
+            describe(&out)
+        );
+        p.ok(&["rm", "-f", &a])?;
+
+        let b = unique("gpp-rf-b");
+        p.ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--annotation",
+            "gpusnap.io/restore-from=ck-a",
+            "--name",
+            &b,
+            gpusnap_testkit::podman::BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            gpusnap_testkit::podman::COUNTER,
+            &marker,
+        ])?;
+        check_continues("the container restored by name", &before, || p.count(&b))?;
+        let b_id = p.inspect(&b, "{{.Id}}")?;
+
+        let r = unique("gpp-rf-r");
+        let refused = p.run(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--annotation",
+            "gpusnap.io/restore-from=absent",
+            "--name",
+            &r,
+            gpusnap_testkit::podman::BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            gpusnap_testkit::podman::COUNTER,
+            &marker,
+        ])?;
+        ensure!(
+            !refused.status.success(),
+            "podman run naming no checkpoint succeeded: {}",
+            describe(&refused)
+        );
+        let err = text(&refused.stderr);
+        ensure!(
+            err.contains("does not exist on this node"),
+            "the refusal does not say why: {err}"
+        );
+        let r_id = p.inspect(&r, "{{.Id}}").unwrap_or_default();
+        p.ok(&["rm", "-f", &b])?;
+        let _ = p.run(&["rm", "-f", &r]);
+        let mut gone: Vec<&str> = vec![&id, &b_id];
+        if !r_id.is_empty() {
+            gone.push(&r_id);
+        }
+        check_nothing_running(Path::new(RUNC_ROOT), &gone, &marker)
+    });
+}
