@@ -22,6 +22,7 @@ use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
 use gpusnap_testkit::podman::{
     check_continues, processes_with, runc_list, wait_count, Count, WARM,
 };
+use gpusnap_testkit::signing::{keypair, set_policy, Policy};
 use gpusnap_testkit::{describe, require_root, text, unique};
 
 fn run(test: impl FnOnce() -> Result<()>) {
@@ -228,6 +229,63 @@ fn create_restore_work_dir(id: &str) -> std::path::PathBuf {
     Path::new("/run/gpusnap-runc/create-restore").join(id)
 }
 
+/// A counter checkpointed through CRI-O (`crictl checkpoint --export`) and built into the
+/// checkpoint image `name` (`gpusnap image build`), loaded into CRI-O's storage; returns the
+/// count at the checkpoint.
+fn counter_as_volume_image(c: &Crio, marker: &str, name: &str) -> Result<Count> {
+    let (a, _) = counter(c, &unique("gco-vol-a"), marker, &[])?;
+    let archive = c.dir().join(format!("{}.tar", unique("vol-a")));
+    let before = export(c, marker, &a, &archive)?;
+    let oci = c.dir().join(format!("{}.oci.tar", unique("vol")));
+    let (archive_arg, oci_arg) = (archive.display().to_string(), oci.display().to_string());
+    let args = ["image", "build", &archive_arg, "-t", name, "-o", &oci_arg];
+    let built = gpusnap_testkit::gpusnap(args);
+    ensure!(
+        built.status.success(),
+        "gpusnap {}: {}",
+        args.join(" "),
+        describe(&built)
+    );
+    c.load_image(&oci, name)?;
+    Ok(before)
+}
+
+/// The counter's container config with the checkpoint image `name` mounted as an image volume
+/// at `/ckpt`, the path the pod's annotation names.
+fn volume_container(c: &Crio, marker: &str, name: &str) -> Result<serde_json::Value> {
+    let mut ctr = c.container_config("counter", BUSYBOX_IMAGE, Some(marker), &[]);
+    ctr["mounts"]
+        .as_array_mut()
+        .context("mounts")?
+        .push(serde_json::json!(
+            {"container_path": "/ckpt", "image": {"image": name}, "readonly": true}
+        ));
+    Ok(ctr)
+}
+
+/// A pod annotated `gpusnap.io/restore-from-volume: /ckpt`, the container `ctr` created in it
+/// (restored at create: created until start) and started; returns its id.
+fn create_from_volume_and_start(c: &Crio, ctr: &serde_json::Value) -> Result<String> {
+    let (pod, pod_cfg) = c.run_pod_annotated(
+        &unique("gco-vol-b"),
+        &[("gpusnap.io/restore-from-volume", "/ckpt")],
+    )?;
+    let created = c.create(&pod, &pod_cfg, ctr)?;
+    ensure!(
+        created.status.success(),
+        "crictl create of the annotated container: {}",
+        describe(&created)
+    );
+    let b = text(&created.stdout).trim().to_string();
+    ensure!(
+        c.state(&b)? == "CONTAINER_CREATED",
+        "the restored container is {} before start",
+        c.state(&b)?
+    );
+    c.ok(&["start", &b])?;
+    Ok(b)
+}
+
 /// Restore by pod annotation through gpusnap-runc, CRI-O's own restore not involved: the
 /// export built into a checkpoint image, mounted into a new pod's container as an image volume
 /// (KEP-4639) that the pod's `gpusnap.io/restore-from-volume` annotation names. gpusnap-runc
@@ -249,47 +307,10 @@ fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
         )?;
         let c = Crio::start(Some(&config))?;
         let marker = unique("gco-vol");
-        let (a, _) = counter(&c, &unique("gco-vol-a"), &marker, &[])?;
-        let archive = c.dir().join("vol-a.tar");
-        let before = export(&c, &marker, &a, &archive)?;
-        let oci = c.dir().join("vol.oci.tar");
         let name = "localhost/gpusnap-test/crio-vol:1";
-        let (archive_arg, oci_arg) = (archive.display().to_string(), oci.display().to_string());
-        let args = ["image", "build", &archive_arg, "-t", name, "-o", &oci_arg];
-        let built = gpusnap_testkit::gpusnap(args);
-        ensure!(
-            built.status.success(),
-            "gpusnap {}: {}",
-            args.join(" "),
-            describe(&built)
-        );
-        c.load_image(&oci, name)?;
-
-        // The pod spec names the image and the annotation its mountPath.
-        let mut ctr = c.container_config("counter", BUSYBOX_IMAGE, Some(&marker), &[]);
-        ctr["mounts"]
-            .as_array_mut()
-            .context("mounts")?
-            .push(serde_json::json!(
-                {"container_path": "/ckpt", "image": {"image": name}, "readonly": true}
-            ));
-        let (pod, pod_cfg) = c.run_pod_annotated(
-            &unique("gco-vol-b"),
-            &[("gpusnap.io/restore-from-volume", "/ckpt")],
-        )?;
-        let created = c.create(&pod, &pod_cfg, &ctr)?;
-        ensure!(
-            created.status.success(),
-            "crictl create of the annotated container: {}",
-            describe(&created)
-        );
-        let b = text(&created.stdout).trim().to_string();
-        ensure!(
-            c.state(&b)? == "CONTAINER_CREATED",
-            "the restored container is {} before start",
-            c.state(&b)?
-        );
-        c.ok(&["start", &b])?;
+        let before = counter_as_volume_image(&c, &marker, name)?;
+        let ctr = volume_container(&c, &marker, name)?;
+        let b = create_from_volume_and_start(&c, &ctr)?;
         check_continues(
             "the container restored from the image volume",
             &before,
@@ -346,6 +367,51 @@ fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
         );
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// A node that requires signatures (`restore.signature_policy = require`) restores a
+/// checkpoint its own key signed at seal from a CRI-O image volume: the spec is compared with
+/// the signed one leaving out exactly the overlay mount the volume was recognised in, as
+/// containerd's read-only bind is. Before, CRI-O's overlay was compared like any other mount
+/// and such a node refused every image-volume restore.
+#[test]
+fn image_volume_restores_through_crio_on_a_node_that_requires_signatures() {
+    run(|| {
+        let own = tempfile::Builder::new()
+            .prefix("gco-sig-")
+            .tempdir_in("/tmp")?;
+        let root = own.path().join("checkpoints");
+        fs::create_dir_all(&root)?;
+        let config = own.path().join("gpusnap.toml");
+        fs::write(
+            &config,
+            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+        )?;
+        let c = Crio::start(Some(&config))?;
+        let key = keypair(own.path(), "node")?;
+        set_policy(
+            &c.gpusnap_config,
+            &Policy {
+                policy: "require",
+                trusted: vec![&key.public],
+                signing_key: Some(&key.private),
+            },
+        )?;
+        let marker = unique("gco-sig");
+        let name = "localhost/gpusnap-test/crio-vol-signed:1";
+        let before = counter_as_volume_image(&c, &marker, name)?;
+        let ctr = volume_container(&c, &marker, name)?;
+        let b = create_from_volume_and_start(&c, &ctr)?;
+        check_continues(
+            "the signed checkpoint restored from the volume",
+            &before,
+            || c.count(&b),
+        )?;
+        c.remove_all_pods()?;
+        let left = runc_list(&c.runtime_root)?;
+        ensure!(left.is_empty(), "runc still has {left:?} after rmp");
         Ok(())
     });
 }

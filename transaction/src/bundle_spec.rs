@@ -154,6 +154,39 @@ impl BundleSpec {
     }
 }
 
+/// One of the spec's `mounts`, as the runtime wrote it (fields it left out are empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecMount {
+    pub destination: String,
+    pub source: String,
+    /// The mount's `type`.
+    pub kind: String,
+    pub options: Vec<String>,
+}
+
+impl SpecMount {
+    /// The `mounts` of a container's typed runtime spec, in order (fields it left out are
+    /// empty, and match nothing).
+    pub fn of(spec: &BundleSpec) -> Vec<SpecMount> {
+        spec.mounts().iter().map(SpecMount::from).collect()
+    }
+}
+
+impl From<&Mount> for SpecMount {
+    fn from(m: &Mount) -> SpecMount {
+        SpecMount {
+            destination: m.destination().to_string_lossy().into_owned(),
+            source: m
+                .source()
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            kind: m.typ().clone().unwrap_or_default(),
+            options: m.options().clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// The annotations of a spec's bytes, read leniently: only the `annotations` object, whatever
 /// the rest holds. For a spec [`BundleSpec`] cannot type but runc may still run (a capability
 /// name newer than oci-spec's list): the annotations choose the pod's settings and its restore,

@@ -22,6 +22,8 @@ use gpusnap_checkpoint::writable_layer::{
 use gpusnap_checkpoint::{ContainerRecord, SpecRecord, CONTAINER_RECORD_FORMAT};
 use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
+use crate::bundle_spec::SpecMount;
+
 /// Why a part of the container could not be recorded at seal (the message becomes the
 /// manifest's reason for an unavailable part), or why the container being restored is not the
 /// one recorded (the message leads the refusal or the warning).
@@ -247,7 +249,7 @@ fn host_namespace(typ: LinuxNamespaceType, path: &Path) -> bool {
 pub(crate) fn check_spec(
     record: &ContainerRecord,
     bundle: &Path,
-    checkpoint_mount: Option<&(PathBuf, PathBuf)>,
+    checkpoint_mount: Option<&SpecMount>,
 ) -> Result<(), RecordError> {
     let SpecRecord::Recorded { grants: signed } = &record.spec else {
         return Err(RecordError::NoSignedSpec);
@@ -259,16 +261,10 @@ pub(crate) fn check_spec(
             source,
         }
     })?;
-    if let Some((destination, source)) = checkpoint_mount {
-        // Exactly that mount, read-only, from exactly that source: anything else at the same
-        // place is compared like every other mount.
-        target.mounts.retain(|m| {
-            let read_only = m
-                .options()
-                .as_ref()
-                .is_some_and(|o| o.iter().any(|x| x == "ro"));
-            !(m.destination() == destination && m.source().as_ref() == Some(source) && read_only)
-        });
+    if let Some(volume) = checkpoint_mount {
+        // Exactly the mount the volume was recognised in (destination, type, source and
+        // options): anything else at the same place is compared like every other mount.
+        target.mounts.retain(|m| SpecMount::from(m) != *volume);
     }
     let excess = signed.excess(&target, &ThisNode);
     if excess.is_empty() {
@@ -343,4 +339,99 @@ pub(crate) fn check_layer(
         part: part.to_owned(),
         difference,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpusnap_checkpoint::writable_layer::record_of;
+
+    /// A record whose signed spec grants nothing beyond a bare container.
+    fn signed_bare() -> ContainerRecord {
+        ContainerRecord {
+            format: CONTAINER_RECORD_FORMAT,
+            spec: SpecRecord::Recorded {
+                grants: Default::default(),
+            },
+            writable_layer: record_of(&[], &[]),
+        }
+    }
+
+    /// CRI-O's image volume as it writes it into the container's spec.
+    fn crio_volume(lower: &str) -> SpecMount {
+        SpecMount {
+            destination: "/ckpt".into(),
+            source: "overlay".into(),
+            kind: "overlay".into(),
+            options: vec![format!(
+                "lowerdir={lower}:/var/lib/containers/storage/overlay-containers/c/userdata/image-volumes"
+            )],
+        }
+    }
+
+    fn bundle_with(dir: &Path, mounts: &[&SpecMount]) {
+        let mounts: Vec<serde_json::Value> = mounts
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "destination": m.destination,
+                    "type": m.kind,
+                    "source": m.source,
+                    "options": m.options,
+                })
+            })
+            .collect();
+        let spec = serde_json::json!({"ociVersion": "1.0.2", "mounts": mounts});
+        std::fs::write(dir.join("config.json"), spec.to_string()).unwrap();
+    }
+
+    /// The volume's mount is left out of the comparison only as the resolution recognised it,
+    /// on CRI-O as on containerd: the same mount anywhere else, or changed in any field, is
+    /// compared like every other mount and refused.
+    #[test]
+    fn only_the_recognised_volume_mount_is_left_out() {
+        let t = tempfile::tempdir().unwrap();
+        let record = signed_bare();
+        let volume = crio_volume("/var/lib/containers/storage/overlay/l1/merged");
+        bundle_with(t.path(), &[&volume]);
+        assert!(matches!(
+            check_spec(&record, t.path(), None),
+            Err(RecordError::SpecGrantsMore { .. })
+        ));
+        check_spec(&record, t.path(), Some(&volume)).unwrap();
+
+        let other_image = crio_volume("/var/lib/containers/storage/overlay/l2/merged");
+        for changed in [
+            other_image,
+            SpecMount {
+                destination: "/elsewhere".into(),
+                ..volume.clone()
+            },
+            SpecMount {
+                options: [volume.options.clone(), vec!["upperdir=/tmp/u".into()]].concat(),
+                ..volume.clone()
+            },
+        ] {
+            bundle_with(t.path(), &[&changed]);
+            assert!(
+                matches!(
+                    check_spec(&record, t.path(), Some(&volume)),
+                    Err(RecordError::SpecGrantsMore { .. })
+                ),
+                "{changed:?} was left out"
+            );
+        }
+        // The volume's mount beside another one: only the volume goes.
+        let extra = SpecMount {
+            destination: "/data".into(),
+            source: "/srv/data".into(),
+            kind: "bind".into(),
+            options: vec!["rbind".into(), "rw".into()],
+        };
+        bundle_with(t.path(), &[&volume, &extra]);
+        assert!(matches!(
+            check_spec(&record, t.path(), Some(&volume)),
+            Err(RecordError::SpecGrantsMore { .. })
+        ));
+    }
 }

@@ -25,8 +25,9 @@ use crate::volume::VolumeSource;
 pub mod by_name;
 pub mod by_volume;
 
+pub use crate::bundle_spec::SpecMount;
 pub use by_name::ByNameError;
-pub use by_volume::{ByVolumeError, SpecMount};
+pub use by_volume::ByVolumeError;
 
 /// containerd's CRI annotations naming the container, its kind and its pod.
 const CONTAINERD_NAME: &str = "io.kubernetes.cri.container-name";

@@ -119,7 +119,7 @@ impl Admission {
     pub(crate) fn check_spec(
         &self,
         bundle: &Path,
-        checkpoint_mount: Option<&(PathBuf, PathBuf)>,
+        checkpoint_mount: Option<&crate::bundle_spec::SpecMount>,
     ) -> Result<()> {
         let Some((record, enforce)) = &self.covered else {
             return Ok(());

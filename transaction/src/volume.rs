@@ -78,6 +78,8 @@ use gpusnap_checkpoint::{beneath, layout::MANIFEST_FILE, validate};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::bundle_spec::SpecMount;
+
 use crate::deadline::{Changed, Deadline, Phase};
 use crate::error::{Error, Result};
 use crate::host::Host;
@@ -111,6 +113,9 @@ pub struct VolumeSource {
     pub shown: String,
     /// Where copies are made: `<restore.checkpoint_root>/.gpusnap-volumes`.
     pub cache: PathBuf,
+    /// The spec's mount the volume was recognised in, exactly as the runtime wrote it:
+    /// containerd's read-only bind, or CRI-O's overlay of the image with no upper layer.
+    pub spec_mount: SpecMount,
 }
 
 impl VolumeSource {
@@ -171,7 +176,7 @@ pub fn restore(
     // What vouches for the copy is its own directory signature, as at the CRI door: the
     // volume brings no registry signature the runtime could check.
     req.signature_evidence = crate::SignatureEvidence::DirectoryOnly;
-    req.checkpoint_mount = Some((source.destination.clone(), source.mount.clone()));
+    req.checkpoint_mount = Some(source.spec_mount.clone());
     match crate::restore::restore(&req, host) {
         Ok(report) => Ok((report, made.0)),
         Err(e) => {
@@ -945,6 +950,12 @@ mod tests {
             gpusnap_checkpoint::seal_checkpoint(&ckpt, Manifest::new("c1", CriuFlags::default()))
                 .unwrap();
             VolumeSource {
+                spec_mount: SpecMount {
+                    destination: "/gpusnap/checkpoint".into(),
+                    source: mount.to_string_lossy().into_owned(),
+                    kind: "bind".into(),
+                    options: vec!["rbind".into(), "ro".into()],
+                },
                 mount,
                 image_digest: digest.to_string(),
                 destination: PathBuf::from("/gpusnap/checkpoint"),

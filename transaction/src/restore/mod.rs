@@ -83,11 +83,12 @@ pub struct RestoreRequest {
     /// What the front door knows about the checkpoint's signature beyond its directory; the
     /// node's `restore.signature_policy` is decided on it here (`signature.rs`).
     pub signature_evidence: crate::SignatureEvidence,
-    /// The mount the checkpoint itself reached the container through (destination, source):
-    /// the image volume [`crate::volume::restore`] restores from. The container that was
-    /// checkpointed did not have it, so it is left out when the spec is compared with the
-    /// signed one; it is a read-only bind of the image the pod names, and grants nothing else.
-    pub checkpoint_mount: Option<(PathBuf, PathBuf)>,
+    /// The mount the checkpoint itself reached the container through, exactly as the spec
+    /// has it: the image volume [`crate::volume::restore`] restores from. The container that
+    /// was checkpointed did not have it, so that one mount is left out when the spec is
+    /// compared with the signed one; it was recognised as the runtime's read-only mount of the
+    /// image the pod names (`restore_source::by_volume`), and grants nothing else.
+    pub checkpoint_mount: Option<crate::bundle_spec::SpecMount>,
     /// When the restore began, when that was before the transaction: the copy of an image
     /// volume's checkpoint ([`crate::volume::restore`]). The one deadline counts from there.
     pub began: Option<Instant>,

@@ -17,38 +17,8 @@ use std::path::{Component, Path, PathBuf};
 use gpusnap_config::{Config, RESTORE_FROM_VOLUME_ANNOTATION};
 
 use super::{Container, RestoreSource, Runtime, CRIO_VOLUMES};
-use crate::bundle_spec::BundleSpec;
+use crate::bundle_spec::SpecMount;
 use crate::volume::{VolumeSource, CACHE_DIR};
-
-/// One of the spec's `mounts`, as the runtime wrote it (fields it left out are empty).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SpecMount {
-    pub destination: String,
-    pub source: String,
-    /// The mount's `type`.
-    pub kind: String,
-    pub options: Vec<String>,
-}
-
-impl SpecMount {
-    /// The `mounts` of a container's typed runtime spec, in order (fields it left out are
-    /// empty, and match nothing).
-    pub fn of(spec: &BundleSpec) -> Vec<SpecMount> {
-        spec.mounts()
-            .iter()
-            .map(|m| SpecMount {
-                destination: m.destination().to_string_lossy().into_owned(),
-                source: m
-                    .source()
-                    .as_ref()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                kind: m.typ().clone().unwrap_or_default(),
-                options: m.options().clone().unwrap_or_default(),
-            })
-            .collect()
-    }
-}
 
 /// Why the image volume an annotation names cannot be restored from. `key` is the annotation,
 /// `value` its value.
@@ -153,6 +123,7 @@ pub fn resolve(
             destination: PathBuf::from(&mount.destination),
             shown: value.to_string(),
             cache: config.restore.checkpoint_root.join(CACHE_DIR),
+            spec_mount: mount.clone(),
         })),
     }))
 }
@@ -275,6 +246,7 @@ fn clean_absolute(p: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle_spec::BundleSpec;
     use crate::restore_source::{
         CONTAINERD_NAME as CONTAINER_NAME, CONTAINERD_SANDBOX_ID as SANDBOX_ID,
         CONTAINERD_TYPE as CONTAINER_TYPE,
