@@ -1,6 +1,7 @@
 //! `gpusnap-runc resume`: runc's resume, then the CUDA processes a checkpoint of the frozen
 //! container left checkpointed are restored and unlocked (the driver needs them running).
 
+use gpusnap_transaction::lock::DirLock;
 use gpusnap_transaction::PendingCudaResume;
 
 use crate::{exit_code, Context, EXIT_NO_RUNC, EXIT_REFUSED};
@@ -15,6 +16,16 @@ pub fn run(ctx: &Context) -> i32 {
     if !PendingCudaResume::saved_in(&state_dir) {
         return ctx.exec_runc();
     }
+    // The lock gpusnap-runc's checkpoint holds on the same directory: a checkpoint of the
+    // still-frozen container brings these processes back first, so the resume waits for it
+    // and then finds no record, instead of restoring and unlocking them a second time.
+    let _one_at_a_time = match DirLock::exclusive_waiting(&state_dir) {
+        Ok(lock) => lock,
+        Err(e) => {
+            ctx.fail(&format!("cannot resume {id}: {e}"));
+            return EXIT_REFUSED;
+        }
+    };
     let status = match ctx.runc_command(&ctx.inv.args).status() {
         Ok(s) => s,
         Err(e) => {

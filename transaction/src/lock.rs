@@ -24,6 +24,13 @@ impl DirLock {
         Self::take(dir, FlockArg::LockExclusiveNonblock, "write")
     }
 
+    /// An exclusive lock on `dir` (which must exist), waiting while another holder has it:
+    /// for a step that must come after a running one rather than be refused
+    /// (gpusnap-runc's `resume` of a container being checkpointed).
+    pub fn exclusive_waiting(dir: &Path) -> Result<DirLock> {
+        Self::take(dir, FlockArg::LockExclusive, "write")
+    }
+
     /// A shared lock on `dir` (which must exist), or a Busy refusal.
     pub fn shared(dir: &Path) -> Result<DirLock> {
         Self::take(dir, FlockArg::LockSharedNonblock, "read")
@@ -51,6 +58,29 @@ impl DirLock {
 mod tests {
     use super::*;
     use crate::error::Refusal;
+
+    /// A waiting writer gets the lock once the holder lets go, not before.
+    #[test]
+    fn a_waiting_writer_comes_after_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let first = DirLock::exclusive(&path).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let second = DirLock::exclusive_waiting(&path).unwrap();
+            tx.send(()).unwrap();
+            drop(second);
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "the waiting writer did not wait"
+        );
+        drop(first);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the waiting writer got the lock once the holder let go");
+        waiter.join().unwrap();
+    }
 
     #[test]
     fn second_writer_and_readers_of_a_written_dir_are_busy() {

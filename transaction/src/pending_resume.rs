@@ -9,7 +9,10 @@
 //! processes back first, on every door ([`crate::checkpoint::checkpoint_resuming`], once its
 //! in-flight record is written): the driver
 //! cannot lock a process that is checkpointed already, and a second record would replace the
-//! first, leaving its processes checkpointed for good.
+//! first, leaving its processes checkpointed for good. gpusnap-runc holds one lock on runc's
+//! state directory of the container around its checkpoint and its `resume` (a resume waits for
+//! a running checkpoint, [`crate::lock::DirLock::exclusive_waiting`]), so the two never both
+//! bring the same processes back; the shim's operations on a container are serialized anyway.
 
 use std::ffi::OsStr;
 use std::io;
