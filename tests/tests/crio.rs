@@ -229,6 +229,23 @@ fn create_restore_work_dir(id: &str) -> std::path::PathBuf {
     Path::new("/run/gpusnap-runc/create-restore").join(id)
 }
 
+/// CRI-O whose gpusnap config sets `restore.checkpoint_root` to a directory of its own: (the
+/// directory holding it and the config, the checkpoint root, CRI-O).
+fn crio_with_checkpoint_root(
+    prefix: &str,
+) -> Result<(tempfile::TempDir, std::path::PathBuf, Crio)> {
+    let own = tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp")?;
+    let root = own.path().join("checkpoints");
+    fs::create_dir_all(&root)?;
+    let config = own.path().join("gpusnap.toml");
+    fs::write(
+        &config,
+        format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+    )?;
+    let c = Crio::start(Some(&config))?;
+    Ok((own, root, c))
+}
+
 /// A counter checkpointed through CRI-O (`crictl checkpoint --export`) and built into the
 /// checkpoint image `name` (`gpusnap image build`), loaded into CRI-O's storage; returns the
 /// count at the checkpoint.
@@ -295,17 +312,7 @@ fn create_from_volume_and_start(c: &Crio, ctr: &serde_json::Value) -> Result<Str
 #[test]
 fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
     run(|| {
-        let own = tempfile::Builder::new()
-            .prefix("gco-vol-")
-            .tempdir_in("/tmp")?;
-        let root = own.path().join("checkpoints");
-        fs::create_dir_all(&root)?;
-        let config = own.path().join("gpusnap.toml");
-        fs::write(
-            &config,
-            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
-        )?;
-        let c = Crio::start(Some(&config))?;
+        let (_own, root, c) = crio_with_checkpoint_root("gco-vol-")?;
         let marker = unique("gco-vol");
         let name = "localhost/gpusnap-test/crio-vol:1";
         let before = counter_as_volume_image(&c, &marker, name)?;
@@ -379,17 +386,7 @@ fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
 #[test]
 fn image_volume_restores_through_crio_on_a_node_that_requires_signatures() {
     run(|| {
-        let own = tempfile::Builder::new()
-            .prefix("gco-sig-")
-            .tempdir_in("/tmp")?;
-        let root = own.path().join("checkpoints");
-        fs::create_dir_all(&root)?;
-        let config = own.path().join("gpusnap.toml");
-        fs::write(
-            &config,
-            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
-        )?;
-        let c = Crio::start(Some(&config))?;
+        let (own, _root, c) = crio_with_checkpoint_root("gco-sig-")?;
         let key = keypair(own.path(), "node")?;
         set_policy(
             &c.gpusnap_config,
@@ -424,17 +421,7 @@ fn image_volume_restores_through_crio_on_a_node_that_requires_signatures() {
 #[test]
 fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is_refused() {
     run(|| {
-        let own = tempfile::Builder::new()
-            .prefix("gco-name-")
-            .tempdir_in("/tmp")?;
-        let root = own.path().join("checkpoints");
-        fs::create_dir_all(&root)?;
-        let config = own.path().join("gpusnap.toml");
-        fs::write(
-            &config,
-            format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
-        )?;
-        let c = Crio::start(Some(&config))?;
+        let (_own, root, c) = crio_with_checkpoint_root("gco-name-")?;
         let marker = unique("gco-name");
         let (a, _) = counter(&c, &unique("gco-name-a"), &marker, &[])?;
         let before = wait_count(&marker, &a, 0, || c.count(&a))?;

@@ -349,8 +349,8 @@ fn layout_refname_and_roles(layout: &Path, index: &str) -> Result<(String, Vec<S
 }
 
 /// `podman run -d --runtime gpusnap --annotation ANNOTATION --name NAME` of the counter.
-fn run_annotated(p: &Podman, name: &str, annotation: &str, marker: &str) -> Result<String> {
-    p.ok(&[
+fn annotated_counter<'a>(name: &'a str, annotation: &'a str, marker: &'a str) -> [&'a str; 13] {
+    [
         "run",
         "-d",
         "--runtime",
@@ -364,7 +364,12 @@ fn run_annotated(p: &Podman, name: &str, annotation: &str, marker: &str) -> Resu
         "-c",
         gpusnap_testkit::podman::COUNTER,
         marker,
-    ])
+    ]
+}
+
+/// Runs [`annotated_counter`]; returns the container's id.
+fn run_annotated(p: &Podman, name: &str, annotation: &str, marker: &str) -> Result<String> {
+    p.ok(&annotated_counter(name, annotation, marker))
 }
 
 /// A container's `gpusnap.io/` annotations (`podman run --annotation`) layer over the node's
@@ -480,40 +485,16 @@ fn podman_run_annotated_restore_from_restores_a_node_checkpoint() {
         p.ok(&["rm", "-f", &a])?;
 
         let b = unique("gpp-rf-b");
-        p.ok(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--annotation",
-            "gpusnap.io/restore-from=ck-a",
-            "--name",
-            &b,
-            gpusnap_testkit::podman::BUSYBOX_IMAGE,
-            "sh",
-            "-c",
-            gpusnap_testkit::podman::COUNTER,
-            &marker,
-        ])?;
+        run_annotated(&p, &b, "gpusnap.io/restore-from=ck-a", &marker)?;
         check_continues("the container restored by name", &before, || p.count(&b))?;
         let b_id = p.inspect(&b, "{{.Id}}")?;
 
         let r = unique("gpp-rf-r");
-        let refused = p.run(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--annotation",
-            "gpusnap.io/restore-from=absent",
-            "--name",
+        let refused = p.run(&annotated_counter(
             &r,
-            gpusnap_testkit::podman::BUSYBOX_IMAGE,
-            "sh",
-            "-c",
-            gpusnap_testkit::podman::COUNTER,
+            "gpusnap.io/restore-from=absent",
             &marker,
-        ])?;
+        ))?;
         ensure!(
             !refused.status.success(),
             "podman run naming no checkpoint succeeded: {}",
