@@ -28,7 +28,7 @@ pub use criu_probe::{
     CriuVersion, ProbeError, MIN_CRIU_CPU, MIN_CRIU_GPU,
 };
 pub use exec::{Direct, RunTool};
-pub use options::{validate_container_id, CgroupsMode, CriuFlags, OptionsError};
+pub use options::{is_plain_id, validate_container_id, CgroupsMode, CriuFlags, OptionsError};
 pub use plugins::PluginDir;
 pub use runc_cmd::{
     run_captured, runc_log_error, Dump, Restore, RunOutput, RuncCommand, RuncError, RuncGlobal,

@@ -208,6 +208,14 @@ impl fmt::Display for CriuFlags {
     }
 }
 
+/// Whether `id` can name one entry of a directory of ours (a record's file, runc's state
+/// directory of the container, CRI's directory of it): not empty, no `/` or NUL, not hidden (so
+/// never `.` or `..`). The one rule for every place that joins an id to a path; looser than
+/// runc's own ([`validate_container_id`]), which ids of other runtimes need not follow.
+pub fn is_plain_id(id: &str) -> bool {
+    !id.is_empty() && !id.contains('/') && !id.contains('\0') && !id.starts_with('.')
+}
+
 /// runc's container id rule (libcontainer `validateID`): `^[\w+-\.]+$`, and not `.`/`..`.
 /// A leading `-` is refused too, so an id can never be parsed as a flag.
 pub fn validate_container_id(id: &str) -> Result<(), OptionsError> {
@@ -309,6 +317,16 @@ mod tests {
         }
         for bad in ["", ".", "..", "-x", "a/b", "a b", "ä"] {
             assert!(validate_container_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plain_ids_name_one_entry() {
+        for ok in ["abc", "a-b_c.d+e", "x..y", "with space", "ä"] {
+            assert!(is_plain_id(ok), "{ok:?}");
+        }
+        for bad in ["", ".", "..", ".hidden", "a/b", "/abs", "../up", "nul\0"] {
+            assert!(!is_plain_id(bad), "{bad:?}");
         }
     }
 

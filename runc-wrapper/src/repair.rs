@@ -23,7 +23,7 @@ pub fn interrupted_operations(ctx: &Context) {
     for arg in ctx.inv.command_args() {
         let Some(id) = arg.to_str() else { continue };
         // A flag, or a path (a bundle, a log): no container id.
-        if id.is_empty() || id.starts_with('-') || id.contains('/') || id.starts_with('.') {
+        if id.starts_with('-') || !gpusnap_criu_bridge::is_plain_id(id) {
             continue;
         }
         let state_dir = ctx.state_dir(id);

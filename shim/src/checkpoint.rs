@@ -149,7 +149,7 @@ pub fn cri_work_path(spec: &BundleSpec, id: &str) -> Option<PathBuf> {
 
 /// CRI's directory of container `id` (see [`cri_work_path`]).
 fn cri_container_dir(spec: &BundleSpec, id: &str) -> Option<PathBuf> {
-    if !spec.is_cri_container() || id.is_empty() || id.contains('/') || id.starts_with('.') {
+    if !spec.is_cri_container() || !gpusnap_criu_bridge::is_plain_id(id) {
         return None;
     }
     let sandbox = spec.cri_sandbox_id()?;

@@ -204,9 +204,7 @@ fn remove_runc_state(runc: &Runc<'_>) -> Result<(), RuncStateError> {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNC_ROOT));
     let dir = root.join(&runc.id);
     let stateless = || {
-        !runc.id.is_empty()
-            && !runc.id.contains('/')
-            && !runc.id.starts_with('.')
+        gpusnap_criu_bridge::is_plain_id(&runc.id)
             && std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
             && std::fs::symlink_metadata(dir.join("state.json")).is_err()
     };

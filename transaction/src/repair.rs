@@ -130,7 +130,7 @@ pub fn checkpoint(
     afterwards: Afterwards,
 ) -> Found<CheckpointRepaired> {
     let name = OsStr::new(INFLIGHT_FILE);
-    if !plain_id(&runc.id) || !inflight::exists_beneath(record_dir, name) {
+    if !gpusnap_criu_bridge::is_plain_id(&runc.id) || !inflight::exists_beneath(record_dir, name) {
         return Found::Nothing;
     }
     let Some(record) = InFlight::read(record_dir).filter(|r| r.container_id == runc.id) else {
@@ -162,7 +162,7 @@ pub fn checkpoint(
 /// Repairs an interrupted restore of `runc.id` recorded in `scratch_dir` (see the module's
 /// rule).
 pub fn restore(scratch_dir: &Path, runc: &Runc<'_>) -> Found<RestoreRepaired> {
-    if !plain_id(&runc.id) {
+    if !gpusnap_criu_bridge::is_plain_id(&runc.id) {
         return Found::Nothing;
     }
     let file = restore_record_name(&runc.id);
@@ -229,11 +229,6 @@ fn thaw_frozen_cgroups(runc: &Runc<'_>, bundle: Option<&Path>) -> Vec<PathBuf> {
         tracing::warn!(id = %runc.id, cgroups = ?thawed, "thawed the cgroup an interrupted checkpoint left frozen");
     }
     thawed
-}
-
-/// A container id usable as one plain name in a record's file name.
-fn plain_id(id: &str) -> bool {
-    !id.is_empty() && !id.contains('/') && !id.starts_with('.') && !id.contains('\0')
 }
 
 #[cfg(test)]
