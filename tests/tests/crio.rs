@@ -20,7 +20,7 @@ use gpusnap_testkit::crio::{Crio, BUSYBOX_IMAGE};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
 use gpusnap_testkit::gpu::{self, Cuda, Engine, GpuDouble};
 use gpusnap_testkit::podman::{
-    check_continues, processes_with, runc_list, wait_count, Count, WARM,
+    check_continues, checkpoint_leave_running, processes_with, runc_list, wait_count, Count, WARM,
 };
 use gpusnap_testkit::signing::{keypair, set_policy, Policy};
 use gpusnap_testkit::{describe, require_root, text, unique};
@@ -280,27 +280,30 @@ fn volume_container(c: &Crio, marker: &str, name: &str) -> Result<serde_json::Va
     Ok(ctr)
 }
 
-/// A pod annotated `gpusnap.io/restore-from-volume: /ckpt`, the container `ctr` created in it
-/// (restored at create: created until start) and started; returns its id.
-fn create_from_volume_and_start(c: &Crio, ctr: &serde_json::Value) -> Result<String> {
-    let (pod, pod_cfg) = c.run_pod_annotated(
-        &unique("gco-vol-b"),
-        &[("gpusnap.io/restore-from-volume", "/ckpt")],
-    )?;
+/// The container `ctr` created in a new pod annotated `annotation` (a restore at create):
+/// shown as created, held until start; returns its id.
+fn create_held(c: &Crio, ctr: &serde_json::Value, annotation: (&str, &str)) -> Result<String> {
+    let (pod, pod_cfg) = c.run_pod_annotated(&unique("gco-held"), &[annotation])?;
     let created = c.create(&pod, &pod_cfg, ctr)?;
     ensure!(
         created.status.success(),
         "crictl create of the annotated container: {}",
         describe(&created)
     );
-    let b = text(&created.stdout).trim().to_string();
+    let id = text(&created.stdout).trim().to_string();
     ensure!(
-        c.state(&b)? == "CONTAINER_CREATED",
+        c.state(&id)? == "CONTAINER_CREATED",
         "the restored container is {} before start",
-        c.state(&b)?
+        c.state(&id)?
     );
-    c.ok(&["start", &b])?;
-    Ok(b)
+    Ok(id)
+}
+
+/// [`create_held`] from the image volume at `/ckpt`, then started; returns its id.
+fn create_from_volume_and_start(c: &Crio, ctr: &serde_json::Value) -> Result<String> {
+    let id = create_held(c, ctr, ("gpusnap.io/restore-from-volume", "/ckpt"))?;
+    c.ok(&["start", &id])?;
+    Ok(id)
 }
 
 /// Restore by pod annotation through gpusnap-runc, CRI-O's own restore not involved: the
@@ -425,38 +428,10 @@ fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is
         let marker = unique("gco-name");
         let (a, _) = counter(&c, &unique("gco-name-a"), &marker, &[])?;
         let before = wait_count(&marker, &a, 0, || c.count(&a))?;
-        let out = std::process::Command::new(gpusnap_testkit::binary("gpusnap-runc"))
-            .arg("--root")
-            .arg(&c.runtime_root)
-            .args(["checkpoint", "--leave-running", "--image-path"])
-            .arg(root.join("ck-a"))
-            .arg(&a)
-            .env("GPUSNAP_CONFIG", &c.gpusnap_config)
-            .stdin(std::process::Stdio::null())
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "gpusnap-runc checkpoint: {}",
-            describe(&out)
-        );
+        checkpoint_leave_running(&c.runtime_root, &c.gpusnap_config, &root.join("ck-a"), &a)?;
 
         let ctr = c.container_config("counter", BUSYBOX_IMAGE, Some(&marker), &[]);
-        let (pod, pod_cfg) = c.run_pod_annotated(
-            &unique("gco-name-b"),
-            &[("gpusnap.io/restore-from", "ck-a")],
-        )?;
-        let created = c.create(&pod, &pod_cfg, &ctr)?;
-        ensure!(
-            created.status.success(),
-            "crictl create of the annotated container: {}",
-            describe(&created)
-        );
-        let b = text(&created.stdout).trim().to_string();
-        ensure!(
-            c.state(&b)? == "CONTAINER_CREATED",
-            "the restored container is {} before start",
-            c.state(&b)?
-        );
+        let b = create_held(&c, &ctr, ("gpusnap.io/restore-from", "ck-a"))?;
         c.ok(&["start", &b])?;
         check_continues("the container restored by name", &before, || c.count(&b))?;
 
@@ -482,22 +457,7 @@ fn node_checkpoint_named_by_annotation_restores_at_create_and_an_unknown_name_is
             runc_list(&c.runtime_root)?
         );
         // Removed before it was ever started: its held (frozen) processes are killed.
-        let (pod, pod_cfg) = c.run_pod_annotated(
-            &unique("gco-name-h"),
-            &[("gpusnap.io/restore-from", "ck-a")],
-        )?;
-        let held = c.create(&pod, &pod_cfg, &ctr)?;
-        ensure!(
-            held.status.success(),
-            "crictl create of a second annotated container: {}",
-            describe(&held)
-        );
-        let h = text(&held.stdout).trim().to_string();
-        ensure!(
-            c.state(&h)? == "CONTAINER_CREATED",
-            "{h} is {}",
-            c.state(&h)?
-        );
+        let h = create_held(&c, &ctr, ("gpusnap.io/restore-from", "ck-a"))?;
         let held_pid = c.pid(&h)?;
         // A stop with CRI-O's grace period: a held container never started, so the first
         // signal kills it (the counter's shell ignores SIGTERM; thawed, it would run on until

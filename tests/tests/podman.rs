@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
 use gpusnap_testkit::podman::{
-    check_continues, check_nothing_running, wait_count, Podman, RUNC_ROOT, RUNTIME, WARM,
+    check_continues, check_nothing_running, checkpoint_leave_running, set_checkpoint_root,
+    wait_count, Podman, RUNC_ROOT, RUNTIME, WARM,
 };
 use gpusnap_testkit::{describe, gpusnap, require_root, text, unique};
 
@@ -438,50 +439,20 @@ fn podman_run_annotated_restore_from_restores_a_node_checkpoint() {
     run(|| {
         let root = p.dir().join("checkpoints");
         fs::create_dir_all(&root)?;
-        // The node's setting, in the config `gpusnap install` wrote for this Podman (which
-        // names the default root).
-        let installed = fs::read_to_string(&p.gpusnap_config)?;
-        let setting = format!("checkpoint_root = \"{}\"", root.display());
-        let lines: Vec<String> = installed
-            .lines()
-            .map(|l| {
-                if l.trim_start().starts_with("checkpoint_root") {
-                    setting.clone()
-                } else {
-                    l.to_owned()
-                }
-            })
-            .collect();
-        ensure!(
-            lines.contains(&setting),
-            "the installed config names no restore.checkpoint_root:\n{installed}"
-        );
-        let config = lines.join("\n") + "\n";
-        fs::write(&p.gpusnap_config, config)?;
+        // The node's setting, in the config `gpusnap install` wrote for this Podman.
+        set_checkpoint_root(&p.gpusnap_config, &root)?;
 
         let marker = unique("gpp-rf");
         let a = unique("gpp-rf-a");
         p.run_counter(&a, &marker)?;
         let before = wait_count(&marker, &a, WARM, || p.count(&a))?;
         let id = p.inspect(&a, "{{.Id}}")?;
-        let out = std::process::Command::new(gpusnap_testkit::binary("gpusnap-runc"))
-            .args([
-                "--root",
-                RUNC_ROOT,
-                "checkpoint",
-                "--leave-running",
-                "--image-path",
-            ])
-            .arg(root.join("ck-a"))
-            .arg(&id)
-            .env("GPUSNAP_CONFIG", &p.gpusnap_config)
-            .stdin(std::process::Stdio::null())
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "gpusnap-runc checkpoint: {}",
-            describe(&out)
-        );
+        checkpoint_leave_running(
+            Path::new(RUNC_ROOT),
+            &p.gpusnap_config,
+            &root.join("ck-a"),
+            &id,
+        )?;
         p.ok(&["rm", "-f", &a])?;
 
         let b = unique("gpp-rf-b");

@@ -237,6 +237,17 @@ mod tests {
     use crate::inflight::RestorePhase;
     use crate::testing::{FakeHost, Node, Op};
 
+    /// runc's `state.json` of `c1` naming its cgroup, as runc leaves it.
+    fn runc_state_naming_its_cgroup(node: &Node) {
+        let state_dir = node.path("runc-root/c1");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        std::fs::write(
+            state_dir.join("state.json"),
+            r#"{"cgroup_paths": {"": "/sys/fs/cgroup/gpusnap-test/c1"}}"#,
+        )
+        .unwrap();
+    }
+
     /// A checkpoint record of `c1` by a writer that is gone, its images half written.
     fn dead_checkpoint(node: &Node, frozen_by_caller: bool) -> (PathBuf, PathBuf) {
         let record_dir = node.path("bundle");
@@ -277,13 +288,7 @@ mod tests {
         let node = Node::new();
         let (record_dir, _images) = dead_checkpoint(&node, false);
         // runc's state still names the cgroup; `runc state` does not know the container.
-        let state_dir = node.path("runc-root/c1");
-        std::fs::create_dir_all(&state_dir).unwrap();
-        std::fs::write(
-            state_dir.join("state.json"),
-            r#"{"cgroup_paths": {"": "/sys/fs/cgroup/gpusnap-test/c1"}}"#,
-        )
-        .unwrap();
+        runc_state_naming_its_cgroup(&node);
         let host = FakeHost::new(true);
         let runc = Runc::new(node.runc(), "c1", &host);
         // gpusnap-runc knows no bundle: runc's state names the cgroup.
@@ -329,13 +334,7 @@ mod tests {
     fn a_container_deleted_next_is_thawed_whatever_its_caller_had() {
         let node = Node::new();
         let (record_dir, _images) = dead_checkpoint(&node, true);
-        let state_dir = node.path("runc-root/c1");
-        std::fs::create_dir_all(&state_dir).unwrap();
-        std::fs::write(
-            state_dir.join("state.json"),
-            r#"{"cgroup_paths": {"": "/sys/fs/cgroup/gpusnap-test/c1"}}"#,
-        )
-        .unwrap();
+        runc_state_naming_its_cgroup(&node);
         let mut host = FakeHost::new(true);
         host.runc_state = Some((4242, "paused".into()));
         let runc = Runc::new(node.runc(), "c1", &host);

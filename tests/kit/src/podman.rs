@@ -320,3 +320,48 @@ impl Drop for Podman {
         }
     }
 }
+
+/// `gpusnap-runc --root RUNC_ROOT checkpoint --leave-running --image-path IMAGE ID` with the
+/// gpusnap config `config`: a node checkpoint of a running container, as an operator of a
+/// CRI-O or Podman node makes one into `restore.checkpoint_root`.
+pub fn checkpoint_leave_running(
+    runc_root: &Path,
+    config: &Path,
+    image: &Path,
+    id: &str,
+) -> Result<()> {
+    let mut cmd = Command::new(paths::binary("gpusnap-runc"));
+    cmd.arg("--root")
+        .arg(runc_root)
+        .args(["checkpoint", "--leave-running", "--image-path"])
+        .arg(image)
+        .arg(id)
+        .env("GPUSNAP_CONFIG", config);
+    let out = run_with_timeout(cmd, None, Duration::from_secs(120))?;
+    ensure!(
+        out.status.success(),
+        "gpusnap-runc checkpoint: {}",
+        describe(&out)
+    );
+    Ok(())
+}
+
+/// Sets `restore.checkpoint_root` in the gpusnap config `config`, keeping everything else.
+pub fn set_checkpoint_root(config: &Path, root: &Path) -> Result<()> {
+    let old =
+        fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let mut doc: toml_edit::DocumentMut = old
+        .parse()
+        .with_context(|| format!("parsing {}", config.display()))?;
+    if doc.get("restore").is_none() {
+        doc.insert("restore", toml_edit::Item::Table(toml_edit::Table::new()));
+    }
+    let restore = doc["restore"]
+        .as_table_mut()
+        .with_context(|| format!("restore in {} is not a table", config.display()))?;
+    restore.insert(
+        "checkpoint_root",
+        toml_edit::value(root.display().to_string()),
+    );
+    fs::write(config, doc.to_string()).with_context(|| format!("writing {}", config.display()))
+}
