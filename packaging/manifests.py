@@ -30,7 +30,7 @@ INSTALLER_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"ge
 HOOK_RULES = {("", "nodes"): {"get", "patch"}, ("apps", "daemonsets"): {"get", "delete"},
               ("", "pods"): {"list"}}
 BYTE_SETTINGS = {("storage", "transfer_chunk_bytes"), ("restore", "max_rootfs_diff_bytes"),
-                 ("restore", "max_volume_bytes"),
+                 ("restore", "max_volume_bytes"), ("restore", "page_fill_min_bytes"),
                  ("store", "max_bytes")}
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": 1 << 20, "Mi": 1 << 20,
          "GiB": 1 << 30, "Gi": 1 << 30}

@@ -142,6 +142,14 @@ pub struct RestoreConfig {
     /// How long CRIU may take to restore a checkpoint before it, runc and everything it
     /// restored are killed; 0 derives it from the image size ([`RestoreConfig::deadline`]).
     pub deadline_seconds: u64,
+    /// Private anonymous memory areas of at least this size (the device memory the
+    /// driver-managed engine stages in a process is one) are written into the restored
+    /// processes by gpusnap from every core, while CRIU leaves them stopped, instead of by
+    /// CRIU page by page. 0 (the default) leaves every page to CRIU. Accepts `268435456` or
+    /// `"256MiB"`. It applies where gpusnap builds runc's command: the shim's restores and
+    /// gpusnap-runc's restores at create; `gpusnap-runc restore` runs the caller's own arguments.
+    #[serde(deserialize_with = "crate::bytes::deserialize")]
+    pub page_fill_min_bytes: u64,
 }
 
 /// The derived restore deadline's floor: CRIU's and runc's fixed work (namespaces, mounts,
@@ -178,6 +186,7 @@ impl Default for RestoreConfig {
             max_rootfs_diff_entries: 100_000,
             max_volume_bytes: 256 << 30,
             deadline_seconds: 0,
+            page_fill_min_bytes: 0,
         }
     }
 }

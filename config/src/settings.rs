@@ -446,6 +446,16 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "restore.page_fill_min_bytes",
+        // How the node's memory is written on restore is the node's, never a pod's.
+        annotation: None,
+        set: |c, v| {
+            c.restore.page_fill_min_bytes = v.bytes()?;
+            Ok(())
+        },
+        check: |_| Ok(()),
+    },
+    Setting {
         key: "restore.deadline_seconds",
         // A pod could otherwise let a hostile image hold CRIU (and its capabilities) longer.
         annotation: None,

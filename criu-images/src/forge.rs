@@ -7,7 +7,7 @@
 
 use prost::Message;
 
-use crate::image::{split_entries, ImageError, Kind, Limits, IMG_COMMON_MAGIC};
+use crate::image::{split_entries, ImageError, Kind, Limits};
 
 /// Why an image could not be edited.
 #[derive(Debug, thiserror::Error)]
@@ -28,17 +28,7 @@ use crate::proto::{CoreEntry, CredsEntry, ThreadCoreEntry};
 
 /// An image file of `kind` holding `entries` (each one encoded message).
 pub fn image<B: AsRef<[u8]>>(kind: Kind, entries: &[B]) -> Vec<u8> {
-    let mut out = Vec::new();
-    if kind.has_head() {
-        out.extend_from_slice(&IMG_COMMON_MAGIC.to_ne_bytes());
-    }
-    out.extend_from_slice(&kind.magic().to_ne_bytes());
-    for e in entries {
-        let e = e.as_ref();
-        out.extend_from_slice(&(e.len() as u32).to_ne_bytes());
-        out.extend_from_slice(e);
-    }
-    out
+    crate::image::frame(kind, entries)
 }
 
 /// An image file of `kind` holding `messages`.

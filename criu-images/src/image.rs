@@ -37,6 +37,7 @@ pub enum Kind {
     Mm,
     Pidns,
     Netns,
+    Pagemap,
 }
 
 impl Kind {
@@ -61,6 +62,7 @@ impl Kind {
             Kind::Mm => 0x5749_2820,
             Kind::Pidns => 0x6115_7326,
             Kind::Netns => 0x5593_3752,
+            Kind::Pagemap => 0x5608_4025,
         }
     }
 
@@ -111,6 +113,7 @@ impl Kind {
             Kind::Mm => "memory layout",
             Kind::Pidns => "pid namespace",
             Kind::Netns => "network namespace",
+            Kind::Pagemap => "page map",
         }
     }
 }
@@ -270,6 +273,23 @@ pub fn split_entries<'a>(
         at = end;
     }
     Ok(entries)
+}
+
+/// An image file of `kind` holding `entries` (each one encoded message), framed as CRIU
+/// frames them: the head magic (but for the inventory), the type magic, then each entry
+/// behind its u32 length.
+pub fn frame<B: AsRef<[u8]>>(kind: Kind, entries: &[B]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if kind.has_head() {
+        out.extend_from_slice(&IMG_COMMON_MAGIC.to_ne_bytes());
+    }
+    out.extend_from_slice(&kind.magic().to_ne_bytes());
+    for e in entries {
+        let e = e.as_ref();
+        out.extend_from_slice(&(e.len() as u32).to_ne_bytes());
+        out.extend_from_slice(e);
+    }
+    out
 }
 
 /// Decodes every entry of an image as `M`.

@@ -33,6 +33,7 @@ pub mod finding;
 pub mod forge;
 pub mod image;
 pub mod open_files;
+pub mod page_split;
 pub mod proto;
 pub mod rules;
 pub mod schema;

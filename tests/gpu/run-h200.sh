@@ -93,7 +93,10 @@
 #   --ab-mib N           ab: workload size (default 4096); --ab-reps R: alternating repetitions
 #                        (default 3); --ab-warmup-mib N: the throw-away cycle per side first
 #                        (default 1024); --ab-prefault G: GiB of RAM touched once first (default
-#                        auto: 2 x the size + 4). GPU_TEST_BASELINE: another baseline tarball
+#                        auto: 2 x the size + 4). --ab-page-fill BYTES: instead of two builds,
+#                        the bundle's shim with restore.page_fill_min_bytes = BYTES (new) against
+#                        the same shim with it off (base); no baseline tarball needed.
+#                        GPU_TEST_BASELINE: another baseline tarball
 #   --push-mib N         push: device memory of the pod (default 8192)
 #   --crypt-mib N        crypt: device memory of the checkpoint (default 8192)
 #   --crypt-rounds N     crypt: counted rounds (default 2; past the deadline only 1);
@@ -155,6 +158,7 @@ while (($#)); do
     --ab-reps) AB_REPS=$2; shift ;;
     --ab-warmup-mib) AB_WARMUP=$2; shift ;;
     --ab-prefault) AB_PREFAULT=$2; shift ;;
+    --ab-page-fill) AB_PAGE_FILL=$2; shift ;;
     --push-mib) PUSH_MIB=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//; /^set -uo/d'; exit 0 ;;
     *) echo "run-h200: unknown argument $1" >&2; exit 2 ;;

@@ -22,7 +22,10 @@
 #   ratios; the shim's own phase timings from its log lines, medians per side).
 #
 # Options: --ab-mib N (default 4096), --ab-reps R (default 3), --ab-warmup-mib N (default 1024),
-# --ab-prefault G (GiB of RAM touched once before, default auto: 2 x the size + 4).
+# --ab-prefault G (GiB of RAM touched once before, default auto: 2 x the size + 4),
+# --ab-page-fill BYTES (AB_PAGE_FILL): both sides run the bundle's binaries, `new` with
+# `restore.page_fill_min_bytes = BYTES` in the gpusnap config and `base` without it (the config
+# is read at each container's create, so a side is put in place by rewriting it).
 # Time: a repetition starts only when both its sides fit before --deadline, reckoning 20 s + 6 s
 # per GiB a side. On the H200 (bench2, 2026-12-04) 8 GiB took ~32 s for `ctr c checkpoint --task`
 # and ~11 s to restore, so 4 GiB is about 30 s a side with the start and stop: with ~40 s of
@@ -36,10 +39,22 @@ AB_PREFAULT=${AB_PREFAULT:-auto}
 AB_JSONL=$OUTDIR/ab.jsonl
 AB_DIR=$WORK/ab
 AB_BINS=(containerd-shim-gpusnap-v2 gpusnap-runc)
+AB_PAGE_FILL=${AB_PAGE_FILL:-}
 
 # ab_setup: the baseline unpacked into $AB_DIR/base, the bundle's binaries kept in $AB_DIR/new.
 ab_setup() {
     local tarball=${GPU_TEST_BASELINE:-$(dirname "$BUNDLE_TAR")/gpusnap-baseline.tar.xz} b side
+    if [[ -n $AB_PAGE_FILL ]]; then
+        rm -rf "$AB_DIR"
+        for side in new base; do
+            mkdir -p "$AB_DIR/$side/bin"
+            for b in "${AB_BINS[@]}"; do cp -p "$B/bin/$b" "$AB_DIR/$side/bin/$b"; done
+        done
+        AB_NEW="page fill $AB_PAGE_FILL"
+        AB_COMMIT="page fill off"
+        info "ab: both sides run the bundle's shim; new: restore.page_fill_min_bytes = $AB_PAGE_FILL, base: off"
+        return 0
+    fi
     if [[ ! -f $tarball ]]; then
         fail "ab: no baseline at $tarball (tests/gpu/make-bundle.sh with BASELINE_BIN_DIR=DIR BASELINE_COMMIT=SHA, or --baseline-only; carry .bundle)"
         return 1
@@ -70,9 +85,18 @@ ab_setup() {
     fi
 }
 
-# ab_install SIDE: SIDE's binaries renamed over the bundle's bin/ (a running shim keeps its own).
+# ab_install SIDE: SIDE's binaries renamed over the bundle's bin/ (a running shim keeps its own);
+# with --ab-page-fill, SIDE's restore.page_fill_min_bytes written into the gpusnap config
+# ([restore] is its last table).
 ab_install() {
     local b
+    if [[ -n $AB_PAGE_FILL ]]; then
+        sed -i '/^page_fill_min_bytes/d' "$CFG"
+        [[ $1 == new ]] && echo "page_fill_min_bytes = \"$AB_PAGE_FILL\"" >>"$CFG"
+        ((CPU == 0)) && cp "$CFG" /etc/gpusnap/config.toml
+        AB_SIDE=$1
+        return 0
+    fi
     for b in "${AB_BINS[@]}"; do
         install -m 0755 "$AB_DIR/$1/bin/$b" "$B/bin/.ab-$b" && mv -f "$B/bin/.ab-$b" "$B/bin/$b" ||
             { fail "ab: installing $1's $b failed"; return 1; }
@@ -132,7 +156,7 @@ ab_cycle() {
     [[ -n $CK_MS && -n $RS_MS && -n $CYCLE_FIRST_MS ]] || ok=0
     ((rep == 0)) && { info "$phase: warm-up: checkpoint ${CK_MS:-?} ms, restore ${RS_MS:-?} ms, first step after ${CYCLE_FIRST_MS:-?} ms"; return 0; }
     BENCH2_JSONL=$AB_JSONL b2_emit side="$side" rep="$rep" position="$pos" size_mib="$mib" \
-        commit="git $([[ $side == base ]] && echo "$AB_COMMIT" || echo "$AB_NEW")" \
+        commit="$([[ -z $AB_PAGE_FILL ]] && echo 'git ')$([[ $side == base ]] && echo "$AB_COMMIT" || echo "$AB_NEW")" \
         ck_ms="$CK_MS" ck_shim_total_ms="$(ab_field "$ck_sh" total_ms)" ck_manifest="$mf" \
         restore_ms="$RS_MS" restore_first_step_ms="$CYCLE_FIRST_MS" \
         restore_shim_total_ms="$(ab_field "$rs_sh" total_ms)" \
@@ -144,15 +168,18 @@ ab_field() { grep -oE "\\b$2=[0-9]+" <<<"$1" | tail -n 1 | cut -d= -f2; }
 
 # ab_table: ab.txt from ab.jsonl.
 ab_table() {
-    python3 - "$AB_JSONL" "$OUTDIR/ab.txt" "${AB_NEW:-?}" "${AB_COMMIT:-?}" <<'PY'
+    python3 - "$AB_JSONL" "$OUTDIR/ab.txt" "${AB_NEW:-?}" "${AB_COMMIT:-?}" "$AB_PAGE_FILL" <<'PY'
 import json, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 new_c, base_c = sys.argv[3], sys.argv[4]
 out = []
 reps = sorted({r["rep"] for r in rows})
 size = rows[0]["size_mib"] if rows else "?"
-out.append("ab: new (bundle, git %s) vs base (commit %s), %s MiB, %d repetition(s), the side "
-           "going first alternating" % (new_c, base_c, size, len(reps)))
+if sys.argv[5]:
+    head = "ab: new (the bundle's shim, %s) vs base (the same shim, %s)" % (new_c, base_c)
+else:
+    head = "ab: new (bundle, git %s) vs base (commit %s)" % (new_c, base_c)
+out.append("%s, %s MiB, %d repetition(s), the side going first alternating" % (head, size, len(reps)))
 def val(side, rep, key):
     for r in rows:
         if r["side"] == side and r["rep"] == rep and r.get("ok") == 1:

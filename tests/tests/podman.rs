@@ -15,7 +15,7 @@ use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
 use gpusnap_testkit::podman::{
     check_continues, check_nothing_running, checkpoint_leave_running, set_checkpoint_root,
-    wait_count, Podman, RUNC_ROOT, RUNTIME, WARM,
+    set_restore_setting, wait_count, Podman, RUNC_ROOT, RUNTIME, WARM,
 };
 use gpusnap_testkit::{describe, gpusnap, require_root, text, unique};
 
@@ -485,4 +485,98 @@ fn podman_run_annotated_restore_from_restores_a_node_checkpoint() {
         }
         check_nothing_running(Path::new(RUNC_ROOT), &gone, &marker)
     });
+}
+
+/// About 45 MB of `seq` text held twice in the shell, compared with each other and with the
+/// first length every 0.2 s without a fork; `/tmp/state` says the round and whether they
+/// matched.
+const MEMORY_HOLDER: &str = "X=$(seq 1 6000000); Y=\"$X\"; L=${#X}; i=0; \
+    while :; do i=$((i+1)); \
+    if [ \"$X\" = \"$Y\" ] && [ ${#X} -eq $L ]; then echo \"$i ok\" > /tmp/state; \
+    else echo \"$i bad\" > /tmp/state; fi; sleep 0.2; done";
+
+/// [`MEMORY_HOLDER`]'s last state in container `name`: (round, matched).
+fn holder_state(p: &Podman, name: &str) -> Option<(u64, bool)> {
+    let out = p.run(&["exec", name, "cat", "/tmp/state"]).ok()?;
+    let s = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut it = s.split_whitespace();
+    let n = it.next()?.parse().ok()?;
+    Some((n, it.next()? == "ok"))
+}
+
+fn wait_holder(p: &Podman, name: &str, min: u64) -> Result<(u64, bool)> {
+    let reached = gpusnap_testkit::wait_until(std::time::Duration::from_secs(120), || {
+        holder_state(p, name).is_some_and(|(n, _)| n >= min)
+    });
+    let state = holder_state(p, name);
+    ensure!(reached, "{name} did not reach round {min}: {state:?}");
+    state.context("no state")
+}
+
+/// `restore.page_fill_min_bytes` through gpusnap-runc's restore at `create` (`podman run
+/// --annotation gpusnap.io/restore-from=NAME`): CRIU restores the holder without its large
+/// memory area and leaves it stopped (CRIU's restore.log names gpusnap's config file), and
+/// gpusnap-runc writes the area in before the container runs; the holder's copies still match.
+#[test]
+fn podman_restore_from_with_page_fill_keeps_large_memory_intact() {
+    let p = podman();
+    run(|| {
+        let root = p.dir().join("checkpoints");
+        fs::create_dir_all(&root)?;
+        set_checkpoint_root(&p.gpusnap_config, &root)?;
+        set_restore_setting(&p.gpusnap_config, "page_fill_min_bytes", "16MiB")?;
+        let holder = |name: &str, annotation: Option<&str>| {
+            let mut args = vec!["run", "-d", "--runtime", RUNTIME];
+            if let Some(a) = annotation {
+                args.extend(["--annotation", a]);
+            }
+            args.extend([
+                "--name",
+                name,
+                gpusnap_testkit::podman::BUSYBOX_IMAGE,
+                "sh",
+                "-c",
+                MEMORY_HOLDER,
+            ]);
+            p.ok(&args)
+        };
+        let a = unique("gpp-fill-a");
+        holder(&a, None)?;
+        let (_, ok) = wait_holder(&p, &a, 2)?;
+        ensure!(ok, "the holder's memory changed before any checkpoint");
+        let id = p.inspect(&a, "{{.Id}}")?;
+        checkpoint_leave_running(
+            Path::new(RUNC_ROOT),
+            &p.gpusnap_config,
+            &root.join("ck-fill"),
+            &id,
+        )?;
+        p.ok(&["rm", "-f", &a])?;
+
+        let b = unique("gpp-fill-b");
+        holder(&b, Some("gpusnap.io/restore-from=ck-fill"))?;
+        let b_id = p.inspect(&b, "{{.Id}}")?;
+        let restore_log = Path::new(gpusnap_runc_scratch())
+            .join("create-restore")
+            .join(&b_id)
+            .join("restore.log");
+        let log = fs::read_to_string(&restore_log)
+            .with_context(|| format!("reading {}", restore_log.display()))?;
+        ensure!(
+            log.contains("gpusnap-leave-stopped.conf"),
+            "CRIU did not read gpusnap's leave-stopped config: {}",
+            restore_log.display()
+        );
+        let (first, _) = wait_holder(&p, &b, 1)?;
+        let (n, ok) = wait_holder(&p, &b, first + 2)?;
+        ensure!(ok, "round {n} after the restore found the memory changed");
+        p.ok(&["rm", "-f", &b])?;
+        check_nothing_running(Path::new(RUNC_ROOT), &[&id, &b_id], "gpp-fill")
+    });
+}
+
+/// gpusnap-runc's scratch directory (`SCRATCH_DIR`), where a restore at `create` keeps CRIU's
+/// work directory until the container is deleted.
+fn gpusnap_runc_scratch() -> &'static str {
+    "/run/gpusnap-runc"
 }

@@ -257,6 +257,10 @@ pub fn config_text(found: &FoundTools) -> String {
          # How long CRIU may take to restore before it and what it restored are killed;\n\
          # 0 = 120 s plus 1 s per 32 MiB of images.\n\
          deadline_seconds = 0\n\
+         # Private anonymous memory areas of at least this size (the device memory the\n\
+         # driver-managed engine stages) are written in by gpusnap from every core while CRIU\n\
+         # leaves the tasks stopped; 0 = CRIU writes every page. Not `gpusnap-runc restore`.\n\
+         page_fill_min_bytes = 0\n\
          \n\
          [checkpoint]\n\
          # Sign every checkpoint this node takes (gpusnap-manifest.json.sig) with this private\n\

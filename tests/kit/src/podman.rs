@@ -96,11 +96,18 @@ pub fn check_nothing_running(root: &Path, ids: &[&str], marker: &str) -> Result<
         "runc still has {left:?} under {}",
         root.display()
     );
-    let mut procs = processes_with(marker);
-    for id in ids {
-        procs.extend(processes_with(id));
-    }
-    // This test process itself never carries the marker; a `runc list` child has exited.
+    // This test process itself never carries the marker; a `runc list` child has exited. A
+    // conmon whose container was just removed may take a moment to exit on a loaded node:
+    // only one still there after that counts.
+    let procs_left = || {
+        let mut procs = processes_with(marker);
+        for id in ids {
+            procs.extend(processes_with(id));
+        }
+        procs
+    };
+    crate::wait_until(Duration::from_secs(10), || procs_left().is_empty());
+    let procs = procs_left();
     ensure!(procs.is_empty(), "processes left running: {procs:?}");
     Ok(())
 }
@@ -348,6 +355,12 @@ pub fn checkpoint_leave_running(
 
 /// Sets `restore.checkpoint_root` in the gpusnap config `config`, keeping everything else.
 pub fn set_checkpoint_root(config: &Path, root: &Path) -> Result<()> {
+    set_restore_setting(config, "checkpoint_root", &root.display().to_string())
+}
+
+/// Sets `restore.<key>` to the string `value` in the gpusnap config `config`, keeping
+/// everything else.
+pub fn set_restore_setting(config: &Path, key: &str, value: &str) -> Result<()> {
     let old =
         fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let mut doc: toml_edit::DocumentMut = old
@@ -359,9 +372,6 @@ pub fn set_checkpoint_root(config: &Path, root: &Path) -> Result<()> {
     let restore = doc["restore"]
         .as_table_mut()
         .with_context(|| format!("restore in {} is not a table", config.display()))?;
-    restore.insert(
-        "checkpoint_root",
-        toml_edit::value(root.display().to_string()),
-    );
+    restore.insert(key, toml_edit::value(value));
     fs::write(config, doc.to_string()).with_context(|| format!("writing {}", config.display()))
 }

@@ -124,6 +124,7 @@ pub(super) struct Applied<'a> {
     pub criu_work_dir: PathBuf,
     /// Kept until runc has returned (`None` only where a test runs no CRIU).
     pub criu: Option<PreparedCriu>,
+    pub fill: Option<super::fill::Prepared>,
 }
 
 pub(super) fn run(bounded: Bounded<'_>) -> Result<Applied<'_>, ApplyError> {
@@ -135,6 +136,7 @@ pub(super) fn run(bounded: Bounded<'_>) -> Result<Applied<'_>, ApplyError> {
         pid_file,
         foreground,
         rootfs,
+        fill,
     } = bounded;
     let req = validated.req;
     let deadline = &validated.deadline;
@@ -246,5 +248,6 @@ pub(super) fn run(bounded: Bounded<'_>) -> Result<Applied<'_>, ApplyError> {
         criu_log: validated.criu_log,
         criu_work_dir: validated.criu_work_dir,
         criu: Some(criu),
+        fill,
     })
 }

@@ -71,6 +71,9 @@ pub(super) struct Bounded<'a> {
     pub foreground: bool,
     /// The container's root filesystem, as its spec names it.
     pub rootfs: PathBuf,
+    /// The pages gpusnap writes itself (`restore.page_fill_min_bytes`), CRIU reading split
+    /// images and leaving the tasks stopped.
+    pub fill: Option<super::fill::Prepared>,
 }
 
 pub(super) fn run<'a>(
@@ -90,7 +93,7 @@ pub(super) fn run<'a>(
     )?;
     let granted = CriuFlags::from_switch_names(&req.config.restore.criu_flags)
         .map_err(BoundError::GrantedFlags)?;
-    let (cmd, pid_file) = restore_command(req, &global, &granted, &validated.manifest)?;
+    let (cmd, pid_file, fill) = restore_command(req, &global, &granted, &validated.manifest)?;
     let foreground = matches!(req.command, RestoreCommand::Given { detach: false, .. });
     if foreground && validated.gpu.is_some() {
         return Err(BoundError::ForegroundWithGpu);
@@ -127,6 +130,7 @@ pub(super) fn run<'a>(
         cmd,
         pid_file,
         foreground,
+        fill,
     })
 }
 
@@ -136,7 +140,7 @@ fn restore_command(
     global: &RuncGlobal,
     granted: &CriuFlags,
     manifest: &Manifest,
-) -> Result<(RuncCommand, Option<PathBuf>), BoundError> {
+) -> Result<(RuncCommand, Option<PathBuf>, Option<super::fill::Prepared>), BoundError> {
     match &req.command {
         RestoreCommand::Build {
             work_dir,
@@ -160,23 +164,67 @@ fn restore_command(
             })?;
             let mut flags = granted.clone();
             flags.shell_job |= *terminal;
+            let fill = prepare_fill(req, work_dir, global);
+            let images = fill
+                .as_ref()
+                .map_or(req.checkpoint_dir.as_path(), |f| f.images.as_path());
             let r = Restore {
                 work_dir: Some(work_dir.clone()),
                 pid_file: Some(pid_file.clone()),
                 console_socket: console_socket.clone(),
                 no_pivot: *no_pivot,
                 flags,
-                ..Restore::new(&req.checkpoint_dir, &req.bundle)
+                ..Restore::new(images, &req.bundle)
             };
-            let cmd = global
+            let mut cmd = global
                 .restore(&req.container_id, &r)
                 .map_err(BoundError::Request)?;
-            Ok((cmd, Some(pid_file.clone())))
+            if let Some(f) = &fill {
+                cmd.env.push(f.env());
+            }
+            Ok((cmd, Some(pid_file.clone()), fill))
         }
         RestoreCommand::Given { args, .. } => {
             let mut cmd = global.helper(&[]);
             cmd.args = args.clone();
-            Ok((cmd, None))
+            Ok((cmd, None, None))
+        }
+    }
+}
+
+/// The split images when the node asks gpusnap to write large private memory itself
+/// (`restore.page_fill_min_bytes`). Its CRIU config file replaces the one runc's environment
+/// names (gpusnap's private plugin directory's, else the caller's), keeping its options. A
+/// split that cannot be prepared leaves every page to CRIU: nothing has run yet, and CRIU
+/// restores the checkpoint as it is.
+fn prepare_fill(
+    req: &RestoreRequest,
+    work_dir: &std::path::Path,
+    global: &RuncGlobal,
+) -> Option<super::fill::Prepared> {
+    let min = req.config.restore.page_fill_min_bytes;
+    if min == 0 {
+        return None;
+    }
+    let base = global
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == super::fill::CRIU_CONFIG_ENV)
+        .map(|(_, v)| PathBuf::from(v))
+        .or_else(|| std::env::var_os(super::fill::CRIU_CONFIG_ENV).map(PathBuf::from));
+    match super::fill::prepare(&req.checkpoint_dir, work_dir, min, base.as_deref()) {
+        Ok(prepared) => {
+            tracing::debug!(
+                min_vma_bytes = min,
+                bytes = prepared.as_ref().map_or(0, super::fill::Prepared::bytes),
+                "pages gpusnap writes itself"
+            );
+            prepared
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "CRIU restores every page instead");
+            None
         }
     }
 }

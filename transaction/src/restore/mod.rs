@@ -35,6 +35,7 @@
 
 mod apply;
 mod bound;
+pub mod fill;
 mod run;
 #[cfg(test)]
 mod tests;

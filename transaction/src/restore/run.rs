@@ -120,6 +120,8 @@ pub(super) struct Restored<'a> {
     pub runc: Runc<'a>,
     pub init_pid: u32,
     pub criu: Option<PreparedCriu>,
+    /// The pages gpusnap writes into the tasks CRIU left stopped.
+    pub fill: Option<super::fill::Prepared>,
 }
 
 pub(super) fn run(applied: Applied<'_>) -> Result<Ran<'_>, RunError> {
@@ -139,6 +141,7 @@ pub(super) fn run(applied: Applied<'_>) -> Result<Ran<'_>, RunError> {
         criu_log,
         criu_work_dir,
         criu,
+        fill,
     } = applied;
     // A runc state of this id whose init is dead (a restore or runtime killed before it could
     // clean up) would fail this restore with "container exists".
@@ -156,6 +159,10 @@ pub(super) fn run(applied: Applied<'_>) -> Result<Ran<'_>, RunError> {
     });
     let mut record = record.into_inner();
     let watched = watch.finish();
+    // CRIU has read the split images, if any.
+    if let Some(f) = &fill {
+        f.remove_files();
+    }
     let status: ExitStatus = status.map_err(|source| RunError::Spawn {
         program: cmd.program.clone(),
         source,
@@ -240,5 +247,6 @@ pub(super) fn run(applied: Applied<'_>) -> Result<Ran<'_>, RunError> {
         runc,
         init_pid,
         criu,
+        fill,
     })))
 }

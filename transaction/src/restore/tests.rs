@@ -91,6 +91,7 @@ fn bounded<'a>(req: &'a RestoreRequest, host: &'a FakeHost, lock_dir: &Path) -> 
         pid_file: Some(criu_work_dir_pid(req)),
         foreground: false,
         rootfs: req.bundle.join("rootfs"),
+        fill: None,
     }
 }
 
@@ -121,6 +122,7 @@ fn applied<'a>(req: &'a RestoreRequest, host: &'a FakeHost, lock_dir: &Path) -> 
         criu_log: v.criu_log,
         criu_work_dir: v.criu_work_dir,
         criu: Some(b.criu),
+        fill: b.fill,
     }
 }
 

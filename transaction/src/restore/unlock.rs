@@ -1,8 +1,10 @@
-//! Unlock: the GPU state of a restored container. Each checkpointed CUDA process is found
+//! Unlock: first the pages gpusnap writes itself into the tasks CRIU left stopped
+//! (`fill.rs`), then every task continued; then the GPU state of a restored container. Each
+//! checkpointed CUDA process is found
 //! among the restored ones by its container pid, its device memory restored onto the gated
 //! GPUs, and it is unlocked; then the restore is reported, with its phase timings.
 //!
-//! Rollback: processes that cannot run without their GPU state are killed.
+//! Rollback: processes that cannot run without their memory or their GPU state are killed.
 
 use std::time::Instant;
 
@@ -14,6 +16,8 @@ use crate::gpu::{GpuRestore, GpuRestoreError};
 /// Why the restored processes' GPU state could not be restored; they were killed.
 #[derive(Debug, thiserror::Error)]
 pub enum UnlockError {
+    #[error("writing the restored processes' memory failed: {0}")]
+    Fill(#[source] super::fill::FillError),
     #[error("restoring GPU state failed: {0}")]
     Gpu(#[source] GpuRestoreError),
 }
@@ -37,7 +41,22 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
         runc,
         init_pid,
         criu,
+        fill,
     } = restored;
+    let mut filled_bytes = 0;
+    if let Some(fill) = fill {
+        let t = Instant::now();
+        let restored = runc.pids(init_pid);
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        match fill.finish(&restored, init_pid, threads) {
+            Ok(f) => filled_bytes = f.bytes,
+            Err(e) => {
+                let _ = runc.kill_all();
+                return Err(UnlockError::Fill(e));
+            }
+        }
+        timings.add("page-fill", t.elapsed());
+    }
     let cuda_processes = gpu.as_ref().map_or(0, GpuRestore::processes);
     if let Some(gpu) = gpu {
         let t = Instant::now();
@@ -63,6 +82,8 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
         layer_check_ms = timings.ms("layer-check"),
         open_files_check_ms = timings.ms("open-files-check"),
         criu_restore_ms = timings.ms("criu-restore"),
+        page_fill_ms = timings.ms("page-fill"),
+        page_fill_bytes = filled_bytes,
         cuda_restore_ms = timings.ms("cuda-restore"),
         deadline_s = deadline.limit().as_secs(),
         total_ms = elapsed.as_millis() as u64,

@@ -130,6 +130,7 @@ max_volume_bytes = {{ include "gpusnap.tomlBytes" $c.restore.max_volume_bytes }}
 {{- end }}
 decryption_keys = {{ toJson $dkeys }}
 deadline_seconds = {{ int64 (default 0 $c.restore.deadline_seconds) }}
+page_fill_min_bytes = {{ include "gpusnap.tomlBytes" (default 0 $c.restore.page_fill_min_bytes) }}
 {{- if $c.store }}
 
 [store]

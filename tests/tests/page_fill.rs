@@ -1,0 +1,98 @@
+//! `restore.page_fill_min_bytes` through the shim's front door (`ctr`): a container holding a
+//! large private memory area with content a zero-filled area cannot pass for (the text of
+//! `seq`, held twice and compared every 0.2 s inside the container) is checkpointed, killed and
+//! restored. CRIU restores it with that area's pages taken out of its images and leaves the
+//! tasks stopped; the shim writes the pages in and continues them. The workload must go on
+//! with its memory intact, and the shim must say it wrote them.
+//!
+//! Needs root and `scripts/setup-env.sh`, and `cargo build -p gpusnap-shim`.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use gpusnap_testkit::checkpoint::{
+    container_checkpoint_ok, container_restore_live_ok, kill_and_remove, read_in_task, CkRig,
+};
+use gpusnap_testkit::paths::rig_bin_dir;
+use gpusnap_testkit::{wait_until, RigOptions, Runtime};
+
+/// About 45 MB of `seq` text held twice in the shell, compared with each other and with the
+/// first length every 0.2 s without a fork (a forked subshell would share the memory, which
+/// the page fill then leaves to CRIU); a zero-filled area reads as two empty strings.
+const HOLDER: &str = "X=$(seq 1 6000000); Y=\"$X\"; L=${#X}; i=0; \
+    while :; do i=$((i+1)); \
+    if [ \"$X\" = \"$Y\" ] && [ ${#X} -eq $L ]; then echo \"$i ok\" > /tmp/state; \
+    else echo \"$i bad\" > /tmp/state; fi; sleep 0.2; done";
+
+#[test]
+fn large_memory_written_by_the_shim_goes_on_intact() {
+    gpusnap_testkit::require_root();
+    if let Err(e) = run() {
+        panic!("{e:#}");
+    }
+}
+
+/// The state line the workload last wrote: (round, ok).
+fn state(rig: &CkRig, id: &str) -> Option<(u64, bool)> {
+    let s = read_in_task(rig, id, "/tmp/state")?;
+    let mut it = s.split_whitespace();
+    let n = it.next()?.parse().ok()?;
+    Some((n, it.next()? == "ok"))
+}
+
+fn run() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("gpusnap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[criu]\nbinary_dir = \"{}\"\n[restore]\npage_fill_min_bytes = \"16MiB\"\n",
+            rig_bin_dir().display()
+        ),
+    )?;
+    let rig = CkRig::start_with(RigOptions {
+        require_gpusnap: true,
+        containerd_env: vec![("GPUSNAP_CONFIG".into(), config.display().to_string())],
+        ..RigOptions::default()
+    })?;
+    let id = "filled";
+    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", HOLDER])?;
+    ensure!(
+        wait_until(Duration::from_secs(120), || {
+            state(&rig, id).is_some_and(|(n, ok)| n >= 2 && ok)
+        }),
+        "the holder did not finish two rounds: {:?}",
+        state(&rig, id)
+    );
+    container_checkpoint_ok(&rig, id, "ck/filled:1", true)?;
+    kill_and_remove(&rig, id)?;
+    container_restore_live_ok(&rig, id, "ck/filled:1", true)?;
+    let (first, _) = state(&rig, id).context("no state after the restore")?;
+    ensure!(
+        wait_until(Duration::from_secs(60), || {
+            state(&rig, id).is_some_and(|(n, _)| n >= first + 2)
+        }),
+        "no two more rounds after the restore: {:?}",
+        state(&rig, id)
+    );
+    let (n, ok) = state(&rig, id).context("no state")?;
+    ensure!(ok, "round {n} after the restore found the memory changed");
+    let log = rig.log_tail(400);
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("restore complete") && l.contains(id))
+        .context("no 'restore complete' line in containerd's log")?;
+    let bytes: u64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("page_fill_bytes="))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .with_context(|| format!("no page_fill_bytes in {line}"))?;
+    let about_pages: Vec<&str> = log.lines().filter(|l| l.contains("page")).collect();
+    ensure!(
+        bytes >= 16 << 20,
+        "the shim wrote {bytes} bytes itself, want the holder's area: {line}\n{}",
+        about_pages.join("\n")
+    );
+    Ok(())
+}

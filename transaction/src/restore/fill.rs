@@ -1,0 +1,533 @@
+//! The pages [`gpusnap_criu_images::page_split`] took out of CRIU's images, written into the
+//! restored tasks from every core while CRIU's `leave-stopped` keeps them stopped, before
+//! they run.
+//!
+//! CRIU writes a task's memory from one restorer, 4 KiB fault by 4 KiB fault; the faults of
+//! several writers into one address space proceed in parallel (per-VMA locks), so the same
+//! pages go in several times faster from several threads
+//! (`docs/measurements/deferred-fill-2026-12-05.md`).
+//!
+//! [`prepare`] (in the bound phase, when `restore.page_fill_min_bytes` is set): the plan from
+//! the verified images, a directory of CRIU images inside CRIU's work directory (the
+//! checkpoint's images by symlink, the split tasks' page maps and pages files reduced), and a
+//! CRIU config file saying `leave-stopped`, handed to CRIU through runc's environment
+//! (`CRIU_CONFIG_FILE`, one of CRIU's default config files, read before runc's request) so
+//! that nothing of the container's spec changes. [`Prepared::finish`] (before the GPU state):
+//! the restored tasks found by their pid in the checkpoint, their pages written, and every
+//! task of the container continued.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, IoSlice, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use gpusnap_criu_images::page_split::{self, Deferred, TaskSplit};
+use gpusnap_criu_images::{ImageDir, Limits};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::uio::{process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
+
+/// The environment variable naming one of CRIU's default config files.
+pub const CRIU_CONFIG_ENV: &str = "CRIU_CONFIG_FILE";
+/// The images CRIU reads, in CRIU's work directory.
+const IMAGES_DIR: &str = "gpusnap-split-images";
+/// The CRIU config file that leaves the restored tasks stopped.
+const CONFIG_FILE: &str = "gpusnap-leave-stopped.conf";
+
+/// How much one write moves: large enough that a syscall is cheap beside its copy, small
+/// enough that the threads share a range evenly.
+const PIECE: u64 = 4 << 20;
+
+/// The deferred pages of one restored task.
+pub struct TaskFill {
+    /// The task as this host sees it.
+    pub pid: Pid,
+    /// Its pages file (the verified `pages-<id>.img`), read at each range's offset.
+    pub pages: File,
+    pub ranges: Vec<Deferred>,
+}
+
+/// Why the pages could not all be written; the task is left with some of its memory empty.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error("cannot read {len} bytes at offset {offset} of the pages file of pid {pid}: {source}")]
+    Read {
+        pid: i32,
+        offset: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write {len} bytes at {vaddr:#x} into pid {pid}: {source}")]
+    Write {
+        pid: i32,
+        vaddr: u64,
+        len: u64,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("wrote {written} of {len} bytes at {vaddr:#x} into pid {pid}")]
+    Short {
+        pid: i32,
+        vaddr: u64,
+        len: u64,
+        written: usize,
+    },
+    #[error("no restored task has the checkpoint's pid {recorded}")]
+    NoTask { recorded: u32 },
+    #[error("two restored processes have the checkpoint's pid {recorded}")]
+    SamePid { recorded: u32 },
+    #[error("cannot continue restored pid {pid}: {source}")]
+    Continue {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+/// Why the split images could not be prepared (nothing has run yet).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("cannot plan which pages gpusnap writes itself: {0}")]
+    Plan(#[from] page_split::SplitError),
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A restore whose large private memory gpusnap writes itself.
+pub struct Prepared {
+    /// The directory CRIU reads instead of the checkpoint.
+    pub images: PathBuf,
+    /// The CRIU config file for runc's environment ([`CRIU_CONFIG_ENV`]).
+    pub config: PathBuf,
+    tasks: Vec<(TaskSplit, File)>,
+    /// Every task of the checkpoint, by the pid it recorded: CRIU leaves each one stopped.
+    pids: Vec<u32>,
+}
+
+/// The page size the split assumes (CRIU counts pages in the host's size).
+const PAGE_SIZE: i64 = page_split::PAGE as i64;
+
+/// The split for the verified checkpoint `checkpoint_dir`, written into CRIU's `work_dir`;
+/// `None` when no task has a private anonymous VMA of `min_vma_bytes` with pages in it (or
+/// the host's pages are not 4 KiB). `base_config`: the CRIU config file runc's environment
+/// names already (gpusnap's private plugin directory's, which carries the node's own), whose
+/// options the split's file keeps.
+pub fn prepare(
+    checkpoint_dir: &Path,
+    work_dir: &Path,
+    min_vma_bytes: u64,
+    base_config: Option<&Path>,
+) -> Result<Option<Prepared>, PrepareError> {
+    let write = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PrepareError::Write { path, source }
+    };
+    // SAFETY: sysconf reads a constant of the running kernel; it takes no pointers.
+    if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64 != PAGE_SIZE {
+        return Ok(None);
+    }
+    let mut dir =
+        ImageDir::open(checkpoint_dir, Limits::default()).map_err(write(checkpoint_dir))?;
+    let plan = page_split::plan(&mut dir, min_vma_bytes)?;
+    if plan.tasks.is_empty() {
+        return Ok(None);
+    }
+    let images = work_dir.join(IMAGES_DIR);
+    match std::fs::remove_dir_all(&images) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(write(&images)(e)),
+    }
+    // The container's memory: root's alone, as the checkpoint is.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&images)
+        .map_err(write(&images))?;
+    // From here on, whatever fails removes what was written (`Drop`).
+    let mut prepared = Prepared {
+        images,
+        config: work_dir.join(CONFIG_FILE),
+        tasks: Vec::with_capacity(plan.tasks.len()),
+        pids: plan.pids,
+    };
+    let images = prepared.images.clone();
+    let replaced: Vec<String> = plan
+        .tasks
+        .iter()
+        .flat_map(|t| [t.pagemap_name(), t.pages_name()])
+        .collect();
+    // Relative links: CRIU's restored tasks open images after they entered the container's
+    // mount namespace and root, where the checkpoint's absolute path means nothing; `..` from
+    // a directory outside that root still climbs the host's tree.
+    let real_images = images.canonicalize().map_err(write(&images))?;
+    let real_checkpoint = checkpoint_dir
+        .canonicalize()
+        .map_err(write(checkpoint_dir))?;
+    let up = relative(&real_checkpoint, &real_images);
+    for name in dir.names().map_err(write(checkpoint_dir))? {
+        if replaced.contains(&name) {
+            continue;
+        }
+        let link = images.join(&name);
+        std::os::unix::fs::symlink(up.join(&name), &link).map_err(write(&link))?;
+    }
+    for t in plan.tasks {
+        let pagemap = images.join(t.pagemap_name());
+        private_file(&pagemap)
+            .and_then(|mut f| f.write_all(&t.pagemap))
+            .map_err(write(&pagemap))?;
+        let pages_path = images.join(t.pages_name());
+        // Opened beneath the checkpoint directory, as the checks read it.
+        let pages = dir
+            .open_file(&t.pages_name())
+            .map_err(write(&checkpoint_dir.join(t.pages_name())))?;
+        let reduced = private_file(&pages_path).map_err(write(&pages_path))?;
+        page_split::write_kept(&pages, &t.kept, &reduced).map_err(write(&pages_path))?;
+        prepared.tasks.push((t, pages));
+    }
+    let mut conf = match base_config {
+        Some(base) => std::fs::read_to_string(base).map_err(write(base))?,
+        None => String::new(),
+    };
+    if !conf.is_empty() && !conf.ends_with('\n') {
+        conf.push('\n');
+    }
+    conf.push_str(
+        "# written by gpusnap: the restored tasks wait for their memory\nleave-stopped\n",
+    );
+    let config = prepared.config.clone();
+    private_file(&config)
+        .and_then(|mut f| f.write_all(conf.as_bytes()))
+        .map_err(write(&config))?;
+    Ok(Some(prepared))
+}
+
+/// A new file at `path` only root can read (it holds container memory).
+fn private_file(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// `target` as a path relative to the directory `from` (both absolute, without symlinks).
+fn relative(target: &Path, from: &Path) -> PathBuf {
+    let t: Vec<_> = target.components().collect();
+    let f: Vec<_> = from.components().collect();
+    let common = t.iter().zip(&f).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..f.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    out
+}
+
+impl Prepared {
+    /// The environment runc gets for CRIU.
+    pub fn env(&self) -> (OsString, OsString) {
+        (CRIU_CONFIG_ENV.into(), self.config.clone().into_os_string())
+    }
+
+    /// What gpusnap writes, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.tasks.iter().map(|(t, _)| t.deferred_bytes()).sum()
+    }
+
+    /// The split images and the config file removed (CRIU has read them once runc returned).
+    pub fn remove_files(&self) {
+        let _ = std::fs::remove_dir_all(&self.images);
+        let _ = std::fs::remove_file(&self.config);
+    }
+
+    /// Writes the deferred pages into the tasks CRIU left stopped (`restored`: the container's
+    /// host pids, `init`: its init's), then continues every task of the checkpoint.
+    pub fn finish(
+        mut self,
+        restored: &[u32],
+        init: u32,
+        threads: usize,
+    ) -> Result<Filled, FillError> {
+        let by_recorded = recorded_pids(restored, init)?;
+        let host = |recorded: u32| {
+            by_recorded
+                .get(&recorded)
+                .copied()
+                .ok_or(FillError::NoTask { recorded })
+        };
+        // Every task CRIU stopped must be found before anything is written.
+        let every: Vec<u32> = self
+            .pids
+            .iter()
+            .map(|&p| host(p))
+            .collect::<Result<_, _>>()?;
+        let mut fills = Vec::with_capacity(self.tasks.len());
+        for (t, pages) in std::mem::take(&mut self.tasks) {
+            fills.push(TaskFill {
+                pid: Pid::from_raw(host(t.pid)? as i32),
+                pages,
+                ranges: t.deferred,
+            });
+        }
+        let filled = fill(&fills, threads.min(MAX_THREADS))?;
+        for pid in every {
+            match kill(Pid::from_raw(pid as i32), Signal::SIGCONT) {
+                // Gone already (killed meanwhile): nothing to continue.
+                Ok(()) | Err(nix::Error::ESRCH) => {}
+                Err(source) => {
+                    return Err(FillError::Continue {
+                        pid: pid as i32,
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(filled)
+    }
+}
+
+/// The writes stop scaling well before this many threads; each holds a [`PIECE`] buffer.
+const MAX_THREADS: usize = 16;
+
+impl Drop for Prepared {
+    /// Whatever way the restore ends, the split images and the config file go with it.
+    fn drop(&mut self) {
+        self.remove_files();
+    }
+}
+
+/// The host pids of `restored` by the pid CRIU restored them with: the innermost of their
+/// `NSpid` (the container's pid namespace, or the host's when it has none of its own). Only
+/// processes in `init`'s pid namespace count; two with one pid there are refused.
+fn recorded_pids(restored: &[u32], init: u32) -> Result<HashMap<u32, u32>, FillError> {
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let init_ns = ns(init);
+    let mut out = HashMap::new();
+    for &pid in restored {
+        if init_ns.is_none() || ns(pid) != init_ns {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let Some(recorded) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if out.insert(recorded, pid).is_some() {
+            return Err(FillError::SamePid { recorded });
+        }
+    }
+    Ok(out)
+}
+
+/// What [`fill`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    pub bytes: u64,
+    pub threads: usize,
+}
+
+/// Writes every range of `tasks` from up to `threads` threads; the first failure stops the
+/// others at their next piece.
+pub fn fill(tasks: &[TaskFill], threads: usize) -> Result<Filled, FillError> {
+    let pieces: Vec<(usize, u64, u64, u64)> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(t, task)| {
+            task.ranges.iter().flat_map(move |r| {
+                (0..r.len.div_ceil(PIECE)).map(move |i| {
+                    let at = i * PIECE;
+                    (t, r.vaddr + at, r.offset + at, PIECE.min(r.len - at))
+                })
+            })
+        })
+        .collect();
+    let bytes = pieces.iter().map(|p| p.3).sum();
+    let threads = threads.clamp(1, pieces.len().max(1));
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let first: Mutex<Option<FillError>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut buf = vec![0u8; PIECE as usize];
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(&(t, vaddr, offset, len)) =
+                        pieces.get(next.fetch_add(1, Ordering::Relaxed))
+                    else {
+                        break;
+                    };
+                    if let Err(e) = write_piece(&tasks[t], &mut buf, vaddr, offset, len) {
+                        stop.store(true, Ordering::Relaxed);
+                        first
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                    }
+                }
+            });
+        }
+    });
+    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(Filled { bytes, threads }),
+    }
+}
+
+fn write_piece(
+    task: &TaskFill,
+    buf: &mut [u8],
+    vaddr: u64,
+    offset: u64,
+    len: u64,
+) -> Result<(), FillError> {
+    let pid = task.pid.as_raw();
+    let data = &mut buf[..len as usize];
+    task.pages
+        .read_exact_at(data, offset)
+        .map_err(|source| FillError::Read {
+            pid,
+            offset,
+            len,
+            source,
+        })?;
+    let remote = [RemoteIoVec {
+        base: vaddr as usize,
+        len: len as usize,
+    }];
+    let written =
+        process_vm_writev(task.pid, &[IoSlice::new(data)], &remote).map_err(|source| {
+            FillError::Write {
+                pid,
+                vaddr,
+                len,
+                source,
+            }
+        })?;
+    if written != len as usize {
+        return Err(FillError::Short {
+            pid,
+            vaddr,
+            len,
+            written,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pages file whose byte `i` is a function of `i`.
+    fn pages_file(len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &bytes).unwrap();
+        (f, bytes)
+    }
+
+    #[test]
+    fn a_relative_path_climbs_to_the_common_ancestor() {
+        assert_eq!(
+            relative(Path::new("/tmp/ck/dir"), Path::new("/run/c/work/imgs")),
+            PathBuf::from("../../../../tmp/ck/dir")
+        );
+        assert_eq!(
+            relative(Path::new("/a/b/c"), Path::new("/a/x")),
+            PathBuf::from("../b/c")
+        );
+    }
+
+    #[test]
+    fn every_range_lands_at_its_address_from_its_offset() {
+        // This process stands in for the restored task: it may write its own memory.
+        let (f, bytes) = pages_file(24 << 20);
+        let mut target = vec![0u8; 20 << 20];
+        let base = target.as_mut_ptr() as u64;
+        let ranges = vec![
+            // Crosses several pieces, from an offset that is not piece-aligned.
+            Deferred {
+                vaddr: base,
+                len: 9 << 20,
+                offset: 4096,
+            },
+            Deferred {
+                vaddr: base + (12 << 20),
+                len: 8 << 20,
+                offset: 16 << 20,
+            },
+        ];
+        let task = TaskFill {
+            pid: Pid::this(),
+            pages: File::open(f.path()).unwrap(),
+            ranges: ranges.clone(),
+        };
+        let filled = fill(&[task], 3).unwrap();
+        // Written behind the compiler's back: read it as memory, not as what was last stored.
+        let target = std::hint::black_box(target);
+        assert_eq!(filled.bytes, 17 << 20);
+        assert_eq!(filled.threads, 3);
+        for r in &ranges {
+            let at = (r.vaddr - base) as usize;
+            let from = r.offset as usize;
+            assert!(target[at..at + r.len as usize] == bytes[from..from + r.len as usize]);
+        }
+        // What no range covers is untouched.
+        assert!(target[9 << 20..12 << 20].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn an_address_the_task_does_not_map_fails_naming_the_task_and_address() {
+        let (f, _) = pages_file(1 << 20);
+        let task = TaskFill {
+            pid: Pid::this(),
+            pages: File::open(f.path()).unwrap(),
+            ranges: vec![Deferred {
+                vaddr: 0x1000,
+                len: 1 << 20,
+                offset: 0,
+            }],
+        };
+        let e = fill(&[task], 2).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, FillError::Write { .. }), "{msg}");
+        assert!(msg.contains("at 0x1000 into pid"), "{msg}");
+    }
+
+    #[test]
+    fn a_pages_file_shorter_than_its_ranges_fails_before_writing_that_piece() {
+        let (f, _) = pages_file(1 << 20);
+        let mut target = vec![0u8; 2 << 20];
+        let task = TaskFill {
+            pid: Pid::this(),
+            pages: File::open(f.path()).unwrap(),
+            ranges: vec![Deferred {
+                vaddr: target.as_mut_ptr() as u64,
+                len: 2 << 20,
+                offset: 0,
+            }],
+        };
+        let e = fill(&[task], 1).unwrap_err();
+        assert!(matches!(e, FillError::Read { .. }), "{e}");
+        let target = std::hint::black_box(target);
+        assert!(target.iter().all(|&b| b == 0));
+    }
+}
