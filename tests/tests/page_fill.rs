@@ -13,16 +13,9 @@ use anyhow::{ensure, Context, Result};
 use gpusnap_testkit::checkpoint::{
     container_checkpoint_ok, container_restore_live_ok, kill_and_remove, read_in_task, CkRig,
 };
+use gpusnap_testkit::counter::{parse_memory_state, MEMORY_HOLDER, MEMORY_STATE_FILE};
 use gpusnap_testkit::paths::rig_bin_dir;
 use gpusnap_testkit::{wait_until, RigOptions, Runtime};
-
-/// About 45 MB of `seq` text held twice in the shell, compared with each other and with the
-/// first length every 0.2 s without a fork (a forked subshell would share the memory, which
-/// the page fill then leaves to CRIU); a zero-filled area reads as two empty strings.
-const HOLDER: &str = "X=$(seq 1 6000000); Y=\"$X\"; L=${#X}; i=0; \
-    while :; do i=$((i+1)); \
-    if [ \"$X\" = \"$Y\" ] && [ ${#X} -eq $L ]; then echo \"$i ok\" > /tmp/state; \
-    else echo \"$i bad\" > /tmp/state; fi; sleep 0.2; done";
 
 #[test]
 fn large_memory_written_by_the_shim_goes_on_intact() {
@@ -34,10 +27,7 @@ fn large_memory_written_by_the_shim_goes_on_intact() {
 
 /// The state line the workload last wrote: (round, ok).
 fn state(rig: &CkRig, id: &str) -> Option<(u64, bool)> {
-    let s = read_in_task(rig, id, "/tmp/state")?;
-    let mut it = s.split_whitespace();
-    let n = it.next()?.parse().ok()?;
-    Some((n, it.next()? == "ok"))
+    parse_memory_state(&read_in_task(rig, id, MEMORY_STATE_FILE)?)
 }
 
 fn run() -> Result<()> {
@@ -56,7 +46,7 @@ fn run() -> Result<()> {
         ..RigOptions::default()
     })?;
     let id = "filled";
-    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", HOLDER])?;
+    rig.run_detached(Runtime::Gpusnap, id, &["sh", "-c", MEMORY_HOLDER])?;
     ensure!(
         wait_until(Duration::from_secs(120), || {
             state(&rig, id).is_some_and(|(n, ok)| n >= 2 && ok)

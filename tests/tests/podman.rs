@@ -12,6 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
+use gpusnap_testkit::counter::{parse_memory_state, MEMORY_HOLDER, MEMORY_STATE_FILE};
 use gpusnap_testkit::fixtures::{flip_byte, tar_tree};
 use gpusnap_testkit::podman::{
     check_continues, check_nothing_running, checkpoint_leave_running, set_checkpoint_root,
@@ -487,21 +488,10 @@ fn podman_run_annotated_restore_from_restores_a_node_checkpoint() {
     });
 }
 
-/// About 45 MB of `seq` text held twice in the shell, compared with each other and with the
-/// first length every 0.2 s without a fork; `/tmp/state` says the round and whether they
-/// matched.
-const MEMORY_HOLDER: &str = "X=$(seq 1 6000000); Y=\"$X\"; L=${#X}; i=0; \
-    while :; do i=$((i+1)); \
-    if [ \"$X\" = \"$Y\" ] && [ ${#X} -eq $L ]; then echo \"$i ok\" > /tmp/state; \
-    else echo \"$i bad\" > /tmp/state; fi; sleep 0.2; done";
-
 /// [`MEMORY_HOLDER`]'s last state in container `name`: (round, matched).
 fn holder_state(p: &Podman, name: &str) -> Option<(u64, bool)> {
-    let out = p.run(&["exec", name, "cat", "/tmp/state"]).ok()?;
-    let s = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut it = s.split_whitespace();
-    let n = it.next()?.parse().ok()?;
-    Some((n, it.next()? == "ok"))
+    let out = p.run(&["exec", name, "cat", MEMORY_STATE_FILE]).ok()?;
+    parse_memory_state(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn wait_holder(p: &Podman, name: &str, min: u64) -> Result<(u64, bool)> {

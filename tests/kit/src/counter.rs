@@ -176,3 +176,22 @@ pub fn pause_holding_no(
     }
     bail!("{path} was held open at each of 100 pauses")
 }
+
+/// A shell workload holding about 45 MB of `seq` text twice, compared with each other and with
+/// the first length every 0.2 s without a fork (a forked subshell would share the memory
+/// copy-on-write); `/tmp/state` says `ROUND ok` or `ROUND bad`. A zero-filled area reads as two
+/// empty strings, so memory a restore failed to write shows as `bad`.
+pub const MEMORY_HOLDER: &str = "X=$(seq 1 6000000); Y=\"$X\"; L=${#X}; i=0; \
+    while :; do i=$((i+1)); \
+    if [ \"$X\" = \"$Y\" ] && [ ${#X} -eq $L ]; then echo \"$i ok\" > /tmp/state; \
+    else echo \"$i bad\" > /tmp/state; fi; sleep 0.2; done";
+
+/// Where [`MEMORY_HOLDER`] writes its state.
+pub const MEMORY_STATE_FILE: &str = "/tmp/state";
+
+/// [`MEMORY_HOLDER`]'s state line: (round, whether the copies matched).
+pub fn parse_memory_state(line: &str) -> Option<(u64, bool)> {
+    let mut it = line.split_whitespace();
+    let n = it.next()?.parse().ok()?;
+    Some((n, it.next()? == "ok"))
+}

@@ -27,6 +27,7 @@ use std::sync::Mutex;
 
 use gpusnap_criu_images::page_split::{self, Deferred, TaskSplit};
 use gpusnap_criu_images::{ImageDir, Limits};
+use gpusnap_cuda::discovery::container_pid;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::uio::{process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
@@ -174,7 +175,11 @@ pub fn prepare(
         .map_err(write(checkpoint_dir))?;
     let up = relative(&real_checkpoint, &real_images);
     for name in dir.names().map_err(write(checkpoint_dir))? {
-        if replaced.contains(&name) {
+        // Only the checkpoint's own files: a link to a symlink of the (untrusted) tree would
+        // hand CRIU wherever that points.
+        let plain = std::fs::symlink_metadata(checkpoint_dir.join(&name))
+            .is_ok_and(|m| m.file_type().is_file());
+        if replaced.contains(&name) || !plain {
             continue;
         }
         let link = images.join(&name);
@@ -319,17 +324,10 @@ fn recorded_pids(restored: &[u32], init: u32) -> Result<HashMap<u32, u32>, FillE
         if init_ns.is_none() || ns(pid) != init_ns {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        let Ok(Some(recorded)) = container_pid(Path::new("/proc"), pid as i32) else {
             continue;
         };
-        let Some(recorded) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
+        let recorded = recorded as u32;
         if out.insert(recorded, pid).is_some() {
             return Err(FillError::SamePid { recorded });
         }

@@ -43,12 +43,14 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
         criu,
         fill,
     } = restored;
+    // The container's processes, listed once for the page fill and the GPU state.
+    let restored = (fill.is_some() || gpu.is_some()).then(|| runc.pids(init_pid));
+    let restored = restored.as_deref().unwrap_or_default();
     let mut filled_bytes = 0;
     if let Some(fill) = fill {
         let t = Instant::now();
-        let restored = runc.pids(init_pid);
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        match fill.finish(&restored, init_pid, threads) {
+        match fill.finish(restored, init_pid, threads) {
             Ok(f) => filled_bytes = f.bytes,
             Err(e) => {
                 let _ = runc.kill_all();
@@ -60,8 +62,7 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
     let cuda_processes = gpu.as_ref().map_or(0, GpuRestore::processes);
     if let Some(gpu) = gpu {
         let t = Instant::now();
-        let restored = runc.pids(init_pid);
-        if let Err(e) = gpu.run(&restored) {
+        if let Err(e) = gpu.run(restored) {
             let _ = runc.kill_all();
             return Err(UnlockError::Gpu(e));
         }
