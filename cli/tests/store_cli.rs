@@ -317,11 +317,13 @@ fn stalling_proxy(upstream: u16, stall: String, after: usize, throttle: bool) ->
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 64 << 10];
                 while let Ok(n) = c_in.read(&mut buf) {
-                    if n == 0 || s_out.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
+                    // Marked before the request is relayed: marked after, a quick response
+                    // could pass unstalled and the connection's next request stall instead.
                     if String::from_utf8_lossy(&buf[..n]).contains(&needle) {
                         h.store(true, Ordering::SeqCst);
+                    }
+                    if n == 0 || s_out.write_all(&buf[..n]).is_err() {
+                        break;
                     }
                 }
             });
