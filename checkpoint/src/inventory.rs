@@ -241,7 +241,7 @@ fn list_files(root: BorrowedFd<'_>, dir: &Path) -> Result<Vec<Listed>, Inventory
     Ok(out)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {

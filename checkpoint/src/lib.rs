@@ -58,6 +58,6 @@ pub use manifest::{
 };
 pub use scrub::{begin_checkpoint, scrub_incomplete, ScrubError, ScrubReport};
 pub use validate::{
-    read_manifest, validate_for_restore, validate_for_restore_at, validate_for_restore_with,
-    RestoreRefusal, ValidateOptions,
+    read_manifest, validate_for_restore, validate_for_restore_at, validate_for_restore_in_place,
+    validate_for_restore_with, RestoreRefusal, ValidateOptions,
 };

@@ -75,6 +75,17 @@ pub enum RestoreRefusal {
     )]
     FileMissing { file: PathBuf, expected: u64 },
     #[error(
+        "{} is read from the image's chunks, but the checkpoint directory also holds it: the \
+         copy was altered — remove it and restore again",
+        file.display()
+    )]
+    InPlaceAlsoPresent { file: PathBuf },
+    #[error(
+        "{entry} is not a file that can be read from the image's chunks (only CRIU page \
+         images can)"
+    )]
+    InPlaceNotPages { entry: String },
+    #[error(
         "{} is not a regular file: the checkpoint was altered after it was taken — copy it again \
          from its source",
         file.display()
@@ -163,6 +174,31 @@ pub fn validate_for_restore_at(
     dir: &Path,
     opts: ValidateOptions,
 ) -> Result<Manifest, RestoreRefusal> {
+    validate_deferring(root, dir, opts, &[])
+}
+
+/// [`validate_for_restore`] of a checkpoint directory that lacks the CRIU page images named
+/// `in_place`: the restore reads those from the image's chunks where they lie, each piece
+/// checked against this manifest as it is read (`chunks::InPlaceFile`). They must be listed
+/// in the manifest, be page images, and be absent from the directory (else which one is
+/// restored would be ambiguous); every other file is verified as always.
+pub fn validate_for_restore_in_place(
+    dir: &Path,
+    in_place: &[String],
+) -> Result<Manifest, RestoreRefusal> {
+    let root = crate::beneath::open_root(dir).map_err(|source| RestoreRefusal::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    validate_deferring(root.as_fd(), dir, ValidateOptions::default(), in_place)
+}
+
+fn validate_deferring(
+    root: BorrowedFd<'_>,
+    dir: &Path,
+    opts: ValidateOptions,
+    in_place: &[String],
+) -> Result<Manifest, RestoreRefusal> {
     let started = std::time::Instant::now();
     let manifest = read_manifest_at(root, dir)?;
     let host_arch = gpusnap_criu_bridge::versions::host_arch();
@@ -184,7 +220,19 @@ pub fn validate_for_restore_at(
         }
     }
     check_tree(root, dir)?;
-    let files = check_files(root, dir, &manifest)?;
+    for name in in_place {
+        if !crate::chunks::chunkable_name(name) || !name.contains("pages-") {
+            return Err(RestoreRefusal::InPlaceNotPages {
+                entry: name.clone(),
+            });
+        }
+        if manifest.images.get(name).is_none() {
+            return Err(RestoreRefusal::UnexpectedImage {
+                file: dir.join(name),
+            });
+        }
+    }
+    let files = check_files(root, dir, &manifest, in_place)?;
     check_no_foreign_images(root, dir, &manifest)?;
     if opts.verify_digests {
         verify_digests(&manifest, &files)?;
@@ -398,11 +446,15 @@ impl From<RestoreRefusal> for WalkError {
 /// Presence, type and size of every listed file, each opened beneath the checkpoint
 /// directory (no symlink followed). Returns the opened files with their shown paths, in
 /// manifest order.
-fn check_files(
+/// A file of the manifest, opened: its path, the file, its size and piece digests there.
+type Opened<'m> = (PathBuf, File, u64, &'m [String]);
+
+fn check_files<'m>(
     root: BorrowedFd<'_>,
     dir: &Path,
-    manifest: &Manifest,
-) -> Result<Vec<(PathBuf, File)>, RestoreRefusal> {
+    manifest: &'m Manifest,
+    in_place: &[String],
+) -> Result<Vec<Opened<'m>>, RestoreRefusal> {
     let chunk = manifest.images.chunk_bytes;
     let mut out = Vec::with_capacity(manifest.images.files.len());
     for rec in &manifest.images.files {
@@ -430,6 +482,13 @@ fn check_files(
             });
         }
         let file = dir.join(rel);
+        if in_place.contains(&rec.path) {
+            match crate::beneath::stat_at(root, rel.as_os_str()) {
+                Ok(None) => continue,
+                Ok(Some(_)) => return Err(RestoreRefusal::InPlaceAlsoPresent { file }),
+                Err(source) => return Err(RestoreRefusal::Io { path: file, source }),
+            }
+        }
         match crate::beneath::stat_at(root, rel.as_os_str()) {
             Ok(None) => {
                 return Err(RestoreRefusal::FileMissing {
@@ -461,7 +520,7 @@ fn check_files(
                 found: len,
             });
         }
-        out.push((file, opened));
+        out.push((file, opened, rec.size, rec.blake3_chunks.as_slice()));
     }
     Ok(out)
 }
@@ -496,27 +555,23 @@ fn check_no_foreign_images(
     Ok(())
 }
 
-fn verify_digests(manifest: &Manifest, files: &[(PathBuf, File)]) -> Result<(), RestoreRefusal> {
+/// The files `check_files` opened (each with its size and piece digests in the manifest),
+/// hashed against the manifest.
+fn verify_digests(manifest: &Manifest, files: &[Opened<'_>]) -> Result<(), RestoreRefusal> {
     let specs: Vec<(PathBuf, u64)> = files
         .iter()
-        .zip(&manifest.images.files)
-        .map(|((p, _), rec)| (p.clone(), rec.size))
+        .map(|(p, _, size, _)| (p.clone(), *size))
         .collect();
     let opened: Vec<File> = files
         .iter()
-        .map(|(p, f)| {
+        .map(|(p, f, ..)| {
             f.try_clone().map_err(|source| RestoreRefusal::Io {
                 path: p.clone(),
                 source,
             })
         })
         .collect::<Result<_, _>>()?;
-    let expected: Vec<&[String]> = manifest
-        .images
-        .files
-        .iter()
-        .map(|f| f.blake3_chunks.as_slice())
-        .collect();
+    let expected: Vec<&[String]> = files.iter().map(|f| f.3).collect();
     let chunk = manifest.images.chunk_bytes;
     match hash_open_files(&specs, &opened, chunk, Some(&expected)) {
         Ok(_) => Ok(()),
@@ -568,6 +623,40 @@ mod tests {
         let m = Manifest::new("ctr1", CriuFlags::default());
         seal_checkpoint(p, m).unwrap();
         dir
+    }
+
+    #[test]
+    fn page_images_read_in_place_must_be_listed_pages_and_absent() {
+        let dir = sealed();
+        let names = vec!["pages-1.img".to_string()];
+        // Present as well as read in place: which one would be restored is ambiguous.
+        let e = validate_for_restore_in_place(dir.path(), &names).unwrap_err();
+        assert!(
+            matches!(e, RestoreRefusal::InPlaceAlsoPresent { .. }),
+            "{e}"
+        );
+        fs::remove_file(dir.path().join("pages-1.img")).unwrap();
+        let m = validate_for_restore_in_place(dir.path(), &names).unwrap();
+        assert!(m.images.get("pages-1.img").is_some());
+        // Only page images, and only those the manifest lists.
+        for other in [
+            "inventory.img",
+            "gpusnap-gpu-device-0000.bin",
+            "pages-9.img",
+        ] {
+            let e = validate_for_restore_in_place(dir.path(), &[other.to_string()]).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    RestoreRefusal::InPlaceNotPages { .. } | RestoreRefusal::UnexpectedImage { .. }
+                ),
+                "{other}: {e}"
+            );
+        }
+        // Every other file is still verified.
+        fs::write(dir.path().join("inventory.img"), b"inventorz").unwrap();
+        let e = validate_for_restore_in_place(dir.path(), &names).unwrap_err();
+        assert!(matches!(e, RestoreRefusal::DigestMismatch { .. }), "{e}");
     }
 
     fn manifest_value(dir: &Path) -> serde_json::Value {

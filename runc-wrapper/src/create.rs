@@ -96,6 +96,7 @@ pub fn run(ctx: &Context) -> i32 {
         signature_evidence: source.signature_evidence.clone(),
         checkpoint_mount: None,
         began: None,
+        in_place: None,
         runc: ctx.global(),
         config,
         scratch_dir: scratch,

@@ -60,6 +60,7 @@ pub fn run(ctx: &Context) -> i32 {
         signature_evidence: Default::default(),
         checkpoint_mount: None,
         began: None,
+        in_place: None,
         runc: ctx.global(),
         config,
         scratch_dir: PathBuf::from(SCRATCH_DIR),

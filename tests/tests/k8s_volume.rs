@@ -15,6 +15,9 @@
 //!   left; a shim killed mid-copy leaves a half-made copy that `gpusnap store gc` removes,
 //!   while the copy a running pod holds stays; killed again, the next restore from a volume
 //!   on the node removes it before it copies, and restores;
+//! - with `restore.page_fill_min_bytes`: the page images read where the volume holds them (no
+//!   copy of them on the node), every piece checked as it is read; a flipped page fails the
+//!   start naming the file, leaving nothing;
 //! - under `restore.signature_policy = require`: an image signed at seal restores; the same
 //!   image without its signature (refused before anything of it is copied), a forged one (a page flipped, built without verification)
 //!   and an image that is no checkpoint are refused at `crictl start`, saying why, with
@@ -333,6 +336,90 @@ fn image_volume_refusals_say_why_and_leave_nothing() {
         restore_from_volume(&node_b, "signed", &signed, &checkpointed)?
             .2
             .running()?;
+        Ok(())
+    })
+}
+
+/// `restore.page_fill_min_bytes` with an image volume: the page images are not copied onto
+/// the node. The restore reads them where containerd unpacked the image, checks every piece
+/// against the sealed manifest as it reads it, writes for CRIU only the pages it still
+/// restores, and writes the rest into the tasks CRIU left stopped. The counter goes on; the
+/// node's copy holds no page image. A page flipped in the image (built without verification)
+/// fails the start naming the file, with nothing running and nothing left on the node.
+#[test]
+fn image_volume_page_images_are_read_where_they_lie() {
+    check(|| {
+        let reg = registry_with_busybox()?;
+        let busybox = reg.image(BUSYBOX_REPO);
+        let work = tempfile::tempdir()?;
+        let node_a = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
+        let counter = node_a.run_counter("trainer")?;
+        let archive = work.path().join("trainer.tar");
+        let checkpointed = node_a.checkpoint(&counter, &archive)?;
+        drop(node_a);
+        let reference = publish_archive(&reg, &archive, "ckpt/trainer:fill", work.path())?;
+        let tree = work.path().join("tree");
+        fs::create_dir_all(&tree)?;
+        run_ok("tar", &["-xf", s(&archive), "-C", s(&tree)])?;
+        gpusnap_testkit::fixtures::flip_byte(&tree.join("checkpoint/pages-1.img"));
+        gpusnap_ok(&[
+            "image",
+            "push",
+            s(&tree),
+            &reg.url("ckpt/trainer:fill-forged"),
+            "--no-verify",
+        ])?;
+        let forged = reg.image("ckpt/trainer:fill-forged");
+
+        let node_b = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
+        // Every page image of at least a page is read in place; every private area of a
+        // page or more is written by the shim.
+        restore_setting(&node_b, "page_fill_min_bytes = 4096", true)?;
+        node_b.crictl.ok(&["pull", &reference])?;
+        node_b.crictl.ok(&["pull", &forged])?;
+
+        let (pod, _, r) = restore_from_volume(&node_b, "filled", &reference, &checkpointed)?;
+        r.running()?;
+        let made = copy_dirs(&node_b);
+        ensure!(made.len() == 1, "one copy expected: {:?}", copies(&node_b));
+        let ckpt = made[0].join("checkpoint");
+        ensure!(
+            ckpt.join("gpusnap-manifest.json").is_file() && !ckpt.join("pages-1.img").exists(),
+            "the copy holds the checkpoint without its page image: {:?}",
+            fs::read_dir(&ckpt)?
+                .flatten()
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()
+        );
+        let log = node_b.node.rig.log_tail(600);
+        ensure!(
+            log.lines().any(|l| l.contains("restore complete")
+                && l.contains("page_fill_bytes=")
+                && !l.contains("page_fill_bytes=0")),
+            "the shim wrote no pages itself:\n{}",
+            log.lines()
+                .filter(|l| l.contains("page") || l.contains("restore complete"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        node_b.crictl.remove_pod(&pod)?;
+
+        let (pod, id, r) = restore_from_volume(&node_b, "forged", &forged, &checkpointed)?;
+        let refused = r.refusal()?;
+        ensure!(
+            refused.contains("pages-1.img") && refused.contains("corrupted"),
+            "the failed start names the damaged page image: {refused}"
+        );
+        ensure!(
+            node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
+            "the forged image runs"
+        );
+        ensure!(
+            copies(&node_b).is_empty(),
+            "the forged image left {:?} on the node",
+            copies(&node_b)
+        );
+        node_b.crictl.remove_pod(&pod)?;
         Ok(())
     })
 }

@@ -35,7 +35,10 @@
 //!   followed, a regular file with one link) and copied up to the size the manifest gives it,
 //!   no further; what else the volume holds is never read. Chunked files are assembled from
 //!   the volume's chunk directory (`chunks::assemble_at`: every chunk SHA-256-checked, every
-//!   file BLAKE3-checked against the manifest before it is renamed into place).
+//!   file BLAKE3-checked against the manifest before it is renamed into place). With
+//!   `restore.page_fill_min_bytes`, the chunked page images of at least that size are not
+//!   copied: the record names them, and each restore reads them from its own pod's volume
+//!   (`RestoreRequest::in_place`), every 64 MiB piece checked against the verified manifest.
 //! - **Then the one restore transaction**, which verifies the copy as every door's
 //!   checkpoint: the signature policy on its directory signature, every file against the
 //!   manifest, the rootfs diff against the digest taken of the copy, the GPU gate, the
@@ -146,6 +149,11 @@ struct Record {
     rootfs_diff: Option<(String, u64)>,
     /// The checkpoint's files assembled from chunks (0: none).
     assembled_files: usize,
+    /// The page images not copied: each restore reads them from its own volume's chunks
+    /// (`restore.page_fill_min_bytes`), checked against the verified manifest as it reads.
+    /// Their entries in the image's chunk list, bound to the manifest before use.
+    #[serde(default)]
+    in_place: Vec<chunks::ChunkedFile>,
 }
 
 /// What [`restore`] did besides the transaction, for the front end's log.
@@ -173,6 +181,23 @@ pub fn restore(
     req.began = Some(began);
     req.checkpoint_dir = made.0.checkpoint_dir.clone();
     req.rootfs_diff = made.1;
+    if !made.2.is_empty() {
+        // This pod's own volume: the copy may have been made from another pod's.
+        match open_chunks(source) {
+            Ok(chunk_source) => {
+                req.in_place = Some(crate::restore::InPlacePages {
+                    source: std::sync::Arc::new(chunk_source),
+                    files: made.2,
+                })
+            }
+            Err(e) => {
+                let released = release(source);
+                return Err(e
+                    .map_message(|m| format!("{m}; {released}"))
+                    .of("restore", &id));
+            }
+        }
+    }
     // What vouches for the copy is its own directory signature, as at the CRI door: the
     // volume brings no registry signature the runtime could check.
     req.signature_evidence = crate::SignatureEvidence::DirectoryOnly;
@@ -188,13 +213,12 @@ pub fn restore(
     }
 }
 
+/// The copy, the rootfs diff in it, and the page images read from the volume's chunks.
+type Made = (Materialized, Option<RootfsDiff>, Vec<chunks::ChunkedFile>);
+
 /// Finds or makes the copy of `source`, holding it for `source`'s pod; the restore began at
 /// `began` (its deadline counts from there).
-fn materialize(
-    source: &VolumeSource,
-    config: &Config,
-    began: Instant,
-) -> Result<(Materialized, Option<RootfsDiff>)> {
+fn materialize(source: &VolumeSource, config: &Config, began: Instant) -> Result<Made> {
     let started = Instant::now();
     beneath::create_private_dir(&source.cache).map_err(|e| {
         Error::precondition(format!(
@@ -244,10 +268,32 @@ fn materialize(
         dir = %m.checkpoint_dir.display(),
         made = m.made,
         assembled_files = record.assembled_files,
+        in_place_files = record.in_place.len(),
         elapsed_ms = m.elapsed_ms,
         "checkpoint of the image volume ready"
     );
-    Ok((m, rootfs_diff))
+    Ok((m, rootfs_diff, record.in_place))
+}
+
+/// The chunk directory of `source`'s volume, opened beneath it (the page images the restore
+/// reads where they lie).
+fn open_chunks(source: &VolumeSource) -> Result<DirSource> {
+    let root = beneath::open_root(&source.mount).map_err(|e| io_refusal(&source.mount, e))?;
+    let (vol, rel) = match beneath::open_dir(root.as_fd(), Path::new(CHECKPOINT_SUBDIR)) {
+        Ok(fd) => (fd, format!("{CHECKPOINT_SUBDIR}/")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (root, String::new()),
+        Err(e) => return Err(io_refusal(&source.mount, e)),
+    };
+    let shown = format!("{}/{rel}", source.shown.trim_end_matches('/'));
+    DirSource::open_in(vol.as_fd(), Path::new(shown.trim_end_matches('/')))
+        .map_err(|e| io_refusal(&source.mount, e))?
+        .ok_or_else(|| {
+            Error::precondition(format!(
+                "the image volume at {} has no {shown}.gpusnap-chunks, whose page images the \
+                 checkpoint on this node reads from it: mount the image the copy was made from",
+                source.shown
+            ))
+        })
 }
 
 /// What dropping a pod's hold did to the node's copy, as the restore's error says it.
@@ -735,15 +781,43 @@ fn copy_volume(
             shown(ROOTFS_DIFF)
         )));
     }
+    // The chunk list, when the image is chunked: which files are assembled from chunks, and
+    // which page images are left where they lie (read by the restore from the volume's chunks:
+    // `restore.page_fill_min_bytes`, the files of at least that size).
+    let list_shown = || shown(&format!("{ckpt_rel}{CHUNK_LIST_FILE}"));
+    let list = match beneath::open_file(vol, Path::new(CHUNK_LIST_FILE)) {
+        Ok(file) => {
+            let bytes = beneath::read_file_capped(file, CHUNK_LIST_FILE, MAX_CHUNK_LIST_BYTES)
+                .map_err(|e| refuse(format!("{}: {e}", list_shown())))?;
+            Some(
+                chunks::ChunkList::parse(&bytes)
+                    .map_err(|e| refuse(format!("{}: {e}", list_shown())))?,
+            )
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(refuse(format!("{}: {e}", list_shown()))),
+    };
+    let min_in_place = config.restore.page_fill_min_bytes;
+    let (in_place, assembled): (Vec<chunks::ChunkedFile>, Vec<chunks::ChunkedFile>) = list
+        .as_ref()
+        .map(|l| l.files.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .partition(|f| min_in_place > 0 && f.size >= min_in_place && f.path.starts_with("pages-"));
     // What the copy writes: every listed file at its listed size (what a copy or an assembly
-    // may write of it), not the manifest's own total, which nothing has checked yet.
+    // may write of it), not the manifest's own total, which nothing has checked yet; none of
+    // the page images left in the volume.
     let listed = manifest
         .images
         .files
         .iter()
+        .filter(|f| !in_place.iter().any(|p| p.path == f.path))
+        .fold(0u64, |sum, f| sum.saturating_add(f.size));
+    let in_place_bytes = in_place
+        .iter()
         .fold(0u64, |sum, f| sum.saturating_add(f.size));
     let needed = listed
-        .max(manifest.images.total_bytes)
+        .max(manifest.images.total_bytes.saturating_sub(in_place_bytes))
         .saturating_add(diff_size.unwrap_or(0));
     // The restore's one deadline, from what the copy will read (unverified: only ever a
     // larger bound, capped), checked as each file is copied.
@@ -777,33 +851,24 @@ fn copy_volume(
     for (name, cap) in [
         (SIGNATURE_FILE, SIGNATURE_MAX_BYTES),
         (LISTING_FILE, LISTING_MAX_BYTES),
-        (CHUNK_LIST_FILE, MAX_CHUNK_LIST_BYTES),
     ] {
         copy_optional(vol, name, cap, out_ckpt.as_fd())
             .map_err(|e| refuse(format!("{}: {e}", shown(&format!("{ckpt_rel}{name}")))))?;
     }
-    // The files assembled from chunks are not in the volume as themselves.
-    let chunked: Vec<String> = match beneath::read_capped(
-        out_ckpt.as_fd(),
-        Path::new(CHUNK_LIST_FILE),
-        MAX_CHUNK_LIST_BYTES,
-    ) {
-        Ok(bytes) => chunks::ChunkList::parse(&bytes)
-            .map_err(|e| {
-                refuse(format!(
-                    "{}: {e}",
-                    shown(&format!("{ckpt_rel}{CHUNK_LIST_FILE}"))
-                ))
-            })?
-            .files
-            .into_iter()
-            .map(|f| f.path)
-            .collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(io_refusal(&out_ckpt_path, e)),
-    };
+    // The chunk list of the files assembled here (the page images left in the volume are
+    // not among them), in the list's own format.
+    if let Some(l) = list.as_ref().filter(|_| !assembled.is_empty()) {
+        let here = chunks::ChunkList {
+            files: assembled.clone(),
+            ..l.clone()
+        };
+        write_new(out_ckpt.as_fd(), CHUNK_LIST_FILE, &here.to_bytes())
+            .map_err(|e| io_refusal(&out_ckpt_path, e))?;
+    }
     for f in &manifest.images.files {
-        if chunked.iter().any(|c| c == &f.path) {
+        // The files assembled from chunks, or read from them, are not in the volume as
+        // themselves.
+        if assembled.iter().chain(&in_place).any(|c| c.path == f.path) {
             continue;
         }
         copy_listed(vol, &f.path, f.size, out_ckpt.as_fd())
@@ -811,7 +876,7 @@ fn copy_volume(
         crate::failpoint::reached(crate::failpoint::VOLUME_COPYING);
         in_time()?;
     }
-    let assembled_files = if chunked.is_empty() {
+    let assembled_files = if assembled.is_empty() {
         0
     } else {
         let chunk_source = DirSource::open_in(vol, Path::new(&shown(ckpt_rel)))
@@ -858,6 +923,7 @@ fn copy_volume(
         image_digest: source.image_digest.clone(),
         rootfs_diff,
         assembled_files,
+        in_place,
     })
 }
 
@@ -985,7 +1051,7 @@ mod tests {
         c.to_string().repeat(64)
     }
 
-    fn refusal(r: Result<(Materialized, Option<RootfsDiff>)>) -> String {
+    fn refusal(r: Result<Made>) -> String {
         let e = r.expect_err("refused");
         assert!(e.outcome().is_none(), "a refusal, not a failure: {e}");
         e.to_string()
@@ -997,7 +1063,7 @@ mod tests {
         let mut config = Config::default();
         config.restore.max_volume_bytes = 1 << 20;
         let first = f.volume(&digest('a'), 600 << 10);
-        let (m, _) = materialize(&first, &config, Instant::now()).unwrap();
+        let (m, ..) = materialize(&first, &config, Instant::now()).unwrap();
         assert!(m.made && m.checkpoint_dir.join("pages-1.img").is_file());
         // A second image that would take the copies past the cap: refused, saying what to do,
         // and nothing of it is left (the first copy, which a pod holds, stays).

@@ -76,6 +76,18 @@ impl DirSource {
 
 impl ChunkSource for DirSource {
     fn open(&self, digest: &ChunkDigest, len: u64) -> Result<Box<dyn Read + Send + '_>, OpenError> {
+        Ok(Box::new(self.open_file(digest, len)?))
+    }
+
+    fn name(&self) -> String {
+        self.shown.display().to_string()
+    }
+}
+
+impl DirSource {
+    /// The chunk `digest` (which the list says is `len` bytes long) as a file, for positional
+    /// reads: beneath the chunk directory, a regular file with one link and that length.
+    pub fn open_file(&self, digest: &ChunkDigest, len: u64) -> Result<File, OpenError> {
         let name = digest.hex();
         // O_PATH: a device node or FIFO planted under a chunk's name is refused by its type
         // below, never opened (a device's open runs its driver; a FIFO's blocks).
@@ -108,12 +120,7 @@ impl ChunkSource for DirSource {
         if st.st_size as u64 != len {
             return Err(OpenError::Length(st.st_size as u64));
         }
-        let file = beneath::reopen_regular(fd, Path::new(&name)).map_err(OpenError::Io)?;
-        Ok(Box::new(file))
-    }
-
-    fn name(&self) -> String {
-        self.shown.display().to_string()
+        beneath::reopen_regular(fd, Path::new(&name)).map_err(OpenError::Io)
     }
 }
 

@@ -28,6 +28,7 @@
 //! listed length; each is SHA-256-checked against its name.
 
 mod assemble;
+mod in_place;
 mod split;
 mod stream;
 
@@ -44,6 +45,7 @@ pub use assemble::{
     assemble, assemble_at, assemble_opened, is_chunked, Assembled, ChunkSource, DirSource,
     OpenError,
 };
+pub use in_place::{InPlaceFile, StreamError};
 pub use split::{split, ChunkParams, ChunkParamsError};
 pub use stream::StreamAssembly;
 

@@ -46,6 +46,7 @@ impl Container {
             signature_evidence: restore.signature_evidence.clone(),
             checkpoint_mount: None,
             began: None,
+            in_place: None,
             runc: self.runc_global(),
             config: self.config.clone(),
             scratch_dir: own.clone(),

@@ -9,8 +9,10 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
+use gpusnap_checkpoint::chunks::InPlaceFile;
 use gpusnap_checkpoint::Manifest;
 use gpusnap_criu_bridge::{CriuFlags, OptionsError, Restore, RuncCommand, RuncGlobal};
 
@@ -41,6 +43,15 @@ pub enum BoundError {
          gpusnap restores the CUDA processes"
     )]
     ForegroundWithGpu,
+    /// The page images read from the image's chunks could not be written for CRIU; nothing
+    /// has run yet.
+    #[error("cannot prepare the page images read from the image's chunks: {0}")]
+    InPlace(#[source] Box<super::fill::PrepareError>),
+    #[error(
+        "page images read from the image's chunks need the restore command built by gpusnap, \
+         not the caller's own `runc restore`"
+    )]
+    InPlaceWithGivenCommand,
     /// A check that classifies its own refusal: CRIU, the spec, the privilege bound, the
     /// deadline.
     #[error(transparent)]
@@ -51,7 +62,9 @@ impl From<BoundError> for Error {
     fn from(e: BoundError) -> Error {
         match e {
             BoundError::Check(e) => e,
-            e @ BoundError::WorkDir { .. } => Error::precondition(e.to_string()).caused_by(e),
+            e @ (BoundError::WorkDir { .. } | BoundError::InPlace(_)) => {
+                Error::precondition(e.to_string()).caused_by(e)
+            }
             e => Error::invalid(e.to_string()).caused_by(e),
         }
     }
@@ -93,7 +106,13 @@ pub(super) fn run<'a>(
     )?;
     let granted = CriuFlags::from_switch_names(&req.config.restore.criu_flags)
         .map_err(BoundError::GrantedFlags)?;
-    let (cmd, pid_file, fill) = restore_command(req, &global, &granted, &validated.manifest)?;
+    let (cmd, pid_file, fill) = restore_command(
+        req,
+        &global,
+        &granted,
+        &validated.manifest,
+        &validated.in_place,
+    )?;
     let foreground = matches!(req.command, RestoreCommand::Given { detach: false, .. });
     if foreground && validated.gpu.is_some() {
         return Err(BoundError::ForegroundWithGpu);
@@ -140,6 +159,7 @@ fn restore_command(
     global: &RuncGlobal,
     granted: &CriuFlags,
     manifest: &Manifest,
+    in_place: &[Arc<InPlaceFile>],
 ) -> Result<(RuncCommand, Option<PathBuf>, Option<super::fill::Prepared>), BoundError> {
     match &req.command {
         RestoreCommand::Build {
@@ -164,7 +184,7 @@ fn restore_command(
             })?;
             let mut flags = granted.clone();
             flags.shell_job |= *terminal;
-            let fill = prepare_fill(req, work_dir, global);
+            let fill = prepare_fill(req, work_dir, global, in_place)?;
             let images = fill
                 .as_ref()
                 .map_or(req.checkpoint_dir.as_path(), |f| f.images.as_path());
@@ -179,10 +199,13 @@ fn restore_command(
             let mut cmd = global
                 .restore(&req.container_id, &r)
                 .map_err(BoundError::Request)?;
-            if let Some(f) = &fill {
-                cmd.env.push(f.env());
+            if let Some(env) = fill.as_ref().and_then(super::fill::Prepared::env) {
+                cmd.env.push(env);
             }
             Ok((cmd, Some(pid_file.clone()), fill))
+        }
+        RestoreCommand::Given { .. } if !in_place.is_empty() => {
+            Err(BoundError::InPlaceWithGivenCommand)
         }
         RestoreCommand::Given { args, .. } => {
             let mut cmd = global.helper(&[]);
@@ -193,18 +216,21 @@ fn restore_command(
 }
 
 /// The split images when the node asks gpusnap to write large private memory itself
-/// (`restore.page_fill_min_bytes`). Its CRIU config file replaces the one runc's environment
-/// names (gpusnap's private plugin directory's, else the caller's), keeping its options. A
-/// split that cannot be prepared leaves every page to CRIU: nothing has run yet, and CRIU
-/// restores the checkpoint as it is.
+/// (`restore.page_fill_min_bytes`), and the page images read from the image's chunks
+/// (`in_place`), which CRIU gets written out of verified pieces. Its CRIU config file replaces
+/// the one runc's environment names (gpusnap's private plugin directory's, else the
+/// caller's), keeping its options. A split that cannot be prepared leaves every page to CRIU
+/// (nothing has run yet, and CRIU restores the checkpoint as it is) unless page images are
+/// read from chunks: CRIU has no copy of those to read, and the restore is refused.
 fn prepare_fill(
     req: &RestoreRequest,
     work_dir: &std::path::Path,
     global: &RuncGlobal,
-) -> Option<super::fill::Prepared> {
+    in_place: &[Arc<InPlaceFile>],
+) -> Result<Option<super::fill::Prepared>, BoundError> {
     let min = req.config.restore.page_fill_min_bytes;
-    if min == 0 {
-        return None;
+    if min == 0 && in_place.is_empty() {
+        return Ok(None);
     }
     let base = global
         .env
@@ -213,18 +239,26 @@ fn prepare_fill(
         .find(|(k, _)| k == super::fill::CRIU_CONFIG_ENV)
         .map(|(_, v)| PathBuf::from(v))
         .or_else(|| std::env::var_os(super::fill::CRIU_CONFIG_ENV).map(PathBuf::from));
-    match super::fill::prepare(&req.checkpoint_dir, work_dir, min, base.as_deref()) {
+    match super::fill::prepare(
+        &req.checkpoint_dir,
+        work_dir,
+        min,
+        base.as_deref(),
+        in_place,
+    ) {
         Ok(prepared) => {
             tracing::debug!(
                 min_vma_bytes = min,
                 bytes = prepared.as_ref().map_or(0, super::fill::Prepared::bytes),
+                in_place_files = in_place.len(),
                 "pages gpusnap writes itself"
             );
-            prepared
+            Ok(prepared)
         }
-        Err(e) => {
+        Err(e) if in_place.is_empty() => {
             tracing::warn!(error = %e, "CRIU restores every page instead");
-            None
+            Ok(None)
         }
+        Err(e) => Err(BoundError::InPlace(Box::new(e))),
     }
 }

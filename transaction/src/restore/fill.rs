@@ -22,9 +22,10 @@ use std::fs::File;
 use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use gpusnap_checkpoint::chunks::{ChunkError, InPlaceFile, StreamError};
 use gpusnap_criu_images::page_split::{self, Deferred, TaskSplit};
 use gpusnap_criu_images::{ImageDir, Limits};
 use gpusnap_cuda::discovery::container_pid;
@@ -43,12 +44,23 @@ const CONFIG_FILE: &str = "gpusnap-leave-stopped.conf";
 /// enough that the threads share a range evenly.
 const PIECE: u64 = 4 << 20;
 
+/// Where a task's deferred pages are read from.
+pub enum PagesSource {
+    /// Its pages file in the checkpoint directory (verified whole before the restore began),
+    /// read at each range's offset.
+    File(File),
+    /// Its pages file where the image's chunks lie (an image volume), read a manifest piece at
+    /// a time, each checked as it is read: a piece that does not match fails the fill, and
+    /// the tasks, still stopped, are killed.
+    InPlace(Arc<InPlaceFile>),
+}
+
 /// The deferred pages of one restored task.
 pub struct TaskFill {
     /// The task as this host sees it.
     pub pid: Pid,
-    /// Its pages file (the verified `pages-<id>.img`), read at each range's offset.
-    pub pages: File,
+    pub pages: PagesSource,
+    /// In address order, which is their order in the pages file.
     pub ranges: Vec<Deferred>,
 }
 
@@ -78,6 +90,12 @@ pub enum FillError {
         len: u64,
         written: usize,
     },
+    #[error("the pages of pid {pid}: {source}")]
+    Verify {
+        pid: i32,
+        #[source]
+        source: Box<ChunkError>,
+    },
     #[error("no restored task has the checkpoint's pid {recorded}")]
     NoTask { recorded: u32 },
     #[error("two restored processes have the checkpoint's pid {recorded}")]
@@ -101,15 +119,22 @@ pub enum PrepareError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot write {} out of the image's chunks: {source}", path.display())]
+    InPlace {
+        path: PathBuf,
+        #[source]
+        source: Box<ChunkError>,
+    },
 }
 
 /// A restore whose large private memory gpusnap writes itself.
 pub struct Prepared {
     /// The directory CRIU reads instead of the checkpoint.
     pub images: PathBuf,
-    /// The CRIU config file for runc's environment ([`CRIU_CONFIG_ENV`]).
-    pub config: PathBuf,
-    tasks: Vec<(TaskSplit, File)>,
+    /// The CRIU config file for runc's environment ([`CRIU_CONFIG_ENV`]), when tasks are
+    /// left stopped for their pages.
+    pub config: Option<PathBuf>,
+    tasks: Vec<(TaskSplit, PagesSource)>,
     /// Every task of the checkpoint, by the pid it recorded: CRIU leaves each one stopped.
     pids: Vec<u32>,
 }
@@ -118,28 +143,32 @@ pub struct Prepared {
 const PAGE_SIZE: i64 = page_split::PAGE as i64;
 
 /// The split for the verified checkpoint `checkpoint_dir`, written into CRIU's `work_dir`;
-/// `None` when no task has a private anonymous VMA of `min_vma_bytes` with pages in it (or
-/// the host's pages are not 4 KiB). `base_config`: the CRIU config file runc's environment
-/// names already (gpusnap's private plugin directory's, which carries the node's own), whose
-/// options the split's file keeps.
+/// `None` when no task has a private anonymous VMA of `min_vma_bytes` (0: none is split) with
+/// pages in it, or the host's pages are not 4 KiB, and no page image is read from the image's
+/// chunks (`in_place`: those CRIU needs written out in any case, of verified pieces only).
+/// `base_config`: the CRIU config file runc's environment names already (gpusnap's private
+/// plugin directory's, which carries the node's own), whose options the split's file keeps.
 pub fn prepare(
     checkpoint_dir: &Path,
     work_dir: &Path,
     min_vma_bytes: u64,
     base_config: Option<&Path>,
+    in_place: &[Arc<InPlaceFile>],
 ) -> Result<Option<Prepared>, PrepareError> {
     let write = |path: &Path| {
         let path = path.to_path_buf();
         move |source| PrepareError::Write { path, source }
     };
-    // SAFETY: sysconf reads a constant of the running kernel; it takes no pointers.
-    if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64 != PAGE_SIZE {
-        return Ok(None);
-    }
     let mut dir =
         ImageDir::open(checkpoint_dir, Limits::default()).map_err(write(checkpoint_dir))?;
-    let plan = page_split::plan(&mut dir, min_vma_bytes)?;
-    if plan.tasks.is_empty() {
+    // SAFETY: sysconf reads a constant of the running kernel; it takes no pointers.
+    let four_k = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64 == PAGE_SIZE;
+    let plan = match min_vma_bytes {
+        0 => page_split::Plan::default(),
+        _ if !four_k => page_split::Plan::default(),
+        min => page_split::plan(&mut dir, min)?,
+    };
+    if plan.tasks.is_empty() && in_place.is_empty() {
         return Ok(None);
     }
     let images = work_dir.join(IMAGES_DIR);
@@ -154,9 +183,10 @@ pub fn prepare(
         .create(&images)
         .map_err(write(&images))?;
     // From here on, whatever fails removes what was written (`Drop`).
+    let leave_stopped = !plan.tasks.is_empty();
     let mut prepared = Prepared {
         images,
-        config: work_dir.join(CONFIG_FILE),
+        config: leave_stopped.then(|| work_dir.join(CONFIG_FILE)),
         tasks: Vec::with_capacity(plan.tasks.len()),
         pids: plan.pids,
     };
@@ -185,34 +215,60 @@ pub fn prepare(
         let link = images.join(&name);
         std::os::unix::fs::symlink(up.join(&name), &link).map_err(write(&link))?;
     }
+    let from_chunks = |name: &str| in_place.iter().find(|f| f.name() == name).cloned();
+    let kept_from_chunks = |file: &InPlaceFile, ranges: &[(u64, u64)], out: &Path| {
+        let dst = private_file(out).map_err(write(out))?;
+        file.write_ranges(ranges, &dst)
+            .map_err(|source| PrepareError::InPlace {
+                path: out.to_path_buf(),
+                source: Box::new(source),
+            })
+    };
     for t in plan.tasks {
         let pagemap = images.join(t.pagemap_name());
         private_file(&pagemap)
             .and_then(|mut f| f.write_all(&t.pagemap))
             .map_err(write(&pagemap))?;
         let pages_path = images.join(t.pages_name());
-        // Opened beneath the checkpoint directory, as the checks read it.
-        let pages = dir
-            .open_file(&t.pages_name())
-            .map_err(write(&checkpoint_dir.join(t.pages_name())))?;
-        let reduced = private_file(&pages_path).map_err(write(&pages_path))?;
-        page_split::write_kept(&pages, &t.kept, &reduced).map_err(write(&pages_path))?;
+        let pages = match from_chunks(&t.pages_name()) {
+            Some(file) => {
+                kept_from_chunks(&file, &t.kept, &pages_path)?;
+                PagesSource::InPlace(file)
+            }
+            None => {
+                // Opened beneath the checkpoint directory, as the checks read it.
+                let pages = dir
+                    .open_file(&t.pages_name())
+                    .map_err(write(&checkpoint_dir.join(t.pages_name())))?;
+                let reduced = private_file(&pages_path).map_err(write(&pages_path))?;
+                page_split::write_kept(&pages, &t.kept, &reduced).map_err(write(&pages_path))?;
+                PagesSource::File(pages)
+            }
+        };
         prepared.tasks.push((t, pages));
     }
-    let mut conf = match base_config {
-        Some(base) => std::fs::read_to_string(base).map_err(write(base))?,
-        None => String::new(),
-    };
-    if !conf.is_empty() && !conf.ends_with('\n') {
-        conf.push('\n');
+    // The page images read from chunks whose task is not split: CRIU reads them whole.
+    for file in in_place {
+        let out = images.join(file.name());
+        if !out.exists() {
+            kept_from_chunks(file, &[(0, file.size())], &out)?;
+        }
     }
-    conf.push_str(
-        "# written by gpusnap: the restored tasks wait for their memory\nleave-stopped\n",
-    );
-    let config = prepared.config.clone();
-    private_file(&config)
-        .and_then(|mut f| f.write_all(conf.as_bytes()))
-        .map_err(write(&config))?;
+    if let Some(config) = prepared.config.clone() {
+        let mut conf = match base_config {
+            Some(base) => std::fs::read_to_string(base).map_err(write(base))?,
+            None => String::new(),
+        };
+        if !conf.is_empty() && !conf.ends_with('\n') {
+            conf.push('\n');
+        }
+        conf.push_str(
+            "# written by gpusnap: the restored tasks wait for their memory\nleave-stopped\n",
+        );
+        private_file(&config)
+            .and_then(|mut f| f.write_all(conf.as_bytes()))
+            .map_err(write(&config))?;
+    }
     Ok(Some(prepared))
 }
 
@@ -241,9 +297,10 @@ fn relative(target: &Path, from: &Path) -> PathBuf {
 }
 
 impl Prepared {
-    /// The environment runc gets for CRIU.
-    pub fn env(&self) -> (OsString, OsString) {
-        (CRIU_CONFIG_ENV.into(), self.config.clone().into_os_string())
+    /// The environment runc gets for CRIU, when tasks are left stopped for their pages.
+    pub fn env(&self) -> Option<(OsString, OsString)> {
+        let config = self.config.clone()?;
+        Some((CRIU_CONFIG_ENV.into(), config.into_os_string()))
     }
 
     /// What gpusnap writes, in bytes.
@@ -254,7 +311,9 @@ impl Prepared {
     /// The split images and the config file removed (CRIU has read them once runc returned).
     pub fn remove_files(&self) {
         let _ = std::fs::remove_dir_all(&self.images);
-        let _ = std::fs::remove_file(&self.config);
+        if let Some(config) = &self.config {
+            let _ = std::fs::remove_file(config);
+        }
     }
 
     /// Writes the deferred pages into the tasks CRIU left stopped (`restored`: the container's
@@ -265,6 +324,14 @@ impl Prepared {
         init: u32,
         threads: usize,
     ) -> Result<Filled, FillError> {
+        if self.config.is_none() {
+            // No task was split: CRIU restored every page and left nothing stopped.
+            return Ok(Filled {
+                bytes: 0,
+                skipped_zero_bytes: 0,
+                threads: 0,
+            });
+        }
         let by_recorded = recorded_pids(restored, init)?;
         let host = |recorded: u32| {
             by_recorded
@@ -338,46 +405,97 @@ fn recorded_pids(restored: &[u32], init: u32) -> Result<HashMap<u32, u32>, FillE
 /// What [`fill`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Filled {
+    /// The deferred bytes, written or (zeros) left as they are.
     pub bytes: u64,
+    /// Of those, the zeros not written: CRIU maps a deferred range as fresh anonymous memory,
+    /// which reads as zeros already.
+    pub skipped_zero_bytes: u64,
     pub threads: usize,
 }
 
+/// One unit of the fill's work.
+enum Unit {
+    /// `len` bytes of a task's file source from `offset`, to `vaddr`.
+    Range {
+        task: usize,
+        vaddr: u64,
+        offset: u64,
+        len: u64,
+    },
+    /// Piece `index` of a task's pages read where the chunks lie: streamed, written where
+    /// the task's ranges take it, then checked.
+    Piece { task: usize, index: usize },
+}
+
 /// Writes every range of `tasks` from up to `threads` threads; the first failure stops the
-/// others at their next piece.
+/// others at their next unit.
 pub fn fill(tasks: &[TaskFill], threads: usize) -> Result<Filled, FillError> {
-    let pieces: Vec<(usize, u64, u64, u64)> = tasks
-        .iter()
-        .enumerate()
-        .flat_map(|(t, task)| {
-            task.ranges.iter().flat_map(move |r| {
-                (0..r.len.div_ceil(PIECE)).map(move |i| {
-                    let at = i * PIECE;
-                    (t, r.vaddr + at, r.offset + at, PIECE.min(r.len - at))
-                })
-            })
-        })
-        .collect();
-    let bytes = pieces.iter().map(|p| p.3).sum();
-    let threads = threads.clamp(1, pieces.len().max(1));
+    let mut units = Vec::new();
+    for (t, task) in tasks.iter().enumerate() {
+        match &task.pages {
+            PagesSource::File(_) => {
+                for r in &task.ranges {
+                    for i in 0..r.len.div_ceil(PIECE) {
+                        let at = i * PIECE;
+                        units.push(Unit::Range {
+                            task: t,
+                            vaddr: r.vaddr + at,
+                            offset: r.offset + at,
+                            len: PIECE.min(r.len - at),
+                        });
+                    }
+                }
+            }
+            PagesSource::InPlace(file) => {
+                let mut pieces: Vec<usize> = task
+                    .ranges
+                    .iter()
+                    .filter(|r| r.len > 0)
+                    .flat_map(|r| file.piece_of(r.offset)..=file.piece_of(r.offset + r.len - 1))
+                    .collect();
+                pieces.dedup();
+                units.extend(
+                    pieces
+                        .into_iter()
+                        .map(|index| Unit::Piece { task: t, index }),
+                );
+            }
+        }
+    }
+    let bytes = tasks.iter().flat_map(|t| &t.ranges).map(|r| r.len).sum();
+    let threads = threads.clamp(1, units.len().max(1));
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
+    let skipped = AtomicU64::new(0);
     let first: Mutex<Option<FillError>> = Mutex::new(None);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 let mut buf = vec![0u8; PIECE as usize];
                 while !stop.load(Ordering::Relaxed) {
-                    let Some(&(t, vaddr, offset, len)) =
-                        pieces.get(next.fetch_add(1, Ordering::Relaxed))
-                    else {
+                    let Some(unit) = units.get(next.fetch_add(1, Ordering::Relaxed)) else {
                         break;
                     };
-                    if let Err(e) = write_piece(&tasks[t], &mut buf, vaddr, offset, len) {
-                        stop.store(true, Ordering::Relaxed);
-                        first
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(e);
+                    let done = match *unit {
+                        Unit::Range {
+                            task,
+                            vaddr,
+                            offset,
+                            len,
+                        } => write_range(&tasks[task], &mut buf, vaddr, offset, len),
+                        Unit::Piece { task, index } => write_piece(&tasks[task], &mut buf, index),
+                    };
+                    match done {
+                        Ok(zeros) => {
+                            skipped.fetch_add(zeros, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            stop.store(true, Ordering::Relaxed);
+                            first
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert(e);
+                        }
                     }
                 }
             });
@@ -385,20 +503,28 @@ pub fn fill(tasks: &[TaskFill], threads: usize) -> Result<Filled, FillError> {
     });
     match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
-        None => Ok(Filled { bytes, threads }),
+        None => Ok(Filled {
+            bytes,
+            skipped_zero_bytes: skipped.into_inner(),
+            threads,
+        }),
     }
 }
 
-fn write_piece(
+/// A file source's `len` bytes from `offset`, written at `vaddr`; returns the zeros skipped.
+fn write_range(
     task: &TaskFill,
     buf: &mut [u8],
     vaddr: u64,
     offset: u64,
     len: u64,
-) -> Result<(), FillError> {
+) -> Result<u64, FillError> {
+    let PagesSource::File(pages) = &task.pages else {
+        unreachable!("ranges are made for file sources only");
+    };
     let pid = task.pid.as_raw();
     let data = &mut buf[..len as usize];
-    task.pages
+    pages
         .read_exact_at(data, offset)
         .map_err(|source| FillError::Read {
             pid,
@@ -406,28 +532,96 @@ fn write_piece(
             len,
             source,
         })?;
-    let remote = [RemoteIoVec {
-        base: vaddr as usize,
-        len: len as usize,
-    }];
-    let written =
-        process_vm_writev(task.pid, &[IoSlice::new(data)], &remote).map_err(|source| {
-            FillError::Write {
-                pid,
-                vaddr,
-                len,
-                source,
-            }
+    write_nonzero(task.pid, vaddr, data)
+}
+
+/// Piece `index` of an in-place source, streamed: each block's part in the task's ranges
+/// written at its address, then the whole piece checked against the manifest. Returns the
+/// zeros skipped.
+fn write_piece(task: &TaskFill, buf: &mut [u8], index: usize) -> Result<u64, FillError> {
+    let PagesSource::InPlace(file) = &task.pages else {
+        unreachable!("pieces are made for in-place sources only");
+    };
+    let ranges = &task.ranges;
+    let mut zeros = 0u64;
+    let mut sink = |at: u64, block: &[u8]| -> Result<(), FillError> {
+        let end = at + block.len() as u64;
+        // The first range ending after `at`; ranges are in file order.
+        let from = ranges.partition_point(|r| r.offset + r.len <= at);
+        for r in ranges[from..].iter().take_while(|r| r.offset < end) {
+            let lo = r.offset.max(at);
+            let hi = (r.offset + r.len).min(end);
+            let part = &block[(lo - at) as usize..(hi - at) as usize];
+            zeros += write_nonzero(task.pid, r.vaddr + (lo - r.offset), part)?;
+        }
+        Ok(())
+    };
+    file.stream_piece(index, buf, &mut sink)
+        .map_err(|e| match e {
+            StreamError::Sink(e) => e,
+            StreamError::Chunk(source) => FillError::Verify {
+                pid: task.pid.as_raw(),
+                source: Box::new(source),
+            },
         })?;
-    if written != len as usize {
+    Ok(zeros)
+}
+
+/// How finely zeros are looked for: a run of zeros this long is not written.
+const ZERO_RUN: usize = 64 << 10;
+
+/// Writes `data` at `vaddr` of `pid`, leaving out the [`ZERO_RUN`]s that are all zeros (the
+/// fresh mapping holds zeros there already); returns the bytes left out.
+fn write_nonzero(pid: Pid, vaddr: u64, data: &[u8]) -> Result<u64, FillError> {
+    let mut local: Vec<IoSlice<'_>> = Vec::new();
+    let mut remote: Vec<RemoteIoVec> = Vec::new();
+    let mut skipped = 0u64;
+    let mut at = 0usize;
+    while at < data.len() {
+        let end = (at + ZERO_RUN).min(data.len());
+        let part = &data[at..end];
+        if part.iter().all(|&b| b == 0) {
+            skipped += part.len() as u64;
+        } else {
+            match remote.last_mut() {
+                // Extends the run before it.
+                Some(last) if last.base + last.len == vaddr as usize + at => {
+                    last.len += part.len();
+                    let run = local.pop().expect("one local slice per remote one");
+                    let start = run.as_ptr() as usize - data.as_ptr() as usize;
+                    local.push(IoSlice::new(&data[start..end]));
+                }
+                _ => {
+                    local.push(IoSlice::new(part));
+                    remote.push(RemoteIoVec {
+                        base: vaddr as usize + at,
+                        len: part.len(),
+                    });
+                }
+            }
+        }
+        at = end;
+    }
+    if remote.is_empty() {
+        return Ok(skipped);
+    }
+    let len: usize = remote.iter().map(|r| r.len).sum();
+    let first = remote[0].base as u64;
+    let written = process_vm_writev(pid, &local, &remote).map_err(|source| FillError::Write {
+        pid: pid.as_raw(),
+        vaddr: first,
+        len: len as u64,
+        source,
+    })?;
+    if written != len {
         return Err(FillError::Short {
-            pid,
-            vaddr,
-            len,
+            pid: pid.as_raw(),
+            vaddr: first,
+            len: len as u64,
             written,
         });
     }
-    Ok(())
+    Ok(skipped)
 }
 
 #[cfg(test)]
@@ -475,7 +669,7 @@ mod tests {
         ];
         let task = TaskFill {
             pid: Pid::this(),
-            pages: File::open(f.path()).unwrap(),
+            pages: PagesSource::File(File::open(f.path()).unwrap()),
             ranges: ranges.clone(),
         };
         let filled = fill(&[task], 3).unwrap();
@@ -493,11 +687,52 @@ mod tests {
     }
 
     #[test]
+    fn runs_of_zeros_are_left_to_the_fresh_mapping() {
+        // Zeros in two runs of 64 KiB and more (one aligned, one not), data around them.
+        let mut bytes: Vec<u8> = (0..1usize << 20).map(|i| (i % 251 + 1) as u8).collect();
+        bytes[128 << 10..320 << 10].fill(0);
+        bytes[600_000..800_000].fill(0);
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &bytes).unwrap();
+        // Not zero: what was left out keeps what the target held.
+        let mut target = vec![0xeeu8; 1 << 20];
+        let base = target.as_mut_ptr() as u64;
+        let task = TaskFill {
+            pid: Pid::this(),
+            pages: PagesSource::File(File::open(f.path()).unwrap()),
+            ranges: vec![Deferred {
+                vaddr: base,
+                len: 1 << 20,
+                offset: 0,
+            }],
+        };
+        let filled = fill(&[task], 2).unwrap();
+        let target = std::hint::black_box(target);
+        // 64 KiB runs wholly inside the zeros: 3 in the first, 2 in the second.
+        assert_eq!(filled.skipped_zero_bytes, 5 * (64 << 10));
+        for (r, (t, b)) in target
+            .chunks(64 << 10)
+            .zip(bytes.chunks(64 << 10))
+            .enumerate()
+        {
+            let skipped = b.iter().all(|&x| x == 0);
+            assert!(
+                if skipped {
+                    t.iter().all(|&x| x == 0xee)
+                } else {
+                    t == b
+                },
+                "run {r}"
+            );
+        }
+    }
+
+    #[test]
     fn an_address_the_task_does_not_map_fails_naming_the_task_and_address() {
         let (f, _) = pages_file(1 << 20);
         let task = TaskFill {
             pid: Pid::this(),
-            pages: File::open(f.path()).unwrap(),
+            pages: PagesSource::File(File::open(f.path()).unwrap()),
             ranges: vec![Deferred {
                 vaddr: 0x1000,
                 len: 1 << 20,
@@ -516,7 +751,7 @@ mod tests {
         let mut target = vec![0u8; 2 << 20];
         let task = TaskFill {
             pid: Pid::this(),
-            pages: File::open(f.path()).unwrap(),
+            pages: PagesSource::File(File::open(f.path()).unwrap()),
             ranges: vec![Deferred {
                 vaddr: target.as_mut_ptr() as u64,
                 len: 2 << 20,

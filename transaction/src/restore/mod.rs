@@ -93,6 +93,37 @@ pub struct RestoreRequest {
     /// When the restore began, when that was before the transaction: the copy of an image
     /// volume's checkpoint ([`crate::volume::restore`]). The one deadline counts from there.
     pub began: Option<Instant>,
+    /// Page images that are not in `checkpoint_dir`: read where their chunks lie (an image
+    /// volume's, [`crate::volume::restore`]), every piece checked against the verified
+    /// manifest as it is read.
+    pub in_place: Option<InPlacePages>,
+}
+
+/// CRIU page images a restore reads from the image's chunks instead of its checkpoint
+/// directory (`restore.page_fill_min_bytes` with an image volume): no copy of them is made.
+#[derive(Clone)]
+pub struct InPlacePages {
+    pub source: std::sync::Arc<gpusnap_checkpoint::chunks::DirSource>,
+    /// Their entries in the image's chunk list (untrusted: bound to the verified manifest
+    /// before anything reads them).
+    pub files: Vec<gpusnap_checkpoint::chunks::ChunkedFile>,
+}
+
+impl std::fmt::Debug for InPlacePages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use gpusnap_checkpoint::chunks::ChunkSource;
+        f.debug_struct("InPlacePages")
+            .field("source", &self.source.name())
+            .field(
+                "files",
+                &self
+                    .files
+                    .iter()
+                    .map(|f| f.path.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// A rootfs diff and the digest it must have: verified before it is read for anything else.

@@ -38,6 +38,7 @@ fn request(node: &Node, checkpoint_dir: &Path) -> RestoreRequest {
         signature_evidence: Default::default(),
         checkpoint_mount: None,
         began: None,
+        in_place: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn bounded<'a>(req: &'a RestoreRequest, host: &'a FakeHost, lock_dir: &Path) -> 
             gpu: None,
             criu_log,
             criu_work_dir,
+            in_place: Vec::new(),
         },
         cmd: global.helper(&["restore"]),
         runc: Runc::new(global, &req.container_id, host),

@@ -46,12 +46,12 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
     // The container's processes, listed once for the page fill and the GPU state.
     let restored = (fill.is_some() || gpu.is_some()).then(|| runc.pids(init_pid));
     let restored = restored.as_deref().unwrap_or_default();
-    let mut filled_bytes = 0;
+    let (mut filled_bytes, mut fill_zero_bytes) = (0, 0);
     if let Some(fill) = fill {
         let t = Instant::now();
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         match fill.finish(restored, init_pid, threads) {
-            Ok(f) => filled_bytes = f.bytes,
+            Ok(f) => (filled_bytes, fill_zero_bytes) = (f.bytes, f.skipped_zero_bytes),
             Err(e) => {
                 let _ = runc.kill_all();
                 return Err(UnlockError::Fill(e));
@@ -85,6 +85,7 @@ pub(super) fn run(restored: Restored<'_>) -> Result<RestoreReport, UnlockError> 
         criu_restore_ms = timings.ms("criu-restore"),
         page_fill_ms = timings.ms("page-fill"),
         page_fill_bytes = filled_bytes,
+        page_fill_zero_bytes = fill_zero_bytes,
         cuda_restore_ms = timings.ms("cuda-restore"),
         deadline_s = deadline.limit().as_secs(),
         total_ms = elapsed.as_millis() as u64,

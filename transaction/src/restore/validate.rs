@@ -9,9 +9,10 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use gpusnap_checkpoint::chunks::ChunkError;
+use gpusnap_checkpoint::chunks::{ChunkError, InPlaceFile};
 use gpusnap_checkpoint::{self as dir, Manifest, RestoreRefusal};
 
 use super::{criu_log_of, end_phase, start_driver, RestoreRequest};
@@ -79,6 +80,8 @@ pub(super) struct Validated<'a> {
     /// Where CRIU writes `restore.log`; its directory also holds CRIU's cgroup yard.
     pub criu_log: PathBuf,
     pub criu_work_dir: PathBuf,
+    /// The page images read from the image's chunks (`RestoreRequest::in_place`).
+    pub in_place: Vec<Arc<InPlaceFile>>,
 }
 
 pub(super) fn run(req: &RestoreRequest) -> Result<Validated<'_>, ValidateError> {
@@ -138,8 +141,26 @@ pub(super) fn run(req: &RestoreRequest) -> Result<Validated<'_>, ValidateError> 
         .filter(|g| !g.processes.is_empty())
         .map(|_| start_driver(req));
 
-    let manifest = dir::validate_for_restore(ckpt).map_err(ValidateError::Manifest)?;
+    let manifest = match &req.in_place {
+        None => dir::validate_for_restore(ckpt),
+        Some(p) => {
+            let names: Vec<String> = p.files.iter().map(|f| f.path.clone()).collect();
+            dir::validate_for_restore_in_place(ckpt, &names)
+        }
+    }
+    .map_err(ValidateError::Manifest)?;
     admitted.bind(&manifest)?;
+    // The page images read where their chunks lie, bound to the manifest just verified: from
+    // here on every byte of them is checked against it as it is read.
+    let in_place = match &req.in_place {
+        None => Vec::new(),
+        Some(p) => p
+            .files
+            .iter()
+            .map(|f| dir::chunks::InPlaceFile::new(p.source.clone(), f, &manifest).map(Arc::new))
+            .collect::<Result<_, _>>()
+            .map_err(ValidateError::Assemble)?,
+    };
 
     if let Some(diff) = &req.rootfs_diff {
         let found = dir::rootfs_diff::sha256_file(&diff.path).map_err(|source| {
@@ -193,5 +214,6 @@ pub(super) fn run(req: &RestoreRequest) -> Result<Validated<'_>, ValidateError> 
         gpu,
         criu_log,
         criu_work_dir,
+        in_place,
     })
 }
