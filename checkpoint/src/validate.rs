@@ -221,7 +221,11 @@ fn validate_deferring(
     }
     check_tree(root, dir)?;
     for name in in_place {
-        if !crate::chunks::chunkable_name(name) || !name.contains("pages-") {
+        let pages = !name.contains('/')
+            && name.starts_with("pages-")
+            && name.ends_with(".img")
+            && crate::layout::classify(Path::new(name)) == crate::layout::EntryKind::CriuImage;
+        if !pages {
             return Err(RestoreRefusal::InPlaceNotPages {
                 entry: name.clone(),
             });

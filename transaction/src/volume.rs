@@ -805,19 +805,16 @@ fn copy_volume(
         .into_iter()
         .partition(|f| min_in_place > 0 && f.size >= min_in_place && f.path.starts_with("pages-"));
     // What the copy writes: every listed file at its listed size (what a copy or an assembly
-    // may write of it), not the manifest's own total, which nothing has checked yet; none of
-    // the page images left in the volume.
+    // may write of it), not the manifest's own total, which nothing has checked yet. The page
+    // images left in the volume count as well: a restore may write them whole for CRIU (a
+    // task it does not split), so the node's cap and free space bound them as if copied.
     let listed = manifest
         .images
         .files
         .iter()
-        .filter(|f| !in_place.iter().any(|p| p.path == f.path))
-        .fold(0u64, |sum, f| sum.saturating_add(f.size));
-    let in_place_bytes = in_place
-        .iter()
         .fold(0u64, |sum, f| sum.saturating_add(f.size));
     let needed = listed
-        .max(manifest.images.total_bytes.saturating_sub(in_place_bytes))
+        .max(manifest.images.total_bytes)
         .saturating_add(diff_size.unwrap_or(0));
     // The restore's one deadline, from what the copy will read (unverified: only ever a
     // larger bound, capped), checked as each file is copied.

@@ -119,6 +119,16 @@ pub enum PrepareError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "the page map puts {len} bytes at offset {offset} of {name}, which has {size}: the \
+         checkpoint's images disagree"
+    )]
+    PastEnd {
+        name: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
     #[error("cannot write {} out of the image's chunks: {source}", path.display())]
     InPlace {
         path: PathBuf,
@@ -225,6 +235,31 @@ pub fn prepare(
             })
     };
     for t in plan.tasks {
+        // Every range within its pages file: the page map says where the pages are, the file
+        // (verified, its size capped) bounds what that may be, and so the fill's work list.
+        let size = match from_chunks(&t.pages_name()) {
+            Some(file) => file.size(),
+            None => dir
+                .open_file(&t.pages_name())
+                .and_then(|f| f.metadata())
+                .map_err(write(&checkpoint_dir.join(t.pages_name())))?
+                .len(),
+        };
+        let mut ranges = t
+            .deferred
+            .iter()
+            .map(|d| (d.offset, d.len))
+            .chain(t.kept.iter().copied());
+        if let Some((offset, len)) =
+            ranges.find(|&(o, l)| o.checked_add(l).is_none_or(|end| end > size))
+        {
+            return Err(PrepareError::PastEnd {
+                name: t.pages_name(),
+                offset,
+                len,
+                size,
+            });
+        }
         let pagemap = images.join(t.pagemap_name());
         private_file(&pagemap)
             .and_then(|mut f| f.write_all(&t.pagemap))
@@ -535,13 +570,28 @@ fn write_range(
     write_nonzero(task.pid, vaddr, data)
 }
 
-/// Piece `index` of an in-place source, streamed: each block's part in the task's ranges
-/// written at its address, then the whole piece checked against the manifest. Returns the
-/// zeros skipped.
+/// Piece `index` of an in-place source: checked against the manifest first (read through
+/// once, nothing written), then read again with each block's part in the task's ranges
+/// written at its address, and checked again. The first pass keeps the image's bytes out of
+/// the tasks until they are known good (a task of a pod sharing its pid namespace could be
+/// continued by a neighbour meanwhile); the second read comes from the page cache the first
+/// filled, and only a change of the volume under the restore fails it. Returns the zeros
+/// skipped.
 fn write_piece(task: &TaskFill, buf: &mut [u8], index: usize) -> Result<u64, FillError> {
     let PagesSource::InPlace(file) = &task.pages else {
         unreachable!("pieces are made for in-place sources only");
     };
+    let verify = |source| FillError::Verify {
+        pid: task.pid.as_raw(),
+        source: Box::new(source),
+    };
+    file.stream_piece(index, buf, &mut |_, _| {
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .map_err(|e| match e {
+        StreamError::Chunk(source) => verify(source),
+        StreamError::Sink(never) => match never {},
+    })?;
     let ranges = &task.ranges;
     let mut zeros = 0u64;
     let mut sink = |at: u64, block: &[u8]| -> Result<(), FillError> {
@@ -559,10 +609,7 @@ fn write_piece(task: &TaskFill, buf: &mut [u8], index: usize) -> Result<u64, Fil
     file.stream_piece(index, buf, &mut sink)
         .map_err(|e| match e {
             StreamError::Sink(e) => e,
-            StreamError::Chunk(source) => FillError::Verify {
-                pid: task.pid.as_raw(),
-                source: Box::new(source),
-            },
+            StreamError::Chunk(source) => verify(source),
         })?;
     Ok(zeros)
 }
