@@ -89,7 +89,10 @@
 #   --fleet-slow-mbit N  fleet: also pull b1 cold and warm through a relay paced to N Mbit/s,
 #                        --fleet-slow-rounds N times (default: --fleet-rounds)
 #   --vol-mib N          volume: device memory per replica (default 8192); --vol-reps N: alternating
-#                        repetitions per side (default 2)
+#                        repetitions per side (default 2); --vol-page-fill BYTES: a third side,
+#                        `fill`: the same gpusnap restore with restore.page_fill_min_bytes = BYTES
+#                        (page images read from the volume's chunks, large private memory written
+#                        by the shim), alternating with the other two
 #   --ab-mib N           ab: workload size (default 4096); --ab-reps R: alternating repetitions
 #                        (default 3); --ab-warmup-mib N: the throw-away cycle per side first
 #                        (default 1024); --ab-prefault G: GiB of RAM touched once first (default
@@ -154,6 +157,7 @@ while (($#)); do
     --crypt-dir) CRYPT_DIR=$2; shift ;;
     --vol-mib) VOL_MIB=$2; shift ;;
     --vol-reps) VOL_REPS=$2; shift ;;
+    --vol-page-fill) VOL_PAGE_FILL=$2; shift ;;
     --ab-mib) AB_MIB=$2; shift ;;
     --ab-reps) AB_REPS=$2; shift ;;
     --ab-warmup-mib) AB_WARMUP=$2; shift ;;

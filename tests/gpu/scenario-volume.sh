@@ -29,10 +29,16 @@
 # Every restore is checked for continuity and 0 mismatches. Results: volume.jsonl (one object
 # per measured restore), volume.txt (the table with medians).
 #
-# Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2).
+# - With VOL_PAGE_FILL (--vol-page-fill BYTES), a third side, fill: gpusnap's restore of the same
+#   image with restore.page_fill_min_bytes = BYTES in the node's config (the page images of at
+#   least that size read from the volume's chunks instead of copied, the large private memory
+#   written by the shim while CRIU leaves the tasks stopped); gpusnap's side runs with it off.
+#
+# Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2), VOL_PAGE_FILL.
 
 VOL_MIB=${VOL_MIB:-8192}
 VOL_REPS=${VOL_REPS:-2}
+VOL_PAGE_FILL=${VOL_PAGE_FILL:-}
 VOL_MOUNT=/gpusnap/checkpoint
 VOL_JSONL=$OUTDIR/volume.jsonl
 VOL_COUNT=$WORK/logs/ocireg-count.txt
@@ -77,6 +83,16 @@ vol_checkpoint() {
     gpu_wait_free
 }
 
+# vol_fill SIDE: restore.page_fill_min_bytes in the node's gpusnap config for SIDE (fill: on,
+# else off); the shim reads the config for each container. [restore] is the config's last table.
+vol_fill() {
+    [[ -n $VOL_PAGE_FILL ]] || return 0
+    sed -i '/^page_fill_min_bytes/d' "$CFG"
+    [[ $1 == fill ]] && echo "page_fill_min_bytes = \"$VOL_PAGE_FILL\"" >>"$CFG"
+    ((CPU == 0)) && cp "$CFG" /etc/gpusnap/config.toml
+    return 0
+}
+
 # vol_fresh REF: the image gone from containerd (the node never had it).
 vol_fresh() {
     crictl rmi "$1" >/dev/null 2>&1
@@ -104,7 +120,8 @@ vol_restore() {
     fetched=$(($(vol_fetched) - f0))
     mk=$(WL mark "$log")
     log_mark
-    if [[ $side == gpusnap ]]; then
+    vol_fill "$side"
+    if [[ $side != reference ]]; then
         K_IMAGE_MOUNT="$VOL_MOUNT=$ref" k8s_start "$pod" "$K8S_IMAGE" "$name" "$VOL_MIB" \
             "gpusnap.io/restore-from-volume=$VOL_MOUNT" || rc=1
     else
@@ -128,7 +145,7 @@ vol_restore() {
         fails=1
     fi
     sh=""
-    [[ $side == gpusnap ]] && sh=$(shim_fields 'restore complete')
+    [[ $side != reference ]] && sh=$(shim_fields 'restore complete')
     vol=$(tail -n +"$((LOGMARK + 1))" "$WORK/containerd.log" | grep -F 'checkpoint of the image volume ready' | tail -n 1)
     local copy_ms checks=""
     copy_ms=$(vol_field "$vol" elapsed_ms)
@@ -147,10 +164,13 @@ vol_restore() {
         checks_ms="$checks" shim_total_ms="$(vol_field "$sh" total_ms)" \
         criu_restore_ms="$(vol_field "$sh" criu_restore_ms)" cuda_restore_ms="$(vol_field "$sh" cuda_restore_ms)" \
         validate_ms="$(vol_field "$sh" validate_ms)" privilege_check_ms="$(vol_field "$sh" privilege_check_ms)" \
-        gpu_gate_ms="$(vol_field "$sh" gpu_gate_ms)" ok="$((1 - fails))" shim="$sh"
+        gpu_gate_ms="$(vol_field "$sh" gpu_gate_ms)" criu_prepare_ms="$(vol_field "$sh" criu_prepare_ms)" \
+        page_fill_ms="$(vol_field "$sh" page_fill_ms)" page_fill_bytes="$(vol_field "$sh" page_fill_bytes)" \
+        page_fill_zero_bytes="$(vol_field "$sh" page_fill_zero_bytes)" ok="$((1 - fails))" shim="$sh"
     k8s_stop_pod "$KPOD"
     gpu_wait_free
-    if [[ $side == gpusnap ]]; then
+    vol_fill off
+    if [[ $side != reference ]]; then
         # The pod's removal takes the node's copy of the volume's checkpoint with it.
         # The shim drops its hold when containerd deletes the container, which may finish after
         # crictl rmp returns: wait up to 15 s.
@@ -176,20 +196,36 @@ def med(side, key, name=None):
          and (name is None or r.get("name") == name) and r.get("rep", 0) > 0]
     return (statistics.median(v), len(v)) if v else (None, 0)
 out.append("volume: restore on a fresh node, medians of alternating repetitions (n = repetitions)")
+sides = [s for s in ("gpusnap", "fill") if any(r.get("side") == s for r in rows)]
 out.append("%-34s %14s %14s %8s" % ("", "gpusnap", "reference", "ratio"))
-for key, label in (("create_first_step_ms", "CreateContainer -> first step ms"),
-                   ("pull_first_step_ms", "pull -> first step ms"),
-                   ("pull_ms", "crictl pull ms"),
-                   ("fetched_bytes", "bytes fetched")):
-    g, ng = med("gpusnap", key)
-    r, nr = med("reference", key)
-    ratio = "%.2f" % (g / r) if g is not None and r else "-"
-    out.append("%-34s %14s %14s %8s" % (label, "%s (n=%d)" % (g, ng) if g is not None else "-",
-                                        "%s (n=%d)" % (r, nr) if r is not None else "-", ratio))
-for key in ("volume_copy_ms", "checks_ms", "validate_ms", "privilege_check_ms", "gpu_gate_ms",
-            "criu_restore_ms", "cuda_restore_ms", "shim_total_ms"):
-    g, ng = med("gpusnap", key)
-    out.append("  gpusnap %-24s %s (n=%d)" % (key, g, ng))
+for side in sides:
+    if side != "gpusnap":
+        out.append("side %s (restore.page_fill_min_bytes on):" % side)
+    for key, label in (("create_first_step_ms", "CreateContainer -> first step ms"),
+                       ("pull_first_step_ms", "pull -> first step ms"),
+                       ("pull_ms", "crictl pull ms"),
+                       ("fetched_bytes", "bytes fetched")):
+        g, ng = med(side, key)
+        r, nr = med("reference", key)
+        ratio = "%.2f" % (g / r) if g is not None and r else "-"
+        out.append("%-34s %14s %14s %8s" % (label, "%s (n=%d)" % (g, ng) if g is not None else "-",
+                                            "%s (n=%d)" % (r, nr) if r is not None else "-", ratio))
+    for key in ("volume_copy_ms", "checks_ms", "validate_ms", "privilege_check_ms", "gpu_gate_ms",
+                "criu_prepare_ms", "criu_restore_ms", "page_fill_ms", "page_fill_bytes",
+                "page_fill_zero_bytes", "cuda_restore_ms", "shim_total_ms"):
+        g, ng = med(side, key)
+        out.append("  %s %-24s %s (n=%d)" % (side, key, g, ng))
+if "fill" in sides:
+    # Per repetition, fill against gpusnap in the same repetition: the setting's own effect.
+    pairs = []
+    for rep in sorted({r["rep"] for r in rows if r.get("rep", 0) > 0}):
+        f = [r["create_first_step_ms"] for r in rows if r.get("rep") == rep and r.get("side") == "fill" and r.get("create_first_step_ms")]
+        g = [r["create_first_step_ms"] for r in rows if r.get("rep") == rep and r.get("side") == "gpusnap" and r.get("create_first_step_ms")]
+        if f and g:
+            pairs.append(f[0] / g[0])
+    if pairs:
+        out.append("fill / gpusnap, CreateContainer -> first step, per repetition: %s; median %.3f"
+                   % (", ".join("%.3f" % p for p in pairs), statistics.median(pairs)))
 warm = [r for r in rows if r.get("rep") == 0]
 for r in warm:
     out.append("with another replica's chunks on the node: %s fetched %s bytes of %s MiB device memory "
@@ -208,6 +244,7 @@ if has volume; then
     : >"$VOL_COUNT"
     why=$(plugin_missing)
     sides=(gpusnap)
+    [[ -n $VOL_PAGE_FILL ]] && sides+=(fill)
     if [[ -n $why ]]; then note "volume: reference side skipped: $why"; else sides+=(reference); plugin_install; fi
     if k8s_setup; then
         R=127.0.0.1:$REG_PORT/gpusnap
@@ -242,11 +279,11 @@ if has volume; then
                     info "volume: reference checkpoint image made in $(($(now_ms) - t0)) ms ($(cat "$WORK/logs/volume-ref-image.out"))"
                 else
                     fail "volume: the reference checkpoint image: $(tail -n 3 "$WORK/logs/volume-ref-image.out" | tr '\n' ' ')"
-                    sides=(gpusnap)
+                    mapfile -t sides < <(printf '%s\n' "${sides[@]}" | grep -vx reference)
                 fi
             else
                 k8s_stop_pod "$KPOD"
-                sides=(gpusnap)
+                mapfile -t sides < <(printf '%s\n' "${sides[@]}" | grep -vx reference)
             fi
         fi
         # 2. alternating repetitions on a fresh node.
@@ -260,7 +297,7 @@ if has volume; then
                         note "volume: rep $rep $side skipped: past the deadline"
                         continue
                     fi
-                    if [[ $side == gpusnap ]]; then n=va; else n=vr; fi
+                    if [[ $side == reference ]]; then n=vr; else n=va; fi
                     vol_fresh "$R/vol-$n:1" && vol_restore "$side" "$n" "$R/vol-$n:1" "$rep" "$pos"
                     crictl rmi "$R/vol-$n:1" >/dev/null 2>&1
                     pos=last

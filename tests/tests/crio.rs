@@ -234,13 +234,24 @@ fn create_restore_work_dir(id: &str) -> std::path::PathBuf {
 fn crio_with_checkpoint_root(
     prefix: &str,
 ) -> Result<(tempfile::TempDir, std::path::PathBuf, Crio)> {
+    crio_with_restore_settings(prefix, "")
+}
+
+/// [`crio_with_checkpoint_root`] with `settings` (lines) added to the config's `[restore]`.
+fn crio_with_restore_settings(
+    prefix: &str,
+    settings: &str,
+) -> Result<(tempfile::TempDir, std::path::PathBuf, Crio)> {
     let own = tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp")?;
     let root = own.path().join("checkpoints");
     fs::create_dir_all(&root)?;
     let config = own.path().join("gpusnap.toml");
     fs::write(
         &config,
-        format!("[restore]\ncheckpoint_root = \"{}\"\n", root.display()),
+        format!(
+            "[restore]\ncheckpoint_root = \"{}\"\n{settings}",
+            root.display()
+        ),
     )?;
     let c = Crio::start(Some(&config))?;
     Ok((own, root, c))
@@ -375,6 +386,52 @@ fn image_volume_named_by_annotation_restores_at_create_through_gpusnap_runc() {
             !create_restore_work_dir(&b).exists(),
             "the restore's work directory outlived the container"
         );
+        let procs = processes_with(&marker);
+        ensure!(procs.is_empty(), "workload left running: {procs:?}");
+        Ok(())
+    });
+}
+
+/// `restore.page_fill_min_bytes` through CRI-O's door (gpusnap-runc's restore at create from
+/// an image volume): the page images are read from the volume's chunks, not copied onto the
+/// node, and the private memory areas CRIU leaves out are written by gpusnap-runc into the
+/// stopped tasks; the counter goes on, and the node's copy holds no page image.
+#[test]
+fn image_volume_page_images_are_read_in_place_through_crio() {
+    run(|| {
+        let (_own, root, c) =
+            crio_with_restore_settings("gco-volfill-", "page_fill_min_bytes = 4096\n")?;
+        let marker = unique("gco-volfill");
+        let name = "localhost/gpusnap-test/crio-volfill:1";
+        let before = counter_as_volume_image(&c, &marker, name)?;
+        let ctr = volume_container(&c, &marker, name)?;
+        let b = create_from_volume_and_start(&c, &ctr)?;
+        check_continues(
+            "the container restored with its page images read in place",
+            &before,
+            || c.count(&b),
+        )?;
+        let copies: Vec<std::path::PathBuf> = fs::read_dir(root.join(".gpusnap-volumes"))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("checkpoint").is_dir())
+            .collect();
+        ensure!(copies.len() == 1, "one node copy expected: {copies:?}");
+        let names: Vec<String> = fs::read_dir(copies[0].join("checkpoint"))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        ensure!(
+            names.iter().any(|n| n == "gpusnap-manifest.json")
+                && !names.iter().any(|n| n.starts_with("pages-")),
+            "the node copy holds page images: {names:?}"
+        );
+        let log = fs::read_to_string(create_restore_work_dir(&b).join("restore.log"))?;
+        ensure!(
+            log.contains("gpusnap-leave-stopped.conf"),
+            "CRIU did not read gpusnap's leave-stopped config (no task split for the fill)"
+        );
+        c.remove_all_pods()?;
         let procs = processes_with(&marker);
         ensure!(procs.is_empty(), "workload left running: {procs:?}");
         Ok(())
