@@ -363,7 +363,8 @@ sed -n 1,7p "$B/VERSIONS" | sed 's/^/  /'
 
 # runc init re-execs /proc/self/exe with an empty environment: libseccomp must be found by
 # ld.so's cache, not LD_LIBRARY_PATH.
-if ! ldconfig -p | grep -q 'libseccomp\.so\.2 .*x86-64'; then
+# grep reads to the end: -q would stop early, and ldconfig's SIGPIPE fails the pipe (pipefail).
+if ! ldconfig -p | grep 'libseccomp\.so\.2 .*x86-64' >/dev/null; then
     if ((CPU)); then setup_die "libseccomp.so.2 missing"; fi
     mkdir -p /usr/local/lib/gpusnap-runc
     cp "$B/lib/runc/libseccomp.so.2" /usr/local/lib/gpusnap-runc/

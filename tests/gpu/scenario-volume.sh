@@ -44,7 +44,8 @@ VOL_JSONL=$OUTDIR/volume.jsonl
 VOL_COUNT=$WORK/logs/ocireg-count.txt
 
 # vol_fetched: bytes the registry has served so far (every blob body, manifests included).
-vol_fetched() { awk '{s += $2} END {print s + 0}' "$VOL_COUNT" 2>/dev/null || echo 0; }
+# (printf: awk's print turns a sum past 2^31 into 2.2e+09, which bash's arithmetic refuses.)
+vol_fetched() { awk '{s += $2} END {printf "%.0f\n", s}' "$VOL_COUNT" 2>/dev/null || echo 0; }
 vol_emit() { BENCH2_JSONL=$VOL_JSONL b2_emit "$@"; }
 # vol_field TEXT NAME: NAME=<digits> out of TEXT.
 vol_field() { grep -oE "\\b$2=[0-9]+" <<<"$1" | tail -n 1 | cut -d= -f2; }
@@ -315,4 +316,8 @@ if has volume; then
         vol_table
         rm -rf "$WORK/ramtmp/img-va" "$WORK/ramtmp/img-vb" "$WORK/ramtmp/img-vr" "$WORK/ramtmp"/v?.tar
     fi
+fi
+# An expansion error aborts the whole block above without a failed check: no table is one.
+if has volume && [[ ! -s $OUTDIR/volume.txt ]]; then
+    fail "volume: the scenario ended without its table ($OUTDIR/volume.txt)"
 fi

@@ -54,11 +54,11 @@ PY
 # itself there when it checkpointed a CUDA process).
 inventory_lists_cuda_plugin() { grep -aq cuda_plugin "$1" 2>/dev/null; }
 
-# shim_fields MESSAGE: the *_ms (and bytes, cuda_processes) fields of the last shim log line
+# shim_fields MESSAGE: the *_ms (and *bytes, cuda_processes) fields of the last shim log line
 # with MESSAGE since log_mark, as "k=v ...".
 shim_fields() {
     tail -n +"$((LOGMARK + 1))" "$WORK/containerd.log" | grep -F "$1" | grep 'total_ms' | tail -n 1 |
-        grep -oE '\b([a-z_]+_ms|bytes|cuda_processes)=[0-9]+' | tr '\n' ' ' | sed 's/ $//'
+        grep -oE '\b([a-z_]+_ms|[a-z_]*bytes|cuda_processes)=[0-9]+' | tr '\n' ' ' | sed 's/ $//'
 }
 # manifest_phases FILE: the manifest's timings as JSON [[name, ms], ...].
 manifest_phases() {
