@@ -125,6 +125,44 @@ fn restore_from_volume(
     Ok((pod, id, r))
 }
 
+/// "Node A": a counter checkpointed through CRI (`crictl checkpoint --export`) into
+/// `work/trainer.tar`; the archive and the count at the checkpoint. Node A is gone after.
+fn counter_checkpointed_on_node_a(reg: &Registry, work: &Path) -> Result<(PathBuf, Count)> {
+    let node_a = CriSigNode::start_with_config(&reg.host(), &reg.image(BUSYBOX_REPO), "")?;
+    let counter = node_a.run_counter("trainer")?;
+    let archive = work.join("trainer.tar");
+    let checkpointed = node_a.checkpoint(&counter, &archive)?;
+    Ok((archive, checkpointed))
+}
+
+/// A restore from the image volume `reference` in new pod `name` whose start fails saying each
+/// of `why`, with nothing running and nothing left in the node's copies; the pod is removed.
+fn refused_leaving_nothing(
+    node: &CriSigNode,
+    name: &str,
+    reference: &str,
+    checkpointed: &Count,
+    why: &[&str],
+) -> Result<()> {
+    let (pod, id, r) = restore_from_volume(node, name, reference, checkpointed)?;
+    let refused = r.refusal()?;
+    ensure!(
+        why.iter().all(|w| refused.contains(w)),
+        "{name}: the refusal says why ({why:?}): {refused}"
+    );
+    ensure!(
+        node.crictl.state(&id)? != "CONTAINER_RUNNING",
+        "{name}: runs after its refusal"
+    );
+    ensure!(
+        copies(node).is_empty(),
+        "{name}: the refusal left {:?} on the node",
+        copies(node)
+    );
+    node.crictl.remove_pod(&pod)?;
+    Ok(())
+}
+
 /// Adds `line` under `[restore]` of the node's config (the shim reads it per container), or
 /// removes it again.
 fn restore_setting(node: &CriSigNode, line: &str, on: bool) -> Result<()> {
@@ -145,10 +183,7 @@ fn image_volume_restores_on_a_node_that_did_nothing_beforehand() {
         let reg = registry_with_busybox()?;
         let busybox = reg.image(BUSYBOX_REPO);
         let work = tempfile::tempdir()?;
-        let node_a = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
-        let counter = node_a.run_counter("trainer")?;
-        let archive = work.path().join("trainer.tar");
-        let checkpointed = node_a.checkpoint(&counter, &archive)?;
+        let (archive, checkpointed) = counter_checkpointed_on_node_a(&reg, work.path())?;
         let reference = publish_archive(&reg, &archive, "ckpt/trainer:1", work.path())?;
         // The same checkpoint in the classic layout: another image, so another copy.
         gpusnap_ok(&[
@@ -159,7 +194,6 @@ fn image_volume_restores_on_a_node_that_did_nothing_beforehand() {
             "--classic",
         ])?;
         let classic = reg.image("ckpt/trainer:classic");
-        drop(node_a);
 
         let fp = Failpoints::new()?;
         let node_b = node_with_failpoints(&reg, &busybox, &fp)?;
@@ -313,22 +347,7 @@ fn image_volume_refusals_say_why_and_leave_nothing() {
         ];
         for (name, reference, why) in &cases {
             node_b.crictl.ok(&["pull", reference])?;
-            let (pod, id, r) = restore_from_volume(&node_b, name, reference, &checkpointed)?;
-            let refused = r.refusal()?;
-            ensure!(
-                why.iter().all(|w| refused.contains(w)),
-                "{name}: the refusal says why ({why:?}): {refused}"
-            );
-            ensure!(
-                node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
-                "{name}: runs after its refusal"
-            );
-            ensure!(
-                copies(&node_b).is_empty(),
-                "{name}: the refusal left {:?} on the node",
-                copies(&node_b)
-            );
-            node_b.crictl.remove_pod(&pod)?;
+            refused_leaving_nothing(&node_b, name, reference, &checkpointed, why)?;
         }
 
         // Signed at seal, with the container it restores into as signed: restored.
@@ -352,11 +371,7 @@ fn image_volume_page_images_are_read_where_they_lie() {
         let reg = registry_with_busybox()?;
         let busybox = reg.image(BUSYBOX_REPO);
         let work = tempfile::tempdir()?;
-        let node_a = CriSigNode::start_with_config(&reg.host(), &busybox, "")?;
-        let counter = node_a.run_counter("trainer")?;
-        let archive = work.path().join("trainer.tar");
-        let checkpointed = node_a.checkpoint(&counter, &archive)?;
-        drop(node_a);
+        let (archive, checkpointed) = counter_checkpointed_on_node_a(&reg, work.path())?;
         let reference = publish_archive(&reg, &archive, "ckpt/trainer:fill", work.path())?;
         let tree = work.path().join("tree");
         fs::create_dir_all(&tree)?;
@@ -404,22 +419,13 @@ fn image_volume_page_images_are_read_where_they_lie() {
         );
         node_b.crictl.remove_pod(&pod)?;
 
-        let (pod, id, r) = restore_from_volume(&node_b, "forged", &forged, &checkpointed)?;
-        let refused = r.refusal()?;
-        ensure!(
-            refused.contains("pages-1.img") && refused.contains("corrupted"),
-            "the failed start names the damaged page image: {refused}"
-        );
-        ensure!(
-            node_b.crictl.state(&id)? != "CONTAINER_RUNNING",
-            "the forged image runs"
-        );
-        ensure!(
-            copies(&node_b).is_empty(),
-            "the forged image left {:?} on the node",
-            copies(&node_b)
-        );
-        node_b.crictl.remove_pod(&pod)?;
+        refused_leaving_nothing(
+            &node_b,
+            "forged",
+            &forged,
+            &checkpointed,
+            &["pages-1.img", "corrupted"],
+        )?;
         Ok(())
     })
 }

@@ -677,7 +677,7 @@ fn copy_one(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{split, ChunkParams, ChunkedFile};
+    use super::super::{noise, split, ChunkParams, ChunkedFile};
     use super::*;
     use crate::manifest::{seal_checkpoint, Manifest};
     use gpusnap_criu_bridge::CriuFlags;
@@ -688,18 +688,6 @@ mod tests {
         avg: 4096,
         max: 16384,
     };
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     /// The checkpoint's files' modification times (whole seconds, as images carry them).
     const FILE_MTIMES: [(&str, u64); 2] = [

@@ -278,7 +278,7 @@ impl InPlaceFile {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{split, ChunkDigest, ChunkParams, CHUNK_DIR};
+    use super::super::{noise, split, ChunkDigest, ChunkParams, CHUNK_DIR};
     use super::*;
     use crate::manifest::seal_checkpoint;
     use gpusnap_criu_bridge::CriuFlags;
@@ -287,18 +287,6 @@ mod tests {
 
     /// Pieces of 64 KiB, so that a small file has several.
     const PIECE: u64 = 64 << 10;
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     /// A sealed checkpoint whose `pages-1.img` is left as chunks, with its manifest re-hashed
     /// in [`PIECE`]s; the file's bytes.

@@ -466,6 +466,20 @@ pub enum ChunkError {
     },
 }
 
+/// Test bytes that do not compress or repeat (xorshift from `seed`).
+#[cfg(test)]
+pub(crate) fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

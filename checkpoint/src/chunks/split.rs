@@ -122,19 +122,8 @@ pub fn split(
 
 #[cfg(test)]
 mod tests {
+    use super::super::noise;
     use super::*;
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     fn chunks(data: &[u8], p: ChunkParams, piece: usize) -> Vec<Vec<u8>> {
         // A reader that hands out `piece` bytes at a time: boundaries must not depend on it.

@@ -495,7 +495,7 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{split, ChunkParams, ChunkRef, ChunkedFile, CHUNK_DIR};
+    use super::super::{noise, split, ChunkParams, ChunkRef, ChunkedFile, CHUNK_DIR};
     use super::*;
     use crate::manifest::{seal_checkpoint, Manifest};
     use gpusnap_criu_bridge::CriuFlags;
@@ -506,18 +506,6 @@ mod tests {
         avg: 4096,
         max: 16384,
     };
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     /// A sealed checkpoint whose chunked files are removed, with their list, and the chunks
     /// (in memory) a pull would receive.
