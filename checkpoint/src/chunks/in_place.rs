@@ -225,7 +225,7 @@ impl InPlaceFile {
         let (start, end) = self.piece_range(index);
         out.clear();
         out.reserve((end - start) as usize);
-        let mut buf = vec![0u8; (4 << 20).min((end - start).max(1) as usize)];
+        let mut buf = vec![0u8; STREAM_BLOCK.min((end - start).max(1) as usize)];
         self.stream_piece(index, &mut buf, &mut |_, b| {
             out.extend_from_slice(b);
             Ok::<(), std::convert::Infallible>(())
@@ -237,14 +237,22 @@ impl InPlaceFile {
     }
 
     /// Writes the byte ranges `ranges` (offset, length; in any order, within the file) one
-    /// after the other into `dst` from offset 0, each from verified pieces. Returns the bytes
-    /// written.
-    pub fn write_ranges(&self, ranges: &[(u64, u64)], dst: &File) -> Result<u64, ChunkError> {
+    /// after the other into `dst` from offset 0, the pieces they touch read on up to
+    /// `threads` threads. Returns the bytes written. **`dst` holds only verified bytes once
+    /// this returns `Ok`**: each piece is streamed into it and then checked, so a caller must
+    /// discard `dst` on an error (the restore removes it before CRIU runs).
+    pub fn write_ranges(
+        &self,
+        ranges: &[(u64, u64)],
+        dst: &File,
+        threads: usize,
+    ) -> Result<u64, ChunkError> {
         let io = |source| ChunkError::Io {
             path: self.shown(),
             source,
         };
-        let mut piece: Option<(usize, Vec<u8>)> = None;
+        // Each range cut at piece boundaries: (file offset, length, offset in `dst`), by piece.
+        let mut by_piece: std::collections::BTreeMap<usize, Vec<Segment>> = Default::default();
         let mut written = 0u64;
         for &(offset, len) in ranges {
             let end = offset.checked_add(len).filter(|&e| e <= self.size);
@@ -257,24 +265,69 @@ impl InPlaceFile {
             let mut at = offset;
             while at < end {
                 let index = self.piece_of(at);
-                if piece.as_ref().is_none_or(|(i, _)| *i != index) {
-                    let mut bytes = piece.take().map(|(_, b)| b).unwrap_or_default();
-                    self.read_piece(index, &mut bytes)?;
-                    piece = Some((index, bytes));
-                }
-                let (p_start, p_end) = self.piece_range(index);
-                let upto = end.min(p_end);
-                let bytes = &piece.as_ref().expect("read above").1;
-                let part = &bytes[(at - p_start) as usize..(upto - p_start) as usize];
-                dst.write_all_at(part, written).map_err(io)?;
-                written += part.len() as u64;
+                let upto = end.min(self.piece_range(index).1);
+                by_piece
+                    .entry(index)
+                    .or_default()
+                    .push((at, upto - at, written));
+                written += upto - at;
                 at = upto;
             }
+        }
+        let pieces: Vec<(usize, Vec<Segment>)> = by_piece.into_iter().collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: std::sync::Mutex<Option<ChunkError>> = std::sync::Mutex::new(None);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let threads = threads.clamp(1, pieces.len().max(1));
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut buf = vec![0u8; STREAM_BLOCK];
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((index, segments)) = pieces.get(i) else {
+                            break;
+                        };
+                        let mut sink = |at: u64, block: &[u8]| -> std::io::Result<()> {
+                            let end = at + block.len() as u64;
+                            for &(s_at, s_len, out) in segments {
+                                let (lo, hi) = (s_at.max(at), (s_at + s_len).min(end));
+                                if lo < hi {
+                                    let part = &block[(lo - at) as usize..(hi - at) as usize];
+                                    dst.write_all_at(part, out + (lo - s_at))?;
+                                }
+                            }
+                            Ok(())
+                        };
+                        if let Err(e) = self.stream_piece(*index, &mut buf, &mut sink) {
+                            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                            let e = match e {
+                                StreamError::Chunk(e) => e,
+                                StreamError::Sink(e) => io(e),
+                            };
+                            failed
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert(e);
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
         }
         dst.set_len(written).map_err(io)?;
         Ok(written)
     }
 }
+
+/// How much of a piece one read moves.
+const STREAM_BLOCK: usize = 4 << 20;
+
+/// Part of a range within one piece: its offset in the file, its length, its offset in the
+/// file written.
+type Segment = (u64, u64, u64);
 
 #[cfg(test)]
 mod tests {
@@ -361,7 +414,7 @@ mod tests {
         // Ranges across pieces, out of order, written one after the other.
         let ranges = [(60_000u64, 20_000u64), (0, 10), (200_000, 60_000)];
         let out = tempfile::tempfile().unwrap();
-        let n = f.write_ranges(&ranges, &out).unwrap();
+        let n = f.write_ranges(&ranges, &out, 3).unwrap();
         let want: Vec<u8> = ranges
             .iter()
             .flat_map(|&(o, l)| pages[o as usize..(o + l) as usize].to_vec())
@@ -370,7 +423,7 @@ mod tests {
         out.read_exact_at(&mut got, 0).unwrap();
         assert!(got == want);
         assert!(f
-            .write_ranges(&[(pages.len() as u64 - 1, 2)], &out)
+            .write_ranges(&[(pages.len() as u64 - 1, 2)], &out, 2)
             .is_err());
     }
 
@@ -390,6 +443,17 @@ mod tests {
         assert!(e.to_string().contains("pages-1.img"), "{e}");
         let last = pages.len().div_ceil(PIECE as usize) - 1;
         f.read_piece(last, &mut out).unwrap();
+        // Written out, the damaged piece fails the whole write; the intact one alone passes.
+        let dst = tempfile::tempfile().unwrap();
+        let e = f
+            .write_ranges(&[(10, 100), (PIECE * last as u64, 10)], &dst, 2)
+            .unwrap_err();
+        assert!(matches!(e, ChunkError::Mismatch { offset: 0, .. }), "{e}");
+        assert_eq!(
+            f.write_ranges(&[(PIECE * last as u64, 10)], &dst, 2)
+                .unwrap(),
+            10
+        );
         // A missing chunk is named.
         fs::remove_file(&path).unwrap();
         let e = f.read_piece(0, &mut out).unwrap_err();

@@ -226,9 +226,12 @@ pub fn prepare(
         std::os::unix::fs::symlink(up.join(&name), &link).map_err(write(&link))?;
     }
     let from_chunks = |name: &str| in_place.iter().find(|f| f.name() == name).cloned();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_THREADS);
     let kept_from_chunks = |file: &InPlaceFile, ranges: &[(u64, u64)], out: &Path| {
         let dst = private_file(out).map_err(write(out))?;
-        file.write_ranges(ranges, &dst)
+        file.write_ranges(ranges, &dst, threads)
             .map_err(|source| PrepareError::InPlace {
                 path: out.to_path_buf(),
                 source: Box::new(source),
