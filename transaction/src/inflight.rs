@@ -338,7 +338,8 @@ impl RestoreInFlight {
     }
 
     /// Ends what the interrupted restore left, by its phase. Preparing: the writer's private
-    /// CRIU plugin directory in `dir`. Runc: the orphaned `runc restore` and everything below
+    /// CRIU plugin directory in `dir`, and the page fill's split images in the CRIU work
+    /// directory. Runc: the orphaned `runc restore` and everything below
     /// it (CRIU, the tree CRIU forked) are killed; then, as after any failed restore, every
     /// process in the container's cgroup, CRIU's yards, the cgroup and runc's state of the id
     /// (a container CRIU finished restoring after its runtime died was never reported to the
@@ -346,7 +347,11 @@ impl RestoreInFlight {
     pub fn repair(&self, dir: &Path, runc: &Runc<'_>) -> Option<crate::leftovers::Cleared> {
         crate::leftovers::remove_plugin_dirs_of(dir, self.writer_pid);
         let (orphans, cleared) = match self.phase {
-            RestorePhase::Preparing => (0, None),
+            RestorePhase::Preparing => {
+                // Killed while the page fill's split images were written: nothing ran them.
+                crate::leftovers::remove_split_images(&self.criu_work_dir);
+                (0, None)
+            }
             RestorePhase::Runc {
                 runc_pid,
                 runc_start,

@@ -119,6 +119,20 @@ impl fmt::Display for Cleared {
     }
 }
 
+/// The page fill's images for CRIU, in CRIU's work directory (`restore/fill.rs`).
+pub(crate) const SPLIT_IMAGES_DIR: &str = "gpusnap-split-images";
+/// The page fill's CRIU config file (`leave-stopped`), in CRIU's work directory.
+pub(crate) const LEAVE_STOPPED_CONFIG: &str = "gpusnap-leave-stopped.conf";
+
+/// Removes the page fill's split images and config file from CRIU's `work_dir`, for a restore
+/// whose front end was killed before it removed them itself: with an image volume, the split
+/// images can hold whole page images. Returns whether there was anything.
+pub(crate) fn remove_split_images(work_dir: &Path) -> bool {
+    let images = std::fs::remove_dir_all(work_dir.join(SPLIT_IMAGES_DIR)).is_ok();
+    let config = std::fs::remove_file(work_dir.join(LEAVE_STOPPED_CONFIG)).is_ok();
+    images || config
+}
+
 /// Clears what a failed restore of `runc.id` left. `observed` is the cgroup runc put CRIU in,
 /// when the watch saw it; the bundle's runtime spec and runc's state name it otherwise.
 /// `criu_work_dir` is the restore's CRIU work directory (where its `restore.log` is).
@@ -155,6 +169,10 @@ pub fn clear_failed_restore(
     cleared.runc_state_left = remove_runc_state(runc).err().map(|e| e.to_string());
     // After the cgroup is empty: no CRIU is left to use them.
     (cleared.yards_removed, cleared.yards_left) = host.clear_criu_yards(criu_work_dir);
+    // The page fill's split images (whole page images, with an image volume) and its config.
+    if remove_split_images(criu_work_dir) {
+        tracing::info!(work_dir = %criu_work_dir.display(), "removed the split images of a failed restore");
+    }
     if cleared.remaining.is_empty() {
         // runc removes the cgroup with its state; one it never recorded is ours to remove.
         for dir in &cgroups {

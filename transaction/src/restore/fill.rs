@@ -35,10 +35,9 @@ use nix::unistd::Pid;
 
 /// The environment variable naming one of CRIU's default config files.
 pub const CRIU_CONFIG_ENV: &str = "CRIU_CONFIG_FILE";
-/// The images CRIU reads, in CRIU's work directory.
-const IMAGES_DIR: &str = "gpusnap-split-images";
-/// The CRIU config file that leaves the restored tasks stopped.
-const CONFIG_FILE: &str = "gpusnap-leave-stopped.conf";
+// The images CRIU reads, and the CRIU config file that leaves the restored tasks stopped, in
+// CRIU's work directory (named in `leftovers.rs`, which removes them after a killed restore).
+use crate::leftovers::{LEAVE_STOPPED_CONFIG as CONFIG_FILE, SPLIT_IMAGES_DIR as IMAGES_DIR};
 
 /// How much one write moves: large enough that a syscall is cheap beside its copy, small
 /// enough that the threads share a range evenly.
@@ -734,6 +733,23 @@ mod tests {
         }
         // What no range covers is untouched.
         assert!(target[9 << 20..12 << 20].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn leftovers_of_a_killed_restore_are_removed_and_nothing_else() {
+        let work = tempfile::tempdir().unwrap();
+        let images = work.path().join(IMAGES_DIR);
+        std::fs::create_dir(&images).unwrap();
+        std::fs::write(images.join("pages-1.img"), b"memory").unwrap();
+        // A link in the split images goes, never what it points at.
+        let outside = work.path().join("restore.log");
+        std::fs::write(&outside, b"log").unwrap();
+        std::os::unix::fs::symlink(&outside, images.join("core-1.img")).unwrap();
+        std::fs::write(work.path().join(CONFIG_FILE), b"leave-stopped\n").unwrap();
+        assert!(crate::leftovers::remove_split_images(work.path()));
+        assert!(!images.exists() && !work.path().join(CONFIG_FILE).exists());
+        assert!(outside.is_file());
+        assert!(!crate::leftovers::remove_split_images(work.path()));
     }
 
     #[test]
