@@ -237,13 +237,21 @@ pub fn prepare(
             })
     };
     for t in plan.tasks {
-        // Every range within its pages file: the page map says where the pages are, the file
+        // Its pages file, opened once: read where the chunks lie, or beneath the checkpoint
+        // directory as the checks read it.
+        let source = match from_chunks(&t.pages_name()) {
+            Some(file) => PagesSource::InPlace(file),
+            None => PagesSource::File(
+                dir.open_file(&t.pages_name())
+                    .map_err(write(&checkpoint_dir.join(t.pages_name())))?,
+            ),
+        };
+        // Every range within that file: the page map says where the pages are, the file
         // (verified, its size capped) bounds what that may be, and so the fill's work list.
-        let size = match from_chunks(&t.pages_name()) {
-            Some(file) => file.size(),
-            None => dir
-                .open_file(&t.pages_name())
-                .and_then(|f| f.metadata())
+        let size = match &source {
+            PagesSource::InPlace(file) => file.size(),
+            PagesSource::File(f) => f
+                .metadata()
                 .map_err(write(&checkpoint_dir.join(t.pages_name())))?
                 .len(),
         };
@@ -267,22 +275,16 @@ pub fn prepare(
             .and_then(|mut f| f.write_all(&t.pagemap))
             .map_err(write(&pagemap))?;
         let pages_path = images.join(t.pages_name());
-        let pages = match from_chunks(&t.pages_name()) {
-            Some(file) => {
-                kept_from_chunks(&file, &t.kept, &pages_path)?;
-                PagesSource::InPlace(file)
+        match &source {
+            PagesSource::InPlace(file) => {
+                kept_from_chunks(file, &t.kept, &pages_path)?;
             }
-            None => {
-                // Opened beneath the checkpoint directory, as the checks read it.
-                let pages = dir
-                    .open_file(&t.pages_name())
-                    .map_err(write(&checkpoint_dir.join(t.pages_name())))?;
+            PagesSource::File(pages) => {
                 let reduced = private_file(&pages_path).map_err(write(&pages_path))?;
-                page_split::write_kept(&pages, &t.kept, &reduced).map_err(write(&pages_path))?;
-                PagesSource::File(pages)
+                page_split::write_kept(pages, &t.kept, &reduced).map_err(write(&pages_path))?;
             }
-        };
-        prepared.tasks.push((t, pages));
+        }
+        prepared.tasks.push((t, source));
     }
     // The page images read from chunks whose task is not split: CRIU reads them whole.
     for file in in_place {
