@@ -92,7 +92,8 @@
 #                        repetitions per side (default 2); --vol-page-fill BYTES: a third side,
 #                        `fill`: the same gpusnap restore with restore.page_fill_min_bytes = BYTES
 #                        (page images read from the volume's chunks, large private memory written
-#                        by the shim), alternating with the other two
+#                        by the shim), alternating with the other two; --vol-warm off: no
+#                        second replica (vb) and no warm pull
 #   --ab-mib N           ab: workload size (default 4096); --ab-reps R: alternating repetitions
 #                        (default 3); --ab-warmup-mib N: the throw-away cycle per side first
 #                        (default 1024); --ab-prefault G: GiB of RAM touched once first (default
@@ -158,6 +159,7 @@ while (($#)); do
     --vol-mib) VOL_MIB=$2; shift ;;
     --vol-reps) VOL_REPS=$2; shift ;;
     --vol-page-fill) VOL_PAGE_FILL=$2; shift ;;
+    --vol-warm) VOL_WARM=$2; shift ;;
     --ab-mib) AB_MIB=$2; shift ;;
     --ab-reps) AB_REPS=$2; shift ;;
     --ab-warmup-mib) AB_WARMUP=$2; shift ;;

@@ -34,11 +34,18 @@
 #   least that size read from the volume's chunks instead of copied, the large private memory
 #   written by the shim while CRIU leaves the tasks stopped); gpusnap's side runs with it off.
 #
-# Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2), VOL_PAGE_FILL.
+# - VOL_WARM=off (--vol-warm off) leaves vb out (its checkpoint, build and the warm pull), for a
+#   call that measures only the fresh-node restores.
+# - va's CRIU images other than the page images (mm, core, pstree, page maps; a few KiB) are kept
+#   in $OUTDIR/va-criu-images, so that what the page fill did or did not split can be read back
+#   here with the same models (`page_split::plan`).
+#
+# Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2), VOL_PAGE_FILL, VOL_WARM.
 
 VOL_MIB=${VOL_MIB:-8192}
 VOL_REPS=${VOL_REPS:-2}
 VOL_PAGE_FILL=${VOL_PAGE_FILL:-}
+VOL_WARM=${VOL_WARM:-on}
 VOL_MOUNT=/gpusnap/checkpoint
 VOL_JSONL=$OUTDIR/volume.jsonl
 VOL_COUNT=$WORK/logs/ocireg-count.txt
@@ -251,15 +258,25 @@ if has volume; then
         R=127.0.0.1:$REG_PORT/gpusnap
         # 1. the checkpoints: two gpusnap replicas at once, then the reference.
         up=1
+        replicas=(va)
+        [[ $VOL_WARM == off ]] || replicas+=(vb)
         vol_up va gpusnap && POD_VA=$KPOD CTR_VA=$KCTR || up=0
-        ((up)) && { vol_up vb gpusnap && POD_VB=$KPOD CTR_VB=$KCTR || up=0; }
+        if ((up)) && [[ $VOL_WARM != off ]]; then
+            vol_up vb gpusnap && POD_VB=$KPOD CTR_VB=$KCTR || up=0
+        fi
         if ((up)); then
             KPOD=$POD_VA KCTR=$CTR_VA vol_checkpoint va || up=0
-            KPOD=$POD_VB KCTR=$CTR_VB vol_checkpoint vb || up=0
+            if [[ $VOL_WARM != off ]]; then KPOD=$POD_VB KCTR=$CTR_VB vol_checkpoint vb || up=0; fi
         fi
         k8s_stop_pod "$POD_VA"
-        k8s_stop_pod "$POD_VB"
-        for n in va vb; do
+        [[ $VOL_WARM == off ]] || k8s_stop_pod "$POD_VB"
+        if ((up)); then
+            mkdir -p "$OUTDIR/va-criu-images"
+            tar -xf "$WORK/ramtmp/va.tar" -C "$OUTDIR/va-criu-images" --wildcards --no-anchored \
+                'mm-*.img' 'core-*.img' 'pstree.img' 'pagemap-*.img' 'inventory.img' 2>/dev/null
+            info "volume: va's CRIU images without pages kept: $(find "$OUTDIR/va-criu-images" -type f | wc -l) files"
+        fi
+        for n in "${replicas[@]}"; do
             ((up)) || break
             t0=$(now_ms)
             if gpusnap --config "$CFG" image build "$WORK/ramtmp/$n.tar" --layout "$WORK/ramtmp/img-$n" \
@@ -305,7 +322,9 @@ if has volume; then
                 done
             done
             # 3. a node holding another replica's chunks: va's image on the node, vb pulled.
-            if time_left $((60 + VOL_MIB / 128)); then
+            if [[ $VOL_WARM == off ]]; then
+                note "volume: the warm pull (vb beside va's chunks) left out (--vol-warm off)"
+            elif time_left $((60 + VOL_MIB / 128)); then
                 crictl pull "$R/vol-va:1" >/dev/null 2>&1
                 vol_fresh "$R/vol-vb:1" && vol_restore gpusnap vb "$R/vol-vb:1" 0 warm
                 crictl rmi "$R/vol-va:1" "$R/vol-vb:1" >/dev/null 2>&1
