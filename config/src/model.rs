@@ -145,12 +145,19 @@ pub struct RestoreConfig {
     /// Private anonymous memory areas of at least this size (the device memory the
     /// driver-managed engine stages in a process is one) are written into the restored
     /// processes by gpusnap from every core, while CRIU leaves them stopped, instead of by
-    /// CRIU page by page. 0 (the default) leaves every page to CRIU. Accepts `268435456` or
-    /// `"256MiB"`. It applies where gpusnap builds runc's command: the shim's restores and
+    /// CRIU page by page; with an image volume, page images of at least this size are read
+    /// from the volume's chunks instead of copied. 16 MiB by default (measured on an H100: an
+    /// 8 GiB restore from an image volume at 0.27× containerd's own, against 0.81× with it
+    /// off); 0 leaves every page to CRIU. Accepts `16777216` or `"16MiB"`. It applies where gpusnap builds runc's command: the shim's restores and
     /// gpusnap-runc's restores at create; `gpusnap-runc restore` runs the caller's own arguments.
     #[serde(deserialize_with = "crate::bytes::deserialize")]
     pub page_fill_min_bytes: u64,
 }
+
+/// `restore.page_fill_min_bytes` unless the node sets it: large enough that small processes
+/// are restored by CRIU alone, small enough for the staged device memory of any CUDA process
+/// and for allocator arenas.
+pub const DEFAULT_PAGE_FILL_MIN_BYTES: u64 = 16 * MIB;
 
 /// The derived restore deadline's floor: CRIU's and runc's fixed work (namespaces, mounts,
 /// cgroups) on a loaded node, with a wide margin over the quarter second it takes on an idle one.
@@ -186,7 +193,7 @@ impl Default for RestoreConfig {
             max_rootfs_diff_entries: 100_000,
             max_volume_bytes: 256 << 30,
             deadline_seconds: 0,
-            page_fill_min_bytes: 0,
+            page_fill_min_bytes: DEFAULT_PAGE_FILL_MIN_BYTES,
         }
     }
 }

@@ -24,7 +24,7 @@
 # Options: --ab-mib N (default 4096), --ab-reps R (default 3), --ab-warmup-mib N (default 1024),
 # --ab-prefault G (GiB of RAM touched once before, default auto: 2 x the size + 4),
 # --ab-page-fill BYTES (AB_PAGE_FILL): both sides run the bundle's binaries, `new` with
-# `restore.page_fill_min_bytes = BYTES` in the gpusnap config and `base` without it (the config
+# `restore.page_fill_min_bytes = BYTES` in the gpusnap config and `base` with it at 0 (the config
 # is read at each container's create, so a side is put in place by rewriting it).
 # Time: a repetition starts only when both its sides fit before --deadline, reckoning 20 s + 6 s
 # per GiB a side. On the H200 (bench2, 2026-12-04) 8 GiB took ~32 s for `ctr c checkpoint --task`
@@ -92,7 +92,8 @@ ab_install() {
     local b
     if [[ -n $AB_PAGE_FILL ]]; then
         sed -i '/^page_fill_min_bytes/d' "$CFG"
-        [[ $1 == new ]] && echo "page_fill_min_bytes = \"$AB_PAGE_FILL\"" >>"$CFG"
+        # base: explicitly off (the node's default is on).
+        if [[ $1 == new ]]; then echo "page_fill_min_bytes = \"$AB_PAGE_FILL\""; else echo "page_fill_min_bytes = 0"; fi >>"$CFG"
         ((CPU == 0)) && cp "$CFG" /etc/gpusnap/config.toml
         AB_SIDE=$1
         return 0

@@ -32,12 +32,14 @@
 # - With VOL_PAGE_FILL (--vol-page-fill BYTES), a third side, fill: gpusnap's restore of the same
 #   image with restore.page_fill_min_bytes = BYTES in the node's config (the page images of at
 #   least that size read from the volume's chunks instead of copied, the large private memory
-#   written by the shim while CRIU leaves the tasks stopped); gpusnap's side runs with it off.
+#   written by the shim while CRIU leaves the tasks stopped); gpusnap's side runs with it at 0
+#   (off: every file copied, CRIU writes every page). Without VOL_PAGE_FILL, gpusnap's side runs
+#   with the node's default (16 MiB since 2026-12-05).
 #
 # - VOL_WARM=off (--vol-warm off) leaves vb out (its checkpoint, build and the warm pull), for a
 #   call that measures only the fresh-node restores.
 # - va's CRIU images other than the page images (mm, core, pstree, page maps; a few KiB) are kept
-#   in $OUTDIR/va-criu-images, so that what the page fill did or did not split can be read back
+#   in $OUTDIR/va-criu-images.tar.gz, so that what the page fill did or did not split can be read back
 #   here with the same models (`page_split::plan`).
 #
 # Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2), VOL_PAGE_FILL, VOL_WARM.
@@ -96,7 +98,8 @@ vol_checkpoint() {
 vol_fill() {
     [[ -n $VOL_PAGE_FILL ]] || return 0
     sed -i '/^page_fill_min_bytes/d' "$CFG"
-    [[ $1 == fill ]] && echo "page_fill_min_bytes = \"$VOL_PAGE_FILL\"" >>"$CFG"
+    # gpusnap: explicitly off (the node's default is on), so that the two sides differ by it.
+    if [[ $1 == fill ]]; then echo "page_fill_min_bytes = \"$VOL_PAGE_FILL\""; else echo "page_fill_min_bytes = 0"; fi >>"$CFG"
     ((CPU == 0)) && cp "$CFG" /etc/gpusnap/config.toml
     return 0
 }
@@ -271,10 +274,12 @@ if has volume; then
         k8s_stop_pod "$POD_VA"
         [[ $VOL_WARM == off ]] || k8s_stop_pod "$POD_VB"
         if ((up)); then
-            mkdir -p "$OUTDIR/va-criu-images"
-            tar -xf "$WORK/ramtmp/va.tar" -C "$OUTDIR/va-criu-images" --wildcards --no-anchored \
+            # One file: the device tool brings back only a few files per call.
+            rm -rf "$WORK/va-criu-images" && mkdir -p "$WORK/va-criu-images"
+            tar -xf "$WORK/ramtmp/va.tar" -C "$WORK/va-criu-images" --wildcards --no-anchored \
                 'mm-*.img' 'core-*.img' 'pstree.img' 'pagemap-*.img' 'inventory.img' 2>/dev/null
-            info "volume: va's CRIU images without pages kept: $(find "$OUTDIR/va-criu-images" -type f | wc -l) files"
+            tar -czf "$OUTDIR/va-criu-images.tar.gz" -C "$WORK/va-criu-images" .
+            info "volume: va's CRIU images without pages kept: $(find "$WORK/va-criu-images" -type f | wc -l) files in va-criu-images.tar.gz"
         fi
         for n in "${replicas[@]}"; do
             ((up)) || break

@@ -3,7 +3,8 @@
 //! `seq`, held twice and compared every 0.2 s inside the container) is checkpointed, killed and
 //! restored. CRIU restores it with that area's pages taken out of its images and leaves the
 //! tasks stopped; the shim writes the pages in and continues them. The workload must go on
-//! with its memory intact, and the shim must say it wrote them.
+//! with its memory intact, and the shim must say it wrote them. The node's config does not name
+//! the setting: this is its default (16 MiB).
 //!
 //! Needs root and `scripts/setup-env.sh`, and `cargo build -p gpusnap-shim`.
 
@@ -35,10 +36,7 @@ fn run() -> Result<()> {
     let config = dir.path().join("gpusnap.toml");
     std::fs::write(
         &config,
-        format!(
-            "[criu]\nbinary_dir = \"{}\"\n[restore]\npage_fill_min_bytes = \"16MiB\"\n",
-            rig_bin_dir().display()
-        ),
+        format!("[criu]\nbinary_dir = \"{}\"\n", rig_bin_dir().display()),
     )?;
     let rig = CkRig::start_with(RigOptions {
         require_gpusnap: true,

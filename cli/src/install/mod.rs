@@ -259,8 +259,10 @@ pub fn config_text(found: &FoundTools) -> String {
          deadline_seconds = 0\n\
          # Private anonymous memory areas of at least this size (the device memory the\n\
          # driver-managed engine stages) are written in by gpusnap from every core while CRIU\n\
-         # leaves the tasks stopped; 0 = CRIU writes every page. Not `gpusnap-runc restore`.\n\
-         page_fill_min_bytes = 0\n\
+         # leaves the tasks stopped; with an image volume, page images of at least this size\n\
+         # are read from its chunks instead of copied. 0 = CRIU writes every page and every\n\
+         # file is copied. Not `gpusnap-runc restore`.\n\
+         page_fill_min_bytes = \"16MiB\"\n\
          \n\
          [checkpoint]\n\
          # Sign every checkpoint this node takes (gpusnap-manifest.json.sig) with this private\n\
