@@ -88,17 +88,20 @@ pub enum SplitError {
     NoHead { name: String },
 }
 
-/// What [`plan`] found: the tasks whose pages are split, and every task of the checkpoint
+/// What [`plan`] found: the tasks whose pages are split, and every task CRIU restores alive
 /// (whom CRIU leaves stopped and the caller continues).
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     pub tasks: Vec<TaskSplit>,
-    /// The pid of every task in `pstree.img`, as the checkpoint recorded it.
+    /// The pid of every task in `pstree.img` but the zombies, as the checkpoint recorded it.
     pub pids: Vec<u32>,
 }
 
 /// `task_core_entry.task_state` of a stopped task (`compel/include/uapi/task-state.h`).
 const TASK_STOPPED: u32 = 0x3;
+/// `task_core_entry.task_state` of a zombie: CRIU restores it dead, so nothing is left to
+/// find or continue.
+const TASK_DEAD: u32 = 0x2;
 
 /// The tasks of the checkpoint in `dir` whose private anonymous VMAs of at least
 /// `min_vma_bytes` hold present pages, with what to take out of CRIU's images. Tasks with
@@ -109,11 +112,6 @@ pub fn plan(dir: &mut ImageDir, min_vma_bytes: u64) -> Result<Plan, SplitError> 
     let tasks = dir
         .read::<PstreeEntry>("pstree.img", Kind::Pstree)?
         .unwrap_or_default();
-    let pids: Vec<u32> = tasks.iter().map(|t| t.pid).collect();
-    let none = || Plan {
-        tasks: Vec::new(),
-        pids: pids.clone(),
-    };
     let mut vmas: HashMap<u32, Vec<VmaEntry>> = HashMap::new();
     let mut cores: HashMap<u32, Vec<CoreEntry>> = HashMap::new();
     for task in &tasks {
@@ -131,6 +129,20 @@ pub fn plan(dir: &mut ImageDir, min_vma_bytes: u64) -> Result<Plan, SplitError> 
             cores.insert(task.pid, threads);
         }
     }
+    // The tasks the fill finds and continues: every one CRIU restores alive. A zombie
+    // (restored dead, in no cgroup) would never be found.
+    // CRIU lists no threads for a zombie; its state is in its own core image.
+    let mut pids = Vec::with_capacity(tasks.len());
+    for t in &tasks {
+        let core = dir.read_one::<CoreEntry>(&format!("core-{}.img", t.pid), Kind::Core)?;
+        if core.and_then(|c| c.tc).map(|tc| tc.task_state) != Some(TASK_DEAD) {
+            pids.push(t.pid);
+        }
+    }
+    let none = || Plan {
+        tasks: Vec::new(),
+        pids: pids.clone(),
+    };
     // CRIU restores a stopped task stopped; continuing every task afterwards would not.
     let stopped = cores.values().flatten().any(|c| {
         c.tc.as_ref()

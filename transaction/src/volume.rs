@@ -797,7 +797,12 @@ fn copy_volume(
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(refuse(format!("{}: {e}", list_shown()))),
     };
-    let min_in_place = config.restore.page_fill_min_bytes;
+    // Where no task can be split (pages other than 4 KiB), a page image read in place would
+    // only be written whole for CRIU, once per restore: copy it once per node instead.
+    let min_in_place = match config.restore.page_fill_min_bytes {
+        min if crate::restore::fill::four_k_pages() => min,
+        _ => 0,
+    };
     let (in_place, assembled): (Vec<chunks::ChunkedFile>, Vec<chunks::ChunkedFile>) = list
         .as_ref()
         .map(|l| l.files.clone())

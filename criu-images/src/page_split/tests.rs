@@ -479,3 +479,41 @@ fn a_stopped_task_queued_signals_or_a_shared_pages_file_leave_the_restore_to_cri
     .unwrap();
     assert!(plan_of(t.path(), MIB).is_empty());
 }
+
+#[test]
+fn a_zombie_is_not_among_the_tasks_to_find_and_continue() {
+    let t = tempfile::tempdir().unwrap();
+    let a = 0x7f00_0000_0000u64;
+    checkpoint(
+        t.path(),
+        vec![anon(a, a + 2 * MIB)],
+        &[pe(a, 10, PE_PRESENT)],
+    );
+    let task = |pid: u32, ppid: u32, threads: Vec<u32>| PstreeEntry {
+        pid,
+        ppid,
+        pgid: 7,
+        sid: 7,
+        threads,
+    };
+    std::fs::write(
+        t.path().join("pstree.img"),
+        forge::image_of(Kind::Pstree, &[task(7, 0, vec![7]), task(8, 7, vec![])]),
+    )
+    .unwrap();
+    // CRIU dumps a zombie with no threads listed, a core (its exit code) and no memory.
+    let mut zombie = core(STACK);
+    zombie.tc.as_mut().unwrap().task_state = TASK_DEAD;
+    std::fs::write(
+        t.path().join("core-8.img"),
+        forge::image_of(Kind::Core, &[zombie]),
+    )
+    .unwrap();
+    let mut dir = ImageDir::open(t.path(), Limits::default()).unwrap();
+    let plan = plan(&mut dir, MIB).unwrap();
+    assert_eq!(plan.pids, vec![7]);
+    assert_eq!(
+        plan.tasks.iter().map(|s| s.pid).collect::<Vec<_>>(),
+        vec![7]
+    );
+}

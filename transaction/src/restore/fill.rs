@@ -144,12 +144,20 @@ pub struct Prepared {
     /// left stopped for their pages.
     pub config: Option<PathBuf>,
     tasks: Vec<(TaskSplit, PagesSource)>,
-    /// Every task of the checkpoint, by the pid it recorded: CRIU leaves each one stopped.
+    /// Every task CRIU restores alive, by the pid it recorded: CRIU leaves each one stopped.
     pids: Vec<u32>,
 }
 
 /// The page size the split assumes (CRIU counts pages in the host's size).
 const PAGE_SIZE: i64 = page_split::PAGE as i64;
+
+/// Whether the running kernel's pages are the 4 KiB the split is written for; elsewhere
+/// (64 KiB arm64 kernels) CRIU restores every page.
+pub fn four_k_pages() -> bool {
+    // SAFETY: sysconf reads a constant of the running kernel; it takes no pointers.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    size as i64 == PAGE_SIZE
+}
 
 /// The split for the verified checkpoint `checkpoint_dir`, written into CRIU's `work_dir`;
 /// `None` when no task has a private anonymous VMA of `min_vma_bytes` (0: none is split) with
@@ -170,11 +178,9 @@ pub fn prepare(
     };
     let mut dir =
         ImageDir::open(checkpoint_dir, Limits::default()).map_err(write(checkpoint_dir))?;
-    // SAFETY: sysconf reads a constant of the running kernel; it takes no pointers.
-    let four_k = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64 == PAGE_SIZE;
     let plan = match min_vma_bytes {
         0 => page_split::Plan::default(),
-        _ if !four_k => page_split::Plan::default(),
+        _ if !four_k_pages() => page_split::Plan::default(),
         min => page_split::plan(&mut dir, min)?,
     };
     if plan.tasks.is_empty() && in_place.is_empty() {

@@ -16,7 +16,10 @@ use crate::gpu::{GpuRestore, GpuRestoreError};
 /// Why the restored processes' GPU state could not be restored; they were killed.
 #[derive(Debug, thiserror::Error)]
 pub enum UnlockError {
-    #[error("writing the restored processes' memory failed: {0}")]
+    #[error(
+        "writing the restored processes' memory failed: {0} (restore.page_fill_min_bytes = 0 \
+         in the node's gpusnap config leaves every page to CRIU)"
+    )]
     Fill(#[source] super::fill::FillError),
     #[error("restoring GPU state failed: {0}")]
     Gpu(#[source] GpuRestoreError),
