@@ -130,8 +130,8 @@ pub fn plan(dir: &mut ImageDir, min_vma_bytes: u64) -> Result<Plan, SplitError> 
         }
     }
     // The tasks the fill finds and continues: every one CRIU restores alive. A zombie
-    // (restored dead, in no cgroup) would never be found.
-    // CRIU lists no threads for a zombie; its state is in its own core image.
+    // (restored dead, in no cgroup) would never be found; CRIU lists no threads for it, so its
+    // state is read from its own core image.
     let mut pids = Vec::with_capacity(tasks.len());
     for t in &tasks {
         let core = dir.read_one::<CoreEntry>(&format!("core-{}.img", t.pid), Kind::Core)?;

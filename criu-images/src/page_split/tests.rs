@@ -41,6 +41,17 @@ fn pe(vaddr: u64, pages: u64, flags: u32) -> PagemapEntry {
 }
 
 /// A thread's core image: alive, its stack pointer at `sp`, nothing queued.
+/// A task of session and group 7 with `threads`.
+fn task(pid: u32, ppid: u32, threads: Vec<u32>) -> PstreeEntry {
+    PstreeEntry {
+        pid,
+        ppid,
+        pgid: 7,
+        sid: 7,
+        threads,
+    }
+}
+
 fn core(sp: u64) -> CoreEntry {
     CoreEntry {
         mtype: 1, // X86_64
@@ -375,16 +386,9 @@ fn an_area_a_parent_and_child_both_map_stays_with_criu_for_copy_on_write() {
     let b = 0x7e00_0000_0000u64;
     let c = 0x7d00_0000_0000u64;
     let w = |name: &str, bytes: Vec<u8>| std::fs::write(t.path().join(name), bytes).unwrap();
-    let task = |pid: u32, ppid: u32| PstreeEntry {
-        pid,
-        ppid,
-        pgid: 7,
-        sid: 7,
-        threads: vec![pid],
-    };
     w(
         "pstree.img",
-        forge::image_of(Kind::Pstree, &[task(7, 0), task(8, 7)]),
+        forge::image_of(Kind::Pstree, &[task(7, 0, vec![7]), task(8, 7, vec![8])]),
     );
     w("core-7.img", forge::image_of(Kind::Core, &[core(STACK)]));
     w("core-8.img", forge::image_of(Kind::Core, &[core(STACK)]));
@@ -489,13 +493,6 @@ fn a_zombie_is_not_among_the_tasks_to_find_and_continue() {
         vec![anon(a, a + 2 * MIB)],
         &[pe(a, 10, PE_PRESENT)],
     );
-    let task = |pid: u32, ppid: u32, threads: Vec<u32>| PstreeEntry {
-        pid,
-        ppid,
-        pgid: 7,
-        sid: 7,
-        threads,
-    };
     std::fs::write(
         t.path().join("pstree.img"),
         forge::image_of(Kind::Pstree, &[task(7, 0, vec![7]), task(8, 7, vec![])]),
