@@ -38,9 +38,9 @@
 #
 # - VOL_WARM=off (--vol-warm off) leaves vb out (its checkpoint, build and the warm pull), for a
 #   call that measures only the fresh-node restores.
-# - va's CRIU images other than the page images (mm, core, pstree, page maps; a few KiB) are kept
-#   in $OUTDIR/va-criu-images.tar.gz, so that what the page fill did or did not split can be read back
-#   here with the same models (`page_split::plan`).
+# - va's CRIU images other than the page images (mm, core, pstree, page maps; a few KiB) are
+#   kept in $OUTDIR/va-criu-images.tar.gz: what the page fill splits of them is read back with
+#   `cargo run -p gpusnap-criu-images --example split_plan -- DIR` on the unpacked tarball.
 #
 # Options (environment): VOL_MIB (default 8192), VOL_REPS (default 2), VOL_PAGE_FILL, VOL_WARM.
 
